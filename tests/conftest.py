@@ -1,0 +1,43 @@
+"""Markers `gpu`, `trt`, `slow`: skipped with a reason when the capability is missing."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+
+@functools.lru_cache(maxsize=None)
+def _has_gpu() -> tuple[bool, str]:
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU on this machine"
+    return True, ""
+
+
+@functools.lru_cache(maxsize=None)
+def _has_trt() -> tuple[bool, str]:
+    from importlib.util import find_spec
+
+    for mod in ("tensorrt", "tensorrt_rtx"):
+        if find_spec(mod) is not None:
+            return True, ""
+    return False, "neither tensorrt nor tensorrt_rtx is importable"
+
+
+def pytest_collection_modifyitems(config, items):
+    checks = {
+        "gpu": _has_gpu,
+        "trt": _has_trt,
+        "slow": lambda: (os.environ.get("WIDE_RUN_SLOW") == "1", "slow test; set WIDE_RUN_SLOW=1 to run"),
+    }
+    for item in items:
+        for name, check in checks.items():
+            if name in item.keywords:
+                ok, why = check()
+                if not ok:
+                    item.add_marker(pytest.mark.skip(reason=f"{name}: {why}"))

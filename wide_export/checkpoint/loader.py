@@ -1,0 +1,104 @@
+"""Build a WideForCausalLM from a real WIDE checkpoint, or the embedded demo model."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from wide_export.errors import WideError
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class LoadedModel:
+    """A loaded WIDE model and where it came from."""
+
+    model: Any  # WideForCausalLM
+    is_demo: bool
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> {path, sha256, bytes}
+    lora_pairs: int = 0
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+def load_wide_model(
+    model_dir: Path | None = None,
+    *,
+    router: Path | None = None,
+    lora: Path | None = None,
+    lora_scale: float = 2.0,
+    attn_group_size: int | None = None,
+    ffn_group_size: int | None = None,
+    dtype: str = "float32",
+    progress: Progress | None = None,
+    checksums: bool = True,
+) -> LoadedModel:
+    """Load base weights, routers and (optionally) merge LoRA; the demo model when model_dir is None."""
+    import torch
+
+    say = progress or (lambda _msg: None)
+    if dtype not in ("float32", "float16"):
+        raise WideError(f"unsupported dtype {dtype!r}", "use float32 or float16")
+    torch_dtype = getattr(torch, dtype)
+    if model_dir is None:
+        if router or lora:
+            raise WideError("--router/--lora need --model", "pass the base model folder with --model DIR")
+        from wide_export.model.demo import demo_model
+
+        model = demo_model(dtype=torch_dtype)
+        _check_demo_flags(model.config, attn_group_size, ffn_group_size)
+        return LoadedModel(model, is_demo=True)
+
+    from wide_export.checkpoint.hf import iter_tensors, read_hf_config, safetensors_files
+    from wide_export.checkpoint.router import read_routers
+    from wide_export.model.build import build_model
+    from wide_export.model.config import WideConfig
+
+    model_dir = Path(model_dir)
+    hf = read_hf_config(model_dir)
+    cfg = WideConfig.from_hf(hf)
+    shards = safetensors_files(model_dir)
+    router = Path(router) if router else model_dir / "router.pth"
+    if not router.is_file():
+        raise WideError(f"no router file: {router} does not exist",
+                        "pass --router PATH (the WIDE trainer's router.pth) or put router.pth in the model folder")
+    say(f"reading routers from {router.name}")
+    routers = read_routers(router, cfg, attn_group_size, ffn_group_size)
+    say(f"loading {len(shards)} safetensors shard(s)")
+    model = build_model(hf, cfg, iter_tensors(shards), routers, torch_dtype)
+    pairs = 0
+    if lora:
+        say(f"merging LoRA from {Path(lora).name} (scale {lora_scale})")
+        from wide_export.checkpoint.lora import merge_lora
+
+        pairs = merge_lora(model, Path(lora), lora_scale)
+    files = {"config": model_dir / "config.json", "router": router, **({"lora": Path(lora)} if lora else {})}
+    files.update({f"weights:{s.name}": s for s in shards})
+    if checksums:
+        say("hashing source files")
+    sources = {role: _describe(p, checksums) for role, p in files.items()}
+    model.eval()
+    return LoadedModel(model, is_demo=False, sources=sources, lora_pairs=pairs)
+
+
+def _check_demo_flags(cfg, attn_group_size, ffn_group_size) -> None:
+    from wide_export.checkpoint.router import _check_flag
+
+    _check_flag(cfg, "attention", attn_group_size, "--attn-group-size", cfg.attn_group_size)
+    _check_flag(cfg, "ffn", ffn_group_size, "--ffn-group-size", cfg.ffn_group_size)
+
+
+def _describe(path: Path, checksum: bool) -> dict[str, Any]:
+    info: dict[str, Any] = {"path": str(Path(path).resolve()), "bytes": Path(path).stat().st_size}
+    if checksum:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        info["sha256"] = h.hexdigest()
+    return info

@@ -1,0 +1,40 @@
+"""Merge the stage-2 LoRA of the WIDE recipe: W += (B @ A) * scale."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from wide_export.checkpoint.torchfile import load_tensor_dict, strip_to_layer_keys
+from wide_export.errors import WideError
+
+LORA_KEY = re.compile(r"^(self_attn|mlp)\.(\w+_proj)\.lora_(A|B)\b")
+
+
+def merge_lora(model, path: Path, scale: float) -> int:
+    """Merge every LoRA pair of `path` into `model` in place; return the number merged."""
+    import torch
+
+    pairs: dict[tuple[int, str, str], dict[str, torch.Tensor]] = {}
+    for (layer, rest), tensor in strip_to_layer_keys(load_tensor_dict(path, "LoRA")).items():
+        m = LORA_KEY.match(rest)
+        if m:
+            pairs.setdefault((layer, m.group(1), m.group(2)), {})[m.group(3)] = tensor
+    if not pairs:
+        raise WideError(f"no LoRA tensors in {path}",
+                        "expected keys like model.layers.0.self_attn.q_proj.lora_A.weight")
+    layers = model.model.layers
+    for (layer, block, proj), ab in sorted(pairs.items()):
+        where = f"{Path(path).name}: layer {layer} {block}.{proj}"
+        if set(ab) != {"A", "B"}:
+            raise WideError(f"{where}: has lora_{''.join(ab)} without its partner", "the LoRA file is incomplete")
+        if layer >= len(layers) or not hasattr(getattr(layers[layer], block), proj):
+            raise WideError(f"{where}: no such projection in this model", "pass the LoRA trained for this model")
+        weight = getattr(getattr(layers[layer], block), proj).weight
+        a, b = ab["A"].float(), ab["B"].float()
+        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != tuple(weight.shape):
+            raise WideError(f"{where}: A {list(a.shape)} and B {list(b.shape)} do not fit weight "
+                            f"{list(weight.shape)}", "pass the LoRA trained for this model")
+        with torch.no_grad():
+            weight.copy_((weight.float() + (b @ a) * scale).to(weight.dtype))
+    return len(pairs)

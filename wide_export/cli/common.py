@@ -1,0 +1,80 @@
+"""Shared CLI plumbing: option aliases and the user-error wrapper."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Callable, Optional, TypeVar
+
+import typer
+
+from wide_export.errors import WideError
+
+F = TypeVar("F", bound=Callable)
+
+
+def user_errors(fn: F) -> F:
+    """Turn WideError into one red line + exit 2, Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except WideError as err:
+            from wide_export.cli import _report
+
+            _report(err)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted; nothing was written", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+ModelOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--model",
+        help="Hugging Face causal-LM folder (config.json + safetensors). "
+        "Omitted: the embedded tiny demo WIDE model.",
+        show_default=False,
+    ),
+]
+RouterOpt = Annotated[
+    Optional[Path],
+    typer.Option("--router", help="WIDE trainer's router.pth (default: MODEL/router.pth when present).",
+                 show_default=False),
+]
+LoraOpt = Annotated[
+    Optional[Path],
+    typer.Option("--lora", help="Stage-2 LoRA file (lora.pth) to merge into the base weights.",
+                 show_default=False),
+]
+LoraScaleOpt = Annotated[float, typer.Option("--lora-scale", help="LoRA merge scale (W += B@A*scale).")]
+AttnGroupOpt = Annotated[
+    Optional[int],
+    typer.Option("--attn-group-size", help="Expected query heads per attention group; checked against the router file.",
+                 show_default=False),
+]
+FfnGroupOpt = Annotated[
+    Optional[int],
+    typer.Option("--ffn-group-size", help="Expected FFN channels per group; checked against the router file.",
+                 show_default=False),
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random prompts (and the demo model).")]
+
+
+def load_model_from_cli(model, router, lora, lora_scale, attn_group_size, ffn_group_size, progress=None):
+    """Load a WIDE model the way every command does (demo when model is None)."""
+    from wide_export.checkpoint import load_wide_model
+
+    return load_wide_model(
+        model,
+        router=router,
+        lora=lora,
+        lora_scale=lora_scale,
+        attn_group_size=attn_group_size,
+        ffn_group_size=ffn_group_size,
+        progress=progress,
+    )

@@ -1,0 +1,207 @@
+"""`wide-export onnx`: trace a WIDE model into one ONNX graph (prefill + decode, KV cache).
+
+The model is traced with torch.onnx.export(dynamo=True); routers and masked
+projections become `wide` nodes (wide_export/ops/dispatch.py), which then get
+their function bodies, module-tree names and conventional axis names.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wide_export import __version__
+from wide_export.errors import WideError
+from wide_export.export.io_spec import axes_of, input_names, mask_output_name, output_names
+from wide_export.ops.spec import DOMAIN, OPS, OPSET_VERSION
+
+DTYPES = ("float32", "float16")
+DEFAULT_OPSET = 20
+EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of weights above which they go to model.onnx.data
+CONFIG_NAME = "wide_config.json"
+MODEL_NAME = "model.onnx"
+DATA_NAME = "model.onnx.data"
+
+
+@dataclass
+class ExportResult:
+    output: Path
+    config: dict[str, Any]
+    wide_nodes: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool = False,
+                stages=None) -> ExportResult:
+    """Export `loaded` (checkpoint.LoadedModel, already in the target dtype) into the folder `output`."""
+    from wide_export.outdir import atomic_output_dir
+    from wide_export.progress import Stages
+
+    stages = stages or Stages(quiet=True)
+    if opset < 18:
+        raise WideError(f"--opset {opset} is too old", "use opset 18 or newer (the function bodies need it)")
+    model = loaded.model
+    with atomic_output_dir(output, force) as tmp:
+        with stages.stage("trace"):
+            program = _trace(model, opset)
+        with stages.stage("rewrite"):
+            ir_model = program.model
+            counts = _postprocess(ir_model, loaded)
+        with stages.stage("save"):
+            external = _save(ir_model, tmp, stages)
+            _check(tmp / MODEL_NAME)
+            config = wide_config(loaded, opset, external, counts)
+            (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    return ExportResult(Path(output), config, counts, dict(stages.times))
+
+
+def example_inputs(model, batch: int = 2, new: int = 3, past: int = 4):
+    """Trace-time inputs; sizes >= 2 so torch.export keeps every axis dynamic."""
+    import torch
+
+    c = model.config
+    ids = torch.randint(0, c.vocab_size, (batch, new))
+    mask = torch.ones(batch, past + new, dtype=torch.long)
+    pos = torch.arange(past, past + new).expand(batch, new)
+    kv = [
+        tuple(torch.randn(batch, c.num_key_value_heads, past, c.head_dim, dtype=model.dtype) for _ in range(2))
+        for _ in range(c.num_layers)
+    ]
+    return ids, mask, pos, kv
+
+
+def _trace(model, opset: int):
+    import torch
+
+    n = model.config.num_layers
+    dyn = torch.export.Dim.DYNAMIC
+    shapes = {
+        "input_ids": {0: dyn, 1: dyn},
+        "attention_mask": {0: dyn, 1: dyn},
+        "position_ids": {0: dyn, 1: dyn},
+        "past_key_values": [({0: dyn, 2: dyn}, {0: dyn, 2: dyn}) for _ in range(n)],
+    }
+    with torch.no_grad():
+        try:
+            return torch.onnx.export(
+                model, example_inputs(model), dynamo=True, dynamic_shapes=shapes, opset_version=opset,
+                input_names=input_names(n), output_names=output_names(n), optimize=True, verbose=False,
+                report=False,
+            )
+        except Exception as err:  # the exporter wraps everything; keep the traceback, it is a bug
+            raise RuntimeError(f"torch.onnx.export failed: {str(err).splitlines()[0]}") from err
+
+
+def _postprocess(ir_model, loaded) -> dict[str, int]:
+    from wide_export.export import postprocess as pp
+
+    pp.name_nodes(ir_model)
+    pp.name_axes(ir_model)
+    pp.attach_functions(ir_model)
+    pp.set_metadata(ir_model, {"version": __version__, "opset": f"{DOMAIN}:{OPSET_VERSION}",
+                               "model": _model_name(loaded)})
+    counts: dict[str, int] = {op: 0 for op in OPS}
+    for node in pp.wide_nodes(ir_model):
+        counts[node.op_type] += 1
+    return counts
+
+
+def _save(ir_model, tmp: Path, stages) -> bool:
+    import onnx_ir as ir
+
+    total = sum(v.const_value.nbytes for v in ir_model.graph.initializers.values() if v.const_value is not None)
+    external = total > EXTERNAL_DATA_THRESHOLD
+    done = [0]
+
+    def callback(tensor, info) -> None:
+        done[0] += 1
+        stages.update(f"save: writing weights {done[0]}/{info.total}")
+
+    if external:
+        ir.save(ir_model, tmp / MODEL_NAME, external_data=DATA_NAME, callback=callback)
+    else:
+        ir.save(ir_model, tmp / MODEL_NAME)
+    return external
+
+
+def _check(path: Path) -> None:
+    import onnx
+
+    onnx.checker.check_model(str(path), full_check=False)
+
+
+def _model_name(loaded) -> str:
+    from wide_export.model.demo import DEMO_NAME
+
+    if loaded.is_demo:
+        return DEMO_NAME
+    cfg_src = loaded.sources.get("config", {}).get("path")
+    return Path(cfg_src).parent.name if cfg_src else "unknown"
+
+
+def _io_entry(name: str, dtype: str, cfg) -> dict[str, Any]:
+    static = {"num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size}
+    return {"name": name, "dtype": dtype, "shape": [static.get(a, a) for a in axes_of(name)]}
+
+
+def wide_config(loaded, opset: int, external: bool, counts: dict[str, int]) -> dict[str, Any]:
+    """Everything downstream (engines, Triton, verification) needs to know about the export."""
+    cfg = loaded.config
+    dtype = "float16" if str(loaded.model.dtype) == "torch.float16" else "float32"
+    n = cfg.num_layers
+    layers = []
+    for i in range(n):
+        r = cfg.routing[i]
+        layers.append({
+            "attention": None if r.attn_groups is None else {
+                "groups": r.attn_groups, "heads_per_group": cfg.attn_group_size(i),
+                "group_size": cfg.attn_group_size(i) * cfg.head_dim, "rank": r.attn_rank,
+                "mask": mask_output_name(i, "attention")},
+            "ffn": None if r.ffn_groups is None else {
+                "groups": r.ffn_groups, "group_size": cfg.ffn_group_size(i), "rank": r.ffn_rank,
+                "mask": mask_output_name(i, "ffn")},
+        })
+    io_dtype = {"input_ids": "int64", "attention_mask": "int64", "position_ids": "int64", "logits": "float32"}
+    return {
+        "format": "wide-export/onnx",
+        "wide_export_version": __version__,
+        "model_name": _model_name(loaded),
+        "demo": loaded.is_demo,
+        "architecture": cfg.model_type,
+        "dtype": dtype,
+        "onnx_opset": opset,
+        "num_layers": n,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "config": cfg.to_dict(),
+        "layers": layers,
+        "op_set": {"domain": DOMAIN, "version": OPSET_VERSION, "doc": "docs/opset.md",
+                   "ops": {op: {"inputs": list(s.inputs), "outputs": list(s.outputs), "int_attrs": list(s.int_attrs),
+                                "nodes": counts.get(op, 0)} for op, s in OPS.items()}},
+        "io": {
+            "inputs": [_io_entry(x, io_dtype.get(x, dtype), cfg) for x in input_names(n)],
+            "outputs": [_io_entry(x, io_dtype.get(x, dtype), cfg) for x in output_names(n)],
+        },
+        "files": {"model": MODEL_NAME, "external_data": DATA_NAME if external else None},
+        "sources": loaded.sources,
+        "lora_pairs_merged": loaded.lora_pairs,
+    }
+
+
+def read_wide_config(folder: Path) -> dict[str, Any]:
+    """Load OUT/wide_config.json with a clear error when the folder is not an export."""
+    folder = Path(folder)
+    path = folder / CONFIG_NAME
+    if not (folder / MODEL_NAME).is_file() or not path.is_file():
+        raise WideError(f"{folder} is not a wide-export ONNX folder (no {MODEL_NAME} / {CONFIG_NAME})",
+                        "create one with `wide-export onnx --output DIR`")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise WideError(f"cannot parse {path}: {err}", "re-run `wide-export onnx`") from None

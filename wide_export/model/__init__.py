@@ -1,0 +1,1 @@
+"""The PyTorch reference of a WIDE model: config, architecture table, modules, generation."""

@@ -1,0 +1,242 @@
+"""The WIDE forward in PyTorch with an explicit KV cache: the oracle of the project.
+
+The module tree mirrors Hugging Face (`model.layers.{i}.self_attn.q_proj`, ...)
+plus `router_attention` / `router_ffn` per layer, so state-dict keys, ONNX
+initializer names and ONNX node names all follow the checkpoint. The same
+module is traced by the exporter: masked projections go through
+wide_export.ops.dispatch, which emits `wide` nodes under export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from wide_export.model.config import WideConfig
+from wide_export.ops import dispatch
+from wide_export.ops.reference import router_logits
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm: normalise in float32, scale in the input dtype (as transformers)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Router(nn.Module):
+    """WIDE router: compressor H->R then router R->2G; always float32."""
+
+    def __init__(self, hidden: int, rank: int, groups: int):
+        super().__init__()
+        self.compressor = nn.Linear(hidden, rank, bias=True)
+        self.router = nn.Linear(rank, 2 * groups, bias=True)
+
+    @property
+    def groups(self) -> int:
+        return self.router.out_features // 2
+
+    def params(self) -> tuple[torch.Tensor, ...]:
+        return self.compressor.weight, self.compressor.bias, self.router.weight, self.router.bias
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return dispatch.router(h, *self.params())
+
+    def margin(self, h: torch.Tensor) -> torch.Tensor:
+        """logit(execute) - logit(skip), float32 [B, T, G]: how far each decision is from a tie."""
+        logits = router_logits(h, *self.params())
+        return logits[..., 0] - logits[..., 1]
+
+
+@dataclass
+class Collector:
+    """Per-layer router masks (and margins) recorded during a reference forward."""
+
+    masks: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    margins: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: WideConfig):
+        super().__init__()
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.hq, self.hkv, self.d = hq, hkv, d
+        self.q_proj = nn.Linear(cfg.hidden_size, hq * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(hq * d, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x, cos, sin, allowed, past: KV, mask, group_heads: int | None):
+        b, t, _ = x.shape
+        if mask is None:
+            q = self.q_proj(x)
+        else:
+            q = dispatch.gemm_n(x, self.q_proj.weight, mask, group_heads * self.d, self.q_proj.bias)
+        q = q.view(b, t, self.hq, self.d)
+        k = self.k_proj(x).view(b, t, self.hkv, self.d)
+        v = self.v_proj(x).view(b, t, self.hkv, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = torch.cat([past[0], k], dim=2)
+        v = torch.cat([past[1], v], dim=2)
+        o = self._attend(q, k, v, allowed)
+        o = o.transpose(1, 2).reshape(b, t, self.hq * self.d)
+        if mask is None:
+            out = self.o_proj(o)
+        else:
+            out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d)
+        return out, (k, v)
+
+    def _attend(self, q, k, v, allowed):
+        rep = self.hq // self.hkv
+        if rep > 1:  # GQA: repeat kv heads (transformers' repeat_kv)
+            b, h, s, d = k.shape
+            k = k[:, :, None].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
+            v = v[:, :, None].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.d**-0.5)
+        # A finite floor, not -inf: rows of left-padding positions are fully masked
+        # and must stay finite (as transformers does).
+        scores = torch.where(allowed, scores.float(), torch.finfo(torch.float32).min)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        return torch.matmul(probs, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: WideConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x, mask, group_size: int | None):
+        if mask is None:
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        y = dispatch.gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, mask, group_size)
+        return dispatch.gemm_k(y, self.down_proj.weight, mask, group_size)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: WideConfig, index: int):
+        super().__init__()
+        r = cfg.routing[index]
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.router_attention = Router(cfg.hidden_size, r.attn_rank, r.attn_groups) if r.attn_groups else None
+        self.router_ffn = Router(cfg.hidden_size, r.ffn_rank, r.ffn_groups) if r.ffn_groups else None
+        self.attn_group_heads = cfg.attn_group_size(index)
+        self.ffn_group_size = cfg.ffn_group_size(index)
+        self.force_execute = False  # testing: every group executes (the dense model)
+
+    def _route(self, router: Router | None, h, name: str, collect: Collector | None):
+        if router is None:
+            return None
+        mask = router(h)
+        if self.force_execute:
+            mask = torch.ones_like(mask)
+        if collect is not None:
+            collect.masks[-1][name] = mask
+            collect.margins[-1][name] = router.margin(h)
+        return mask
+
+    def forward(self, h, cos, sin, allowed, past: KV, collect: Collector | None = None):
+        if collect is not None:
+            collect.masks.append({})
+            collect.margins.append({})
+        mask_a = self._route(self.router_attention, h, "attention", collect)
+        a, present = self.self_attn(self.input_layernorm(h), cos, sin, allowed, past, mask_a, self.attn_group_heads)
+        h = h + a
+        mask_f = self._route(self.router_ffn, h, "ffn", collect)
+        h = h + self.mlp(self.post_attention_layernorm(h), mask_f, self.ffn_group_size)
+        return h, present
+
+
+class WideModel(nn.Module):
+    def __init__(self, cfg: WideConfig, inv_freq: torch.Tensor, rope_scaling: float = 1.0):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.rope_scaling = float(rope_scaling)
+
+
+class WideForCausalLM(nn.Module):
+    """WIDE causal LM with an explicit KV cache (one graph for prefill and decode)."""
+
+    def __init__(self, cfg: WideConfig, inv_freq: torch.Tensor, rope_scaling: float = 1.0):
+        super().__init__()
+        self.config = cfg
+        self.model = WideModel(cfg, inv_freq, rope_scaling)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def empty_cache(self, batch: int) -> list[KV]:
+        """A past of length 0 for prefill."""
+        c = self.config
+        z = torch.zeros(batch, c.num_key_value_heads, 0, c.head_dim, dtype=self.dtype)
+        return [(z, z) for _ in range(c.num_layers)]
+
+    def set_force_execute(self, on: bool) -> None:
+        """Make every router execute every group (the dense base model), for testing."""
+        for layer in self.model.layers:
+            layer.force_execute = on
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: list[KV],
+        collect: Collector | None = None,
+    ) -> tuple[torch.Tensor, list[KV]]:
+        """logits [B, T, V] float32 and the presents [B, kvh, P+T, D] per layer.
+
+        attention_mask covers past + new tokens ([B, P+T], 1 = real token, 0 = padding).
+        """
+        m = self.model
+        h = m.embed_tokens(input_ids)
+        t, s = input_ids.shape[1], attention_mask.shape[1]
+        freqs = position_ids[..., None].float() * m.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * m.rope_scaling).to(h.dtype)[:, None]
+        sin = (emb.sin() * m.rope_scaling).to(h.dtype)[:, None]
+        q_pos = torch.arange(t, device=h.device) + (s - t)
+        causal = torch.arange(s, device=h.device)[None, :] <= q_pos[:, None]
+        allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        presents = []
+        for layer, past in zip(m.layers, past_key_values):
+            h, present = layer(h, cos, sin, allowed, past, collect)
+            presents.append(present)
+        logits = self.lm_head(m.norm(h)).float()
+        return logits, presents

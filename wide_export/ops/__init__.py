@@ -1,0 +1,1 @@
+"""The `wide` ONNX op set: spec table, PyTorch references, export hooks, ONNX function bodies."""

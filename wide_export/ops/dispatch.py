@@ -1,0 +1,55 @@
+"""The `wide` ops as called by the model: eager -> PyTorch reference, export -> custom node.
+
+Under `torch.onnx.export(dynamo=True)` each call becomes ONE node of domain
+`wide` (torch.onnx.ops.symbolic); its function body is attached afterwards
+(wide_export/ops/functions.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wide_export.ops import reference as ref
+from wide_export.ops.spec import DOMAIN, OPSET_VERSION, plugin_attrs
+
+
+def _exporting() -> bool:
+    return torch.onnx.is_in_onnx_export()
+
+
+def _symbolic(op: str, inputs: list, attrs: dict, dtype: torch.dtype, shape) -> torch.Tensor:
+    return torch.onnx.ops.symbolic(
+        f"{DOMAIN}::{op}", inputs, attrs=plugin_attrs(**attrs), dtype=dtype, shape=shape, version=OPSET_VERSION
+    )
+
+
+def router(hidden, wc, bc, wr, br) -> torch.Tensor:
+    """int32 [B, T, G] execute mask."""
+    groups = wr.shape[0] // 2
+    if _exporting():
+        shape = (*hidden.shape[:-1], groups)
+        return _symbolic("WideRouter", [hidden, wc, bc, wr, br], {"num_groups": groups}, torch.int32, shape)
+    return ref.wide_router(hidden, wc, bc, wr, br)
+
+
+def gemm_n(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
+    if _exporting():
+        # The bias input is always wired (zeros when absent): see docs/opset.md.
+        b = bias if bias is not None else torch.zeros(w.shape[0], dtype=x.dtype)
+        attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
+        return _symbolic("WideMaskedGemmN", [x, w, mask, b], attrs, x.dtype, (*x.shape[:-1], w.shape[0]))
+    return ref.masked_gemm_n(x, w, mask, group_size, bias)
+
+
+def gated_mlp(x, w_gate, w_up, mask, group_size: int) -> torch.Tensor:
+    if _exporting():
+        return _symbolic("WideMaskedGatedMlp", [x, w_gate, w_up, mask], {"group_size": group_size}, x.dtype,
+                         (*x.shape[:-1], w_gate.shape[0]))
+    return ref.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
+
+
+def gemm_k(x, w, mask, group_size: int) -> torch.Tensor:
+    if _exporting():
+        return _symbolic("WideMaskedGemmK", [x, w, mask], {"group_size": group_size}, x.dtype,
+                         (*x.shape[:-1], w.shape[0]))
+    return ref.masked_gemm_k(x, w, mask, group_size)

@@ -1,0 +1,56 @@
+"""PyTorch reference of every `wide` op (docs/opset.md), registered by op name.
+
+These are the oracle for the ONNX function bodies, the CUDA kernels and the
+TensorRT plugins. Math is float32 whatever the input dtype; results are cast
+back to the input dtype (the router returns an int32 mask).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def expand_mask(mask: torch.Tensor, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """[.., G] int/bool mask -> [.., G*group_size] per-channel 0/1 of `dtype`."""
+    return mask.to(dtype).repeat_interleave(group_size, dim=-1)
+
+
+def router_logits(hidden: torch.Tensor, wc, bc, wr, br) -> torch.Tensor:
+    """[.., H] -> [.., G, 2] router logits in float32."""
+    z = F.linear(hidden.float(), wc.float(), bc.float())
+    logits = F.linear(z, wr.float(), br.float())
+    return logits.unflatten(-1, (-1, 2))
+
+
+def wide_router(hidden: torch.Tensor, wc, bc, wr, br) -> torch.Tensor:
+    """WideRouter: int32 mask [.., G], 1 where logit 0 >= logit 1 (ties execute)."""
+    logits = router_logits(hidden, wc, bc, wr, br)
+    return (logits[..., 0] >= logits[..., 1]).to(torch.int32)
+
+
+def masked_gemm_n(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
+    """WideMaskedGemmN: (x W^T + b) with outputs of skipped groups set to exactly 0."""
+    y = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    return (y * expand_mask(mask, group_size, torch.float32)).to(x.dtype)
+
+
+def masked_gated_mlp(x, w_gate, w_up, mask, group_size: int) -> torch.Tensor:
+    """WideMaskedGatedMlp: silu(x Wg^T) * (x Wu^T), skipped channels 0."""
+    xf = x.float()
+    y = F.silu(F.linear(xf, w_gate.float())) * F.linear(xf, w_up.float())
+    return (y * expand_mask(mask, group_size, torch.float32)).to(x.dtype)
+
+
+def masked_gemm_k(x, w, mask, group_size: int) -> torch.Tensor:
+    """WideMaskedGemmK: x with skipped input groups ignored, times W^T."""
+    xm = torch.where(expand_mask(mask, group_size, torch.bool), x.float(), 0.0)
+    return F.linear(xm, w.float()).to(x.dtype)
+
+
+REFERENCES = {
+    "WideRouter": wide_router,
+    "WideMaskedGemmN": masked_gemm_n,
+    "WideMaskedGatedMlp": masked_gated_mlp,
+    "WideMaskedGemmK": masked_gemm_k,
+}
