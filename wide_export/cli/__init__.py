@@ -6,11 +6,13 @@ their heavy dependencies inside the command function so ``--help`` is instant.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
 import typer
 
+from wide_export.cli.common import report_error
 from wide_export.errors import WideError
 
 # One line per command module; each registers its own commands.
@@ -18,32 +20,38 @@ COMMAND_MODULES = [
     "wide_export.cli.onnx_cmd",
     "wide_export.cli.verify_cmd",
     "wide_export.cli.bench_cmd",
+    "wide_export.cli.build_cmd", "wide_export.cli.bench_kernels_cmd",  # native build + kernel bench
     "wide_export.cli.triton_cmd",
 ]
 
-app = typer.Typer(
-    name="wide-export",
-    help="Deploy WIDE dynamic-width LLMs: ONNX export with `wide` custom ops, "
-    "CUDA kernels, TensorRT plugins and engines, Triton serving.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+@functools.lru_cache(maxsize=None)
+def get_app() -> typer.Typer:
+    """The Typer app with every command module registered (built once, on first use)."""
+    app = typer.Typer(
+        name="wide-export",
+        help="Deploy WIDE dynamic-width LLMs: ONNX export with `wide` custom ops, "
+        "CUDA kernels, TensorRT plugins and engines, Triton serving.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(app)
+    return app
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line and exit code 2."""
     try:
-        app(args=argv, standalone_mode=True)
-    except WideError as err:  # raised outside typer's own handling
-        _report(err)
+        get_app()(args=argv, standalone_mode=True)
+    except WideError as err:  # raised outside a command (e.g. while parsing)
+        report_error(err)
         sys.exit(2)
 
 
-def _report(err: WideError) -> None:
-    from rich.console import Console
-
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {err}", soft_wrap=True)
+def __getattr__(name: str):
+    """`from wide_export.cli import app` (tests' CliRunner) builds the app lazily."""
+    if name == "app":
+        return get_app()
+    raise AttributeError(name)

@@ -13,6 +13,13 @@ from wide_export.errors import WideError
 F = TypeVar("F", bound=Callable)
 
 
+def report_error(err: WideError) -> None:
+    """One red line on stderr: what is wrong and the hint."""
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {err}", soft_wrap=True)
+
+
 def user_errors(fn: F) -> F:
     """Turn WideError into one red line + exit 2, Ctrl-C into exit 130."""
 
@@ -21,9 +28,7 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except WideError as err:
-            from wide_export.cli import _report
-
-            _report(err)
+            report_error(err)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             typer.echo("interrupted; nothing was written", err=True)

@@ -1,0 +1,76 @@
+"""`wide-export onnx`: load a WIDE checkpoint and export one ONNX graph with `wide` ops."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from wide_export.cli.common import (
+    AttnGroupOpt, FfnGroupOpt, LoraOpt, LoraScaleOpt, ModelOpt, RouterOpt, SeedOpt, user_errors,
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("onnx")(onnx)
+
+
+@user_errors
+def onnx(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to create (model.onnx, wide_config.json).")],
+    model: ModelOpt = None,
+    router: RouterOpt = None,
+    lora: LoraOpt = None,
+    lora_scale: LoraScaleOpt = 2.0,
+    attn_group_size: AttnGroupOpt = None,
+    ffn_group_size: FfnGroupOpt = None,
+    dtype: Annotated[str, typer.Option(help="Weights/activations dtype: float32 or float16 "
+                                            "(routers and norms stay float32).")] = "float32",
+    opset: Annotated[int, typer.Option(help="Default-domain ONNX opset.")] = 20,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check ONNX Runtime against the "
+                                                                       "PyTorch reference afterwards.")] = True,
+    steps: Annotated[int, typer.Option(help="Decode steps to verify after the prefill.")] = 3,
+    seed: SeedOpt = 0,
+) -> None:
+    """Export a WIDE model to ONE ONNX graph (prefill + decode with KV cache).
+
+    Routers and masked projections become `wide` custom ops (docs/opset.md) that
+    carry standard-op function bodies, so any ONNX runtime runs the file.
+    """
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.errors import WideError
+    from wide_export.export.onnx_export import DTYPES, export_onnx
+    from wide_export.outdir import check_output_dir
+    from wide_export.progress import Stages
+
+    if dtype not in DTYPES:
+        raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
+    check_output_dir(output, force)  # fail before minutes of loading
+    stages = Stages()
+    if model is None:
+        from wide_export.model.demo import DEMO_NAME
+
+        stages.note(f"no --model given: exporting the embedded demo model, {DEMO_NAME}")
+    with stages.stage("load"):
+        loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale,
+                                 attn_group_size=attn_group_size, ffn_group_size=ffn_group_size,
+                                 dtype=dtype, progress=stages.update)
+    loaded.sources["lora_scale"] = lora_scale  # type: ignore[assignment]
+    result = export_onnx(loaded, output, opset=opset, force=force, stages=stages)
+    counts = ", ".join(f"{n} {op}" for op, n in result.wide_nodes.items())
+    stages.note(f"wrote {result.output}/model.onnx ({counts})")
+    if verify:
+        from wide_export.cli.verify_cmd import finish_verification
+        from wide_export.verify.onnx_verify import verify_onnx
+
+        ref = loaded if dtype == "float32" else None
+        report = verify_onnx(result.output, loaded=ref, stages=stages, steps=steps, seed=seed,
+                             report_path=result.output / "verify_report.json",
+                             load_kwargs=_reload_kwargs(model, router, lora, lora_scale))
+        finish_verification(report, result.output / "verify_report.json")
+
+
+def _reload_kwargs(model, router, lora, lora_scale) -> dict:
+    return {"model_dir": model, "router": router, "lora": lora, "lora_scale": lora_scale}

@@ -1,0 +1,106 @@
+"""`wide-export triton` (model repository), `wide-export serve` (real tritonserver)
+and `wide-export bench serving`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from wide_export.cli.common import user_errors
+
+
+def _port_option(flag: str, what: str):
+    return typer.Option(flag, help=f"{what} port (default: a free one).", show_default=False)
+
+
+@user_errors
+def triton(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Model repository folder to write (new or empty).")],
+    onnx: Annotated[Optional[Path], typer.Option(
+        "--onnx", help="Folder from `wide-export onnx` (model.onnx + wide_config.json).", show_default=False)] = None,
+    engines: Annotated[Optional[Path], typer.Option(
+        "--engines", help="Folder from `wide-export trt` (engines + wide_engine.json).", show_default=False)] = None,
+    backend: Annotated[Optional[str], typer.Option(
+        "--backend", help="tensorrt or onnxruntime (default: from --engines / --onnx).", show_default=False)] = None,
+    model_name: Annotated[str, typer.Option("--model-name", help="Name of the generation model.")] = "wide_llm",
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Most prompts batched into one generation.")] = 8,
+    instances: Annotated[int, typer.Option("--instances", help="Model instances (per model).")] = 1,
+) -> None:
+    """Write a Triton model repository: a generation model (Python backend) plus, for
+    engines, tensorrt_plan models with I/O read from the engine manifest."""
+    from rich.console import Console
+
+    from wide_export.triton.repository import RepoOptions, generate_repository
+
+    repo = generate_repository(
+        output, onnx=onnx, engines=engines, backend=backend,
+        options=RepoOptions(model_name=model_name, max_batch=max_batch, instances=instances),
+    )
+    console = Console(highlight=False)
+    console.print(f"[green]wrote[/] Triton model repository {repo}")
+    for path in sorted(repo.glob("*/config.pbtxt")):
+        console.print(f"  model {path.parent.name}")
+    console.print(f"serve it: wide-export serve --repository {repo}")
+
+
+@user_errors
+def serve(
+    repository: Annotated[Path, typer.Option("--repository", help="Model repository (from `wide-export triton`).")],
+    http_port: Annotated[Optional[int], _port_option("--http-port", "HTTP")] = None,
+    grpc_port: Annotated[Optional[int], _port_option("--grpc-port", "gRPC")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        "--metrics-port", help="Serve Prometheus metrics on this port (default: metrics off).",
+        show_default=False)] = None,
+    address: Annotated[str, typer.Option("--address", help="Address to bind (loopback by default).")] = "127.0.0.1",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the models to load.")] = 300.0,
+    log_verbose: Annotated[int, typer.Option("--log-verbose", help="tritonserver --log-verbose level.")] = 0,
+) -> None:
+    """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C."""
+    from rich.console import Console
+
+    from wide_export.triton.server import TritonServer
+
+    console = Console(highlight=False)
+    server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                          address=address, log_verbose=log_verbose)
+    with console.status("starting tritonserver ..."):
+        server.start(timeout=timeout)
+    ends = server.endpoints
+    console.print(f"[green]ready[/]  HTTP {ends.http}  gRPC {ends.grpc}"
+                  + (f"  metrics {ends.metrics}" if ends.metrics else ""))
+    console.print("Ctrl-C to stop")
+    server.serve_until_signal()
+    console.print("stopped")
+
+
+def bench_serving(
+    onnx: Annotated[Optional[Path], typer.Option(
+        "--onnx", help="ONNX folder to serve (default: export the demo model into a temp folder).",
+        show_default=False)] = None,
+    requests: Annotated[int, typer.Option("--requests", help="Requests per client.")] = 8,
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens per request.")] = 16,
+    new_tokens: Annotated[int, typer.Option("--new-tokens", help="Tokens generated per request.")] = 16,
+    protocol: Annotated[str, typer.Option("--protocol", help="http or grpc.")] = "grpc",
+    seed: Annotated[int, typer.Option("--seed", help="Seed for the random prompts.")] = 0,
+    output: Annotated[Path, typer.Option("--output", help="Where to write the JSON results.")] = Path(
+        "bench-results/serving.json"),
+) -> None:
+    """Tokens/s and p50/p99 latency of the served onnxruntime flavour, 1 and 8 clients,
+    next to direct ONNX Runtime calls in the same run."""
+    from wide_export.bench.serving import ServingBenchConfig, run_serving_bench
+
+    run_serving_bench(ServingBenchConfig(
+        onnx=onnx, requests=requests, prompt_len=prompt_len, new_tokens=new_tokens, protocol=protocol,
+        seed=seed, output=output,
+    ))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `triton`, `serve` and `bench serving`."""
+    app.command("triton", no_args_is_help=True)(triton)
+    app.command("serve", no_args_is_help=True)(serve)
+    from wide_export.cli.bench_cmd import bench_app
+
+    bench_app.command("serving")(user_errors(bench_serving))

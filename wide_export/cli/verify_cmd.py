@@ -1,0 +1,59 @@
+"""`wide-export verify`: compare an exported artifact with the PyTorch reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from wide_export.cli.common import LoraOpt, LoraScaleOpt, ModelOpt, RouterOpt, SeedOpt, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    app.command("verify")(verify)
+
+
+@user_errors
+def verify(
+    onnx: Annotated[Optional[Path], typer.Option("--onnx", help="Folder written by `wide-export onnx`.",
+                                                 show_default=False)] = None,
+    model: ModelOpt = None,
+    router: RouterOpt = None,
+    lora: LoraOpt = None,
+    lora_scale: LoraScaleOpt = 2.0,
+    steps: Annotated[int, typer.Option(help="Decode steps after the prefill.")] = 3,
+    batch: Annotated[int, typer.Option(help="Prompts per step (row 0 left-padded).")] = 2,
+    prompt_len: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 7,
+    seed: SeedOpt = 0,
+    report: Annotated[Path, typer.Option(help="Where to write the JSON report.")] = Path("wide-verify-report.json"),
+) -> None:
+    """Check ONNX Runtime against the PyTorch reference: errors per output and router decision agreement.
+
+    Without --model the reference is the checkpoint recorded in wide_config.json
+    (or the demo model). Exits 1 when a tolerance is exceeded.
+    """
+    from wide_export.errors import WideError
+    from wide_export.progress import Stages
+    from wide_export.verify.onnx_verify import verify_onnx
+
+    if onnx is None:
+        raise WideError("nothing to verify", "pass --onnx DIR (a folder written by `wide-export onnx`)")
+    if min(steps, batch - 1, prompt_len - 1) < 0 or steps < 0:
+        raise WideError("--steps must be >= 0, --batch and --prompt-len >= 1", "use positive sizes")
+    load_kwargs = None
+    if model is not None:
+        load_kwargs = {"model_dir": model, "router": router, "lora": lora, "lora_scale": lora_scale}
+    result = verify_onnx(onnx, stages=Stages(), report_path=report, load_kwargs=load_kwargs,
+                         steps=steps, batch=batch, prompt_len=prompt_len, seed=seed)
+    finish_verification(result, report)
+
+
+def finish_verification(report, path: Path) -> None:
+    """Print the tables; exit 1 when the comparison failed."""
+    from wide_export.verify.compare import print_report
+
+    print_report(report)
+    typer.echo(f"report: {path}", err=True)
+    if not report.passed:
+        raise typer.Exit(1)

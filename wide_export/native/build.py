@@ -1,0 +1,160 @@
+"""Configure and build plugins/ (CUDA kernels, TensorRT plugins) with CMake.
+
+`build_native()` is what `wide-export build` runs: one CMake configure + build
+into a build folder (default ``<repo>/build/native``); every library lands in
+``<build>/lib``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from wide_export.errors import WideError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SOURCE_DIR = REPO_ROOT / "plugins"
+DEFAULT_BUILD_DIR = REPO_ROOT / "build" / "native"
+DEFAULT_CUDA_ARCHS = "80;86;89;90"
+KERNELS_LIB_NAME = "libwide_kernels.so"
+
+
+@dataclass
+class BuildResult:
+    """Where a build went and what it produced."""
+
+    build_dir: Path
+    libraries: list[Path] = field(default_factory=list)
+    trt_note: Optional[str] = None  # why the TensorRT plugin library is missing, if it is
+    log: Optional[Path] = None
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.build_dir / "lib"
+
+
+def find_cmake() -> str:
+    """cmake from PATH, else the one shipped by the `cmake` PyPI package."""
+    exe = shutil.which("cmake")
+    if exe:
+        return exe
+    try:
+        import cmake  # type: ignore[import-not-found]
+
+        candidate = Path(cmake.CMAKE_BIN_DIR) / "cmake"
+        if candidate.exists():
+            return str(candidate)
+    except ImportError:
+        pass
+    raise WideError("cmake was not found", hint="install it (apt install cmake, or pip install cmake)")
+
+
+def find_nvcc() -> Optional[str]:
+    """The CUDA compiler CMake would use: $CUDACXX, nvcc on PATH, /usr/local/cuda/bin/nvcc."""
+    env = os.environ.get("CUDACXX")
+    if env and Path(env).exists():
+        return env
+    exe = shutil.which("nvcc")
+    if exe:
+        return exe
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.exists() else None
+
+
+def normalize_archs(archs: Optional[str]) -> str:
+    """'80,90' / '80;90' / 'sm_80 sm_90' -> '80;90' (CMake list)."""
+    if not archs:
+        return DEFAULT_CUDA_ARCHS
+    items = [a.strip().lower().removeprefix("sm_").removeprefix("compute_")
+             for a in archs.replace(",", ";").replace(" ", ";").split(";")]
+    items = [a for a in items if a]
+    for a in items:
+        core = a.removesuffix("-real").removesuffix("-virtual").removesuffix("a")
+        if not core.isdigit():
+            raise WideError(f"bad CUDA architecture {a!r}", hint="use numbers such as 80;86;89;90")
+    return ";".join(items)
+
+
+def configure_command(
+    build_dir: Path,
+    cuda_archs: Optional[str] = None,
+    tensorrt_root: Optional[Path] = None,
+    tensorrt_include_dir: Optional[Path] = None,
+    tensorrt_lib_dir: Optional[Path] = None,
+    nvcc: Optional[str] = None,
+) -> list[str]:
+    """The `cmake -S plugins -B build_dir ...` command line."""
+    cmd = [find_cmake(), "-S", str(SOURCE_DIR), "-B", str(build_dir),
+           "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={normalize_archs(cuda_archs)}"]
+    if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
+        cmd += ["-G", "Ninja"]
+    if nvcc:
+        cmd.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
+    for name, value in (("TENSORRT_ROOT", tensorrt_root), ("TENSORRT_INCLUDE_DIR", tensorrt_include_dir),
+                        ("TENSORRT_LIB_DIR", tensorrt_lib_dir)):
+        if value is not None:
+            cmd.append(f"-D{name}={Path(value).resolve()}")
+    return cmd
+
+
+def build_native(
+    build_dir: Optional[Path] = None,
+    cuda_archs: Optional[str] = None,
+    tensorrt_root: Optional[Path] = None,
+    tensorrt_include_dir: Optional[Path] = None,
+    tensorrt_lib_dir: Optional[Path] = None,
+    jobs: Optional[int] = None,
+    targets: Sequence[str] = (),
+    on_step: Optional[Callable[[str], None]] = None,
+) -> BuildResult:
+    """Configure and build plugins/; raises WideError (with the log's tail) on failure."""
+    if not (SOURCE_DIR / "CMakeLists.txt").exists():
+        raise WideError(f"no native sources at {SOURCE_DIR}",
+                        hint="build from a source checkout of wide-export (plugins/ is not packaged)")
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise WideError("nvcc (the CUDA compiler) was not found",
+                        hint="install the CUDA toolkit and put nvcc on PATH, or set CUDACXX")
+    for name, value in (("--tensorrt-root", tensorrt_root), ("--tensorrt-include-dir", tensorrt_include_dir),
+                        ("--tensorrt-lib-dir", tensorrt_lib_dir)):
+        if value is not None and not Path(value).is_dir():
+            raise WideError(f"{name} {value} is not a folder")
+    build_dir = Path(build_dir or DEFAULT_BUILD_DIR).resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = build_dir / "build.log"
+    steps = [("configure", configure_command(build_dir, cuda_archs, tensorrt_root, tensorrt_include_dir,
+                                             tensorrt_lib_dir, nvcc))]
+    build_cmd = [find_cmake(), "--build", str(build_dir), "--parallel", str(jobs or os.cpu_count() or 2)]
+    for t in targets:
+        build_cmd += ["--target", t]
+    steps.append(("build", build_cmd))
+    with log.open("w") as fh:
+        for name, cmd in steps:
+            if on_step:
+                on_step(name)
+            fh.write("$ " + " ".join(cmd) + "\n")
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
+            if proc.returncode != 0:
+                fh.flush()
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+                raise WideError(f"CMake {name} failed (exit {proc.returncode}); last lines of {log}:\n{tail}",
+                                hint="see the full log above")
+    libs = sorted(p for p in (build_dir / "lib").glob("*") if p.suffix in (".so", ".a") or ".so." in p.name)
+    return BuildResult(build_dir=build_dir, libraries=libs, trt_note=_trt_note(libs, log), log=log)
+
+
+def _trt_note(libs: list[Path], log: Path) -> Optional[str]:
+    """One line explaining a missing TensorRT plugin library, or None if it was built."""
+    if not (SOURCE_DIR / "trt" / "CMakeLists.txt").exists():
+        return "TensorRT plugins not built: plugins/trt/ has no CMakeLists.txt"
+    if any("wide_kernels" not in p.name and p.suffix == ".so" for p in libs):
+        return None
+    said = [ln.strip().removeprefix("-- ") for ln in log.read_text(errors="replace").splitlines()
+            if "tensorrt" in ln.lower() and ("skip" in ln.lower() or "not found" in ln.lower())]
+    return said[0] if said else ("TensorRT plugins not built (no TensorRT headers found; pass "
+                                 "--tensorrt-root or --tensorrt-include-dir)")

@@ -1,0 +1,286 @@
+"""WIDE generation model for Triton's Python backend (copied as `<model>/1/model.py`).
+
+Self-contained on purpose (numpy, onnxruntime, Triton's pb_utils only): a
+generated repository must run where wide_export is not installed.
+
+Interface (one prompt per row; rows of one request share a length):
+  inputs  input_ids INT64 [-1], max_new_tokens INT32 [1],
+          optional temperature FP32 [1], top_p FP32 [1], seed INT64 [1]
+  output  output_ids INT64 [-1]: the new tokens only.
+Greedy when temperature is absent or 0, else temperature / top-p sampling
+(seeded per request when `seed` is given).
+
+The settings come from `generation.json` beside this file (written by
+`wide-export triton`). Flavours:
+  onnxruntime: an ONNX Runtime session of model.onnx runs prefill and decode.
+  tensorrt:    BLS requests to the tensorrt_plan models named in the settings.
+Both drive the same graph contract: inputs input_ids, attention_mask,
+position_ids, past_key_values.{i}.key|value; outputs logits,
+present.{i}.key|value. Rows are left-padded; position_ids =
+cumsum(attention_mask) - 1 clipped at 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton (unit tests, direct use)
+    pb_utils = None
+
+SETTINGS_FILE = "generation.json"
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
+
+
+class RequestError(ValueError):
+    """A malformed request: answered with an error, the model keeps serving."""
+
+
+@dataclass
+class Row:
+    """One prompt to continue, with its own sampling settings."""
+
+    prompt: np.ndarray
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+
+
+@dataclass
+class Settings:
+    """What generation.json says (see wide_export/triton/repository.py)."""
+
+    flavour: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    kv_dtype: str
+    max_total_tokens: int
+    io: dict
+    max_prompt_tokens: int = 0  # 0: only max_total_tokens limits the prompt
+    onnx_file: str = "model.onnx"
+    prefill_model: str = ""
+    decode_model: str = ""
+
+    @classmethod
+    def load(cls, folder: str) -> "Settings":
+        with open(os.path.join(folder, SETTINGS_FILE)) as f:
+            raw = json.load(f)
+        return cls(**raw)
+
+    def past_names(self) -> list[tuple[str, str]]:
+        """(key, value) input names per layer."""
+        key, value = self.io["past_key"], self.io["past_value"]
+        return [(key.format(i=i), value.format(i=i)) for i in range(self.num_layers)]
+
+    def present_names(self) -> list[tuple[str, str]]:
+        """(key, value) output names per layer."""
+        key, value = self.io["present_key"], self.io["present_value"]
+        return [(key.format(i=i), value.format(i=i)) for i in range(self.num_layers)]
+
+
+# A step runs the graph once: (feeds by input name) -> (logits, presents in layer order).
+StepFn = Callable[[dict, str], tuple]
+
+
+def validate_row(row: Row, settings: Settings) -> None:
+    """Raise RequestError for anything the model cannot serve."""
+    if row.prompt.ndim != 1 or row.prompt.size == 0:
+        raise RequestError("input_ids is empty: send at least one prompt token")
+    if row.max_new_tokens <= 0:
+        raise RequestError(f"max_new_tokens must be >= 1, got {row.max_new_tokens}")
+    total = row.prompt.size + row.max_new_tokens
+    if total > settings.max_total_tokens:
+        raise RequestError(
+            f"prompt ({row.prompt.size} tokens) + max_new_tokens ({row.max_new_tokens}) = {total} "
+            f"exceeds the model's limit of {settings.max_total_tokens} tokens"
+        )
+    if settings.max_prompt_tokens and row.prompt.size > settings.max_prompt_tokens:
+        raise RequestError(f"prompt has {row.prompt.size} tokens, the engine's prefill allows {settings.max_prompt_tokens}")
+    low, high = int(row.prompt.min()), int(row.prompt.max())
+    if low < 0 or high >= settings.vocab_size:
+        raise RequestError(f"input_ids must lie in [0, {settings.vocab_size}), got values in [{low}, {high}]")
+    if not np.isfinite(row.temperature) or row.temperature < 0:
+        raise RequestError(f"temperature must be >= 0, got {row.temperature}")
+    if not (0.0 < row.top_p <= 1.0):
+        raise RequestError(f"top_p must be in (0, 1], got {row.top_p}")
+
+
+def choose_tokens(logits: np.ndarray, rows: list[Row], rngs: list[np.random.Generator]) -> np.ndarray:
+    """Next token per row: argmax when temperature is 0, else temperature/top-p sampling."""
+    out = np.argmax(logits, axis=-1).astype(np.int64)
+    for b, row in enumerate(rows):
+        if row.temperature <= 0:
+            continue
+        z = logits[b].astype(np.float64) / row.temperature
+        probs = np.exp(z - z.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        keep = order[: int(np.searchsorted(cumulative, row.top_p) + 1)]  # smallest set reaching top_p
+        kept = probs[keep] / probs[keep].sum()
+        out[b] = keep[rngs[b].choice(keep.size, p=kept)]
+    return out
+
+
+def generate(step: StepFn, settings: Settings, rows: list[Row]) -> list[np.ndarray]:
+    """Prefill all rows together (left-padded), then decode with the KV cache."""
+    batch = len(rows)
+    longest = max(r.prompt.size for r in rows)
+    steps = max(r.max_new_tokens for r in rows)
+    ids = np.zeros((batch, longest), dtype=np.int64)
+    mask = np.zeros((batch, longest), dtype=np.int64)
+    for b, row in enumerate(rows):
+        ids[b, longest - row.prompt.size:] = row.prompt
+        mask[b, longest - row.prompt.size:] = 1
+    positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    kv_dtype = NP_DTYPES[settings.kv_dtype]
+    empty = np.zeros((batch, settings.num_kv_heads, 0, settings.head_dim), dtype=kv_dtype)
+    past = [(empty, empty) for _ in range(settings.num_layers)]
+    rngs = [np.random.default_rng(r.seed) for r in rows]
+    out = np.zeros((batch, steps), dtype=np.int64)
+    phase = "prefill"
+    for s in range(steps):
+        feeds = {settings.io["input_ids"]: ids, settings.io["attention_mask"]: mask,
+                 settings.io["position_ids"]: positions}
+        for (k_name, v_name), (k, v) in zip(settings.past_names(), past):
+            feeds[k_name], feeds[v_name] = k, v
+        logits, past = step(feeds, phase)
+        out[:, s] = choose_tokens(logits[:, -1, :], rows, rngs)
+        if s + 1 == steps:
+            break
+        phase = "decode"
+        ids = out[:, s:s + 1].copy()
+        mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+        positions = mask.sum(axis=1, keepdims=True) - 1
+    return [out[b, :row.max_new_tokens] for b, row in enumerate(rows)]
+
+
+def ort_step(folder: str, settings: Settings, threads: int = 0) -> StepFn:
+    """A step function running model.onnx in ONNX Runtime (CUDA EP when available)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads > 0:
+        options.intra_op_num_threads = threads
+    providers = ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, "CUDAExecutionProvider")
+    session = ort.InferenceSession(os.path.join(folder, settings.onnx_file), options, providers=providers)
+    names = [settings.io["logits"]] + [n for pair in settings.present_names() for n in pair]
+
+    def step(feeds: dict, phase: str) -> tuple:
+        outs = session.run(names, feeds)
+        presents = [(outs[1 + 2 * i], outs[2 + 2 * i]) for i in range(settings.num_layers)]
+        return outs[0], presents
+
+    return step
+
+
+def bls_step(settings: Settings) -> StepFn:
+    """A step function calling the tensorrt_plan models through BLS (prefill / decode)."""
+    names = [settings.io["logits"]] + [n for pair in settings.present_names() for n in pair]
+
+    def step(feeds: dict, phase: str) -> tuple:
+        model = settings.prefill_model if phase == "prefill" else settings.decode_model
+        request = pb_utils.InferenceRequest(
+            model_name=model,
+            inputs=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in feeds.items()],
+            requested_output_names=names,
+            # Ask for host outputs: the numpy KV cache round-trips through host memory.
+            preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0),
+        )
+        response = request.exec()
+        if response.has_error():
+            raise RuntimeError(f"{model}: {response.error().message()}")
+        outs = [pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in names]
+        presents = [(outs[1 + 2 * i], outs[2 + 2 * i]) for i in range(settings.num_layers)]
+        return outs[0], presents
+
+    return step
+
+
+def _optional_scalar(request, name: str, default):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return [default]
+    return [v.item() for v in tensor.as_numpy().reshape(tensor.as_numpy().shape[0], -1)[:, 0]]
+
+
+def rows_from_request(request) -> list[Row]:
+    """Parse one Triton request (batch b >= 1) into rows; RequestError if malformed."""
+    ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+    new = pb_utils.get_input_tensor_by_name(request, "max_new_tokens").as_numpy()
+    if ids.ndim != 2:
+        raise RequestError(f"input_ids must be [batch, tokens], got shape {list(ids.shape)}")
+    batch = ids.shape[0]
+    if new.shape[0] != batch:
+        raise RequestError(f"max_new_tokens has batch {new.shape[0]}, input_ids has {batch}")
+    if np.unique(new).size != 1:
+        raise RequestError("rows of one request must share max_new_tokens (the output is [batch, max_new_tokens])")
+    extras = {name: _optional_scalar(request, name, default)
+              for name, default in (("temperature", 0.0), ("top_p", 1.0), ("seed", None))}
+    rows = []
+    for b in range(batch):
+        pick = {k: (v[b] if len(v) == batch else v[0]) for k, v in extras.items()}
+        rows.append(Row(prompt=ids[b].astype(np.int64), max_new_tokens=int(new.reshape(batch, -1)[b, 0]),
+                        temperature=float(pick["temperature"]), top_p=float(pick["top_p"]),
+                        seed=None if pick["seed"] is None else int(pick["seed"])))
+    return rows
+
+
+def _invalid_argument(message: str):
+    """A TritonError that clients see as 400 / INVALID_ARGUMENT (when this Triton supports codes)."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
+class TritonPythonModel:
+    """Triton entry point: validates requests, batches valid rows into one generation."""
+
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.settings = Settings.load(folder)
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        if self.settings.flavour == "onnxruntime":
+            self.step = ort_step(folder, self.settings, int(params.get("intra_op_threads", "0")))
+        elif self.settings.flavour == "tensorrt":
+            self.step = bls_step(self.settings)
+        else:
+            raise ValueError(f"unknown flavour {self.settings.flavour!r} in {SETTINGS_FILE}")
+
+    def execute(self, requests: list) -> list:
+        responses: list = [None] * len(requests)
+        parsed: list[tuple[int, list[Row]]] = []
+        for i, request in enumerate(requests):
+            try:
+                rows = rows_from_request(request)
+                for row in rows:
+                    validate_row(row, self.settings)
+                parsed.append((i, rows))
+            except RequestError as err:
+                responses[i] = pb_utils.InferenceResponse(error=_invalid_argument(str(err)))
+        if parsed:
+            all_rows = [row for _, rows in parsed for row in rows]
+            try:
+                tokens = generate(self.step, self.settings, all_rows)
+            except Exception as err:  # noqa: BLE001 - report to every client, keep serving
+                for i, _ in parsed:
+                    responses[i] = pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(f"generation failed: {err}"))
+                return responses
+            start = 0
+            for i, rows in parsed:
+                block = np.stack(tokens[start:start + len(rows)]).astype(np.int64)
+                start += len(rows)
+                responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("output_ids", block)])
+        return responses

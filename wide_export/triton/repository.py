@@ -1,0 +1,214 @@
+"""Write a Triton model repository for a WIDE model (onnxruntime or tensorrt flavour).
+
+Layout (standard Triton):
+    REPO/README.md
+    REPO/<model>/config.pbtxt            generation model (Python backend)
+    REPO/<model>/1/model.py              = wide_export/triton/generation_model.py
+    REPO/<model>/1/generation.json       settings read by model.py
+    REPO/<model>/1/model.onnx(.data)     onnxruntime flavour
+    REPO/<model>_<phase>/config.pbtxt    tensorrt flavour: one tensorrt_plan model per
+    REPO/<model>_<phase>/1/model.plan    (engine, optimization profile)
+    REPO/*.so                            tensorrt flavour: the WIDE plugin library
+The repository is assembled in a temp folder beside REPO and renamed into place,
+so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Optional
+
+from wide_export.errors import WideError
+from wide_export.triton.engines import EngineSource, EngineSpec, ProfileSpec, read_engine_folder
+from wide_export.triton.sources import OnnxSource, read_onnx_folder
+from wide_export.triton.templates import render
+
+BACKENDS = ("onnxruntime", "tensorrt")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_TYPE_TO_KV = {"TYPE_FP32": "float32", "TYPE_FP16": "float16"}
+
+
+@dataclass(frozen=True)
+class RepoOptions:
+    """User choices for a generated repository."""
+
+    model_name: str = "wide_llm"
+    max_batch: int = 8
+    instances: int = 1
+    queue_delay_us: int = 2000
+    intra_op_threads: int = 0  # ONNX Runtime threads per instance; 0 = its default
+
+    def check(self) -> None:
+        if not _NAME.match(self.model_name):
+            raise WideError(f"model name {self.model_name!r} is not a valid Triton model name",
+                            hint="use letters, digits, '_', '-', '.'")
+        for field in ("max_batch", "instances"):
+            if getattr(self, field) < 1:
+                raise WideError(f"--{field.replace('_', '-')} must be >= 1, got {getattr(self, field)}")
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link big files when possible (same filesystem), else copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, settings: dict) -> Path:
+    folder = repo / opts.model_name
+    version = folder / "1"
+    version.mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(render(
+        "generation.pbtxt", flavour=flavour, model_name=opts.model_name, max_batch=settings.pop("_max_batch"),
+        instances=opts.instances, queue_delay_us=opts.queue_delay_us, intra_op_threads=opts.intra_op_threads,
+    ))
+    code = files("wide_export.triton").joinpath("generation_model.py").read_text()
+    (version / "model.py").write_text(code)
+    (version / "generation.json").write_text(json.dumps({"flavour": flavour, **settings}, indent=2) + "\n")
+    return version
+
+
+def _onnx_repository(repo: Path, src: OnnxSource, opts: RepoOptions) -> None:
+    shape = src.shape
+    settings = {
+        "num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
+        "vocab_size": shape.vocab_size, "kv_dtype": shape.kv_dtype,
+        "max_total_tokens": shape.max_position_embeddings, "io": src.io, "onnx_file": "model.onnx",
+        "_max_batch": opts.max_batch,
+    }
+    version = _write_generation_model(repo, opts, "onnxruntime", settings)
+    for path in (src.onnx_file, *src.data_files, src.folder / "wide_config.json"):
+        link_or_copy(path, version / path.name)
+    (repo / "README.md").write_text(render(
+        "readme_onnxruntime.txt", model_name=opts.model_name, source=str(src.folder),
+        max_total_tokens=shape.max_position_embeddings,
+    ))
+
+
+def _plan_models(src: EngineSource, opts: RepoOptions) -> list[tuple[str, EngineSpec, ProfileSpec]]:
+    pairs = [(e, p) for e in src.engines for p in e.profiles]
+    phases = [p.phase for _, p in pairs]
+    out = []
+    for j, engine in enumerate(src.engines):
+        for prof in engine.profiles:
+            unique = phases.count(prof.phase) == 1
+            suffix = prof.phase if unique else f"e{j}_p{prof.index}"
+            out.append((f"{opts.model_name}_{suffix}", engine, prof))
+    return out
+
+
+def _pick(models: list, phases: tuple[str, ...], what: str, manifest: Path) -> tuple[str, EngineSpec, ProfileSpec]:
+    for phase in phases:
+        for entry in models:
+            if entry[2].phase == phase:
+                return entry
+    raise WideError(f"{manifest}: no optimization profile for the {what} phase",
+                    hint="build the engine with prefill and decode profiles")
+
+
+def _tensor_block(tensors) -> str:
+    return ",\n".join(
+        render("tensor.pbtxt", name=t.name, data_type=t.data_type, dims=", ".join(str(d) for d in t.dims)).rstrip()
+        for t in tensors
+    )
+
+
+def _engine_limits(src: EngineSource, prefill: ProfileSpec, decode: ProfileSpec, opts: RepoOptions) -> dict:
+    io = src.io
+    max_total = src.shape.max_position_embeddings
+    total_cap = decode.max_dim(io["attention_mask"], 1)
+    if total_cap:
+        max_total = min(max_total, total_cap)
+    max_prompt = prefill.max_dim(io["input_ids"], 1) or 0
+    batch = opts.max_batch
+    for prof in (prefill, decode):
+        cap = prof.max_dim(io["input_ids"], 0)
+        if cap:
+            batch = min(batch, cap)
+    return {"max_total_tokens": max_total, "max_prompt_tokens": min(max_prompt, max_total), "_max_batch": batch}
+
+
+def _tensorrt_repository(repo: Path, src: EngineSource, opts: RepoOptions) -> None:
+    models = _plan_models(src, opts)
+    prefill = _pick(models, ("prefill", "both"), "prefill", src.manifest)
+    decode = _pick(models, ("decode", "both"), "decode", src.manifest)
+    past = {t.name: t for t in decode[1].inputs}[src.io["past_key"].format(i=0)]
+    if past.data_type not in _TYPE_TO_KV:
+        raise WideError(f"{src.manifest}: KV cache type {past.data_type} is not served (FP32/FP16 only)")
+    for name, engine, prof in models:
+        version = repo / name / "1"
+        version.mkdir(parents=True)
+        link_or_copy(engine.file, version / "model.plan")
+        (repo / name / "config.pbtxt").write_text(render(
+            "tensorrt_plan.pbtxt", manifest=src.manifest.name, engine=engine.file.name, profile=prof.index,
+            phase=prof.phase, model_name=name, inputs=_tensor_block(engine.inputs),
+            outputs=_tensor_block(engine.outputs), instances=opts.instances,
+        ))
+    shape = src.shape
+    settings = {
+        "num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
+        "vocab_size": shape.vocab_size, "kv_dtype": _TYPE_TO_KV[past.data_type], "io": src.io,
+        "prefill_model": prefill[0], "decode_model": decode[0], **_engine_limits(src, prefill[2], decode[2], opts),
+    }
+    max_total = settings["max_total_tokens"]
+    version = _write_generation_model(repo, opts, "tensorrt", settings)
+    link_or_copy(src.manifest, version / src.manifest.name)
+    plugin_path, note = "/path/to/libwide_plugins.so", "No plugin library was listed in the manifest."
+    if src.plugins:
+        # Files at the repository root are ignored by Triton (only folders are models).
+        for plugin in src.plugins:
+            link_or_copy(plugin, repo / plugin.name)
+        plugin_path = f"<this folder>/{src.plugins[0].name}"
+        note = f"The plugin library is copied beside this README ({', '.join(p.name for p in src.plugins)})."
+    (repo / "README.md").write_text(render(
+        "readme_tensorrt.txt", model_name=opts.model_name, source=str(src.folder), prefill_model=prefill[0],
+        decode_model=decode[0], plan_models=", ".join(f"`{m[0]}`" for m in models), trt_name=src.trt_package,
+        trt_version=src.trt_version, plugin_path=plugin_path, plugin_note=note, max_total_tokens=max_total,
+    ))
+
+
+def generate_repository(
+    output: Path,
+    onnx: Optional[Path] = None,
+    engines: Optional[Path] = None,
+    backend: Optional[str] = None,
+    options: RepoOptions = RepoOptions(),
+) -> Path:
+    """Write a model repository at `output` from an ONNX folder or an engine folder."""
+    if (onnx is None) == (engines is None):
+        raise WideError("give exactly one of --onnx DIR or --engines DIR")
+    backend = backend or ("onnxruntime" if onnx is not None else "tensorrt")
+    if backend not in BACKENDS:
+        raise WideError(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+    if (backend == "onnxruntime") != (onnx is not None):
+        raise WideError(f"the {backend} flavour needs --{'onnx' if backend == 'onnxruntime' else 'engines'} DIR")
+    options.check()
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise WideError(f"{output} exists and is not empty", hint="choose a new --output folder")
+    source = read_onnx_folder(onnx) if onnx is not None else read_engine_folder(engines)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        if backend == "onnxruntime":
+            _onnx_repository(staging, source, options)
+        else:
+            _tensorrt_repository(staging, source, options)
+        if output.exists():
+            output.rmdir()
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
+
+
+__all__ = ["BACKENDS", "RepoOptions", "generate_repository"]

@@ -1,0 +1,284 @@
+"""Start and stop a real `tritonserver` on loopback, wait until it is ready.
+
+The binary is the system one when `tritonserver` is on PATH, else the one in
+the `nvidia-pytriton` wheel (extra `triton`). The wheel's Python-backend stub
+is not where the backend looks for it, so for the bundled server we assemble a
+private backend directory (copies, in a temp dir) instead of touching
+site-packages, as pytriton itself does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Optional, Sequence
+
+from wide_export.errors import WideError
+
+LOOPBACK = "127.0.0.1"
+# Errors the server logs on every CPU-only start; not worth showing.
+_HARMLESS = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
+
+
+@dataclass(frozen=True)
+class ServerBinary:
+    """Where a tritonserver lives and what the bundled one needs to run."""
+
+    path: Path
+    bundled: bool
+    python_backend: Optional[Path] = None  # folder with libtriton_python.so (bundled only)
+    stub: Optional[Path] = None  # triton_python_backend_stub for this Python (bundled only)
+    libs: Optional[Path] = None  # nvidia_pytriton.libs (bundled only)
+
+
+def find_tritonserver() -> ServerBinary:
+    """The system `tritonserver` if on PATH, else the one bundled in nvidia-pytriton."""
+    system = shutil.which("tritonserver")
+    if system:
+        return ServerBinary(path=Path(system), bundled=False)
+    spec = find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise WideError(
+            "no tritonserver binary: none on PATH and nvidia-pytriton is not installed",
+            hint="pip install 'wide-export[triton]' or put tritonserver on PATH",
+        )
+    root = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    binary = root / "bin" / "tritonserver"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    backend = root / "backends" / "python"
+    missing = [p for p in (binary, stub, backend / "libtriton_python.so") if not p.exists()]
+    if missing:
+        raise WideError(
+            f"the tritonserver bundled in nvidia-pytriton is incomplete (missing {missing[0]})",
+            hint=f"reinstall nvidia-pytriton for Python {version}, or put tritonserver on PATH",
+        )
+    return ServerBinary(
+        path=binary, bundled=True, python_backend=backend, stub=stub,
+        libs=root.parent.parent / "nvidia_pytriton.libs",
+    )
+
+
+def free_port(address: str = LOOPBACK) -> int:
+    """A TCP port that is free right now on `address` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+def _prepare_backends(binary: ServerBinary, into: Path) -> Path:
+    """A private backend folder: python backend + this Python's stub, side by side."""
+    assert binary.python_backend is not None and binary.stub is not None
+    python_dir = into / "backends" / "python"
+    python_dir.mkdir(parents=True)
+    for item in binary.python_backend.iterdir():
+        if item.is_file():
+            shutil.copy2(item, python_dir / item.name)
+    shutil.copy2(binary.stub, python_dir / "triton_python_backend_stub")
+    return into / "backends"
+
+
+def server_environment(binary: ServerBinary) -> dict[str, str]:
+    """Environment for the server: this Python first on PATH, its libpython loadable."""
+    env = dict(os.environ)
+    # model.py runs under the first python3 on PATH: make it this environment's.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    lib_dirs: list[str] = []
+    libdir = sysconfig.get_config_var("LIBDIR")
+    ldlib = sysconfig.get_config_var("LDLIBRARY") or ""
+    if libdir and ldlib.endswith(".so") and Path(libdir, ldlib).exists():
+        lib_dirs.append(libdir)  # the stub embeds this Python: use its own libpython
+    if binary.libs is not None:
+        lib_dirs.append(str(binary.libs))  # the copied stub lost its RPATH to these
+    if env.get("LD_LIBRARY_PATH"):
+        lib_dirs.append(env["LD_LIBRARY_PATH"])
+    if lib_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
+    return env
+
+
+@dataclass
+class Endpoints:
+    """Where the server answers."""
+
+    http: str
+    grpc: str
+    metrics: Optional[str]
+
+
+class TritonServer:
+    """A tritonserver process serving one model repository on loopback.
+
+    Use as a context manager, or call start() / stop(). start() returns only
+    once the server reports ready (all models loaded), else raises WideError
+    with the tail of the server log.
+    """
+
+    def __init__(
+        self,
+        repository: Path,
+        http_port: Optional[int] = None,
+        grpc_port: Optional[int] = None,
+        metrics_port: Optional[int] = None,
+        address: str = LOOPBACK,
+        log_verbose: int = 0,
+        exit_timeout: int = 5,
+        extra_args: Sequence[str] = (),
+    ):
+        self.repository = Path(repository).resolve()
+        self.address = address
+        self.http_port = http_port or free_port(address)
+        self.grpc_port = grpc_port or free_port(address)
+        self.metrics_port = metrics_port
+        self.log_verbose = log_verbose
+        self.exit_timeout = exit_timeout  # seconds the server waits for open connections on SIGTERM
+        self.extra_args = list(extra_args)
+        self.process: Optional[subprocess.Popen] = None
+        self._workdir: Optional[tempfile.TemporaryDirectory] = None
+        self.log_path: Optional[Path] = None
+        self._final_log = ""
+
+    @property
+    def endpoints(self) -> Endpoints:
+        """HTTP URL, gRPC host:port and metrics URL (None when disabled)."""
+        metrics = f"http://{self.address}:{self.metrics_port}/metrics" if self.metrics_port else None
+        return Endpoints(
+            http=f"{self.address}:{self.http_port}", grpc=f"{self.address}:{self.grpc_port}", metrics=metrics
+        )
+
+    def command(self, binary: ServerBinary, backends: Optional[Path]) -> list[str]:
+        """The tritonserver command line (loopback addresses, strict config)."""
+        cmd = [
+            str(binary.path),
+            f"--model-repository={self.repository}",
+            f"--http-address={self.address}", f"--http-port={self.http_port}",
+            f"--grpc-address={self.address}", f"--grpc-port={self.grpc_port}",
+            "--disable-auto-complete-config",
+            f"--exit-timeout-secs={self.exit_timeout}",
+            f"--log-verbose={self.log_verbose}",
+        ]
+        if self.metrics_port:
+            cmd += ["--allow-metrics=true", f"--metrics-address={self.address}", f"--metrics-port={self.metrics_port}"]
+        else:
+            cmd += ["--allow-metrics=false"]
+        if backends is not None:
+            cmd.append(f"--backend-directory={backends}")
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        """Launch the server and wait until ready (raises WideError on failure or timeout)."""
+        if not (self.repository / "").is_dir():
+            raise WideError(f"model repository {self.repository} is not a folder",
+                            hint="generate one with `wide-export triton`")
+        binary = find_tritonserver()
+        self._workdir = tempfile.TemporaryDirectory(prefix="wide-triton-")
+        work = Path(self._workdir.name)
+        backends = _prepare_backends(binary, work) if binary.bundled else None
+        self.log_path = work / "tritonserver.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.command(binary, backends), env=server_environment(binary), stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        """True when /v2/health/ready answers 200."""
+        url = f"http://{self.address}:{self.http_port}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 (loopback URL we built)
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float) -> None:
+        """Poll readiness; a stuck "loading" server (e.g. a broken stub) times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise WideError(f"tritonserver exited with code {self.process.returncode} before it was ready:\n"
+                                f"{self.log_tail()}", hint="read the server log above")
+            if self.is_ready():
+                return
+            time.sleep(0.1)
+        raise WideError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}",
+                        hint="a model may be stuck loading; read the server log above")
+
+    def log_tail(self, lines: int = 12) -> str:
+        """The server's error lines (minus harmless CUDA ones on CPU) and its last lines."""
+        text = self.log_text().splitlines()
+        errors = [ln for ln in text[:-lines] if ln.startswith("E") and not any(h in ln for h in _HARMLESS)]
+        return "\n".join(errors[-10:] + text[-lines:])
+
+    def log_text(self) -> str:
+        """The whole server log so far."""
+        if self.log_path is not None and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return self._final_log
+
+    def stop(self, timeout: float = 20.0) -> Optional[int]:
+        """SIGTERM, wait, SIGKILL if needed; remove the private temp dir. Returns the exit code."""
+        code = None
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait(5)
+            code = self.process.returncode
+            # The python-backend stubs are in the server's session: reap any left over.
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._workdir is not None:
+            self._keep_log()
+            self._workdir.cleanup()
+            self._workdir = None
+        return code
+
+    def _keep_log(self) -> None:
+        # Keep the log readable after cleanup (tests print it on failure).
+        if self.log_path is not None and self.log_path.exists():
+            self._final_log = self.log_path.read_text(errors="replace")
+            self.log_path = None
+
+    def serve_until_signal(self, poll: float = 0.5) -> None:
+        """Block until SIGINT/SIGTERM (then stop cleanly) or until the server dies (WideError)."""
+        stop = threading.Event()
+        handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not stop.wait(poll):
+                if self.process is None or self.process.poll() is not None:
+                    code = None if self.process is None else self.process.returncode
+                    raise WideError(f"tritonserver exited unexpectedly (code {code}):\n{self.log_tail()}")
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            self.stop()
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

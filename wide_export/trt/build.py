@@ -1,0 +1,256 @@
+"""Build the prefill + decode engine from an exported ONNX folder and write its manifest.
+
+Output folder (docs/trt.md):
+  wide.engine             one engine, profile 0 = prefill, profile 1 = decode
+  wide_engine.json        manifest (flavour, version, plugin library + sha256,
+                          profiles, I/O names/dtypes/shapes, plugin-layer report)
+  wide_config.json        copied from the ONNX folder
+  libwide_trt_plugins.so  copy of the plugin library the engine was built with
+  timing.cache            TensorRT timing cache (reused by the next build)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from wide_export.errors import WideError
+from wide_export.trt.backend import Backend, needs_child, rtx_child_env, select_backend
+from wide_export.trt.plugins import PLUGIN_LIB_NAME, PluginLibrary, load_plugin_library
+from wide_export.trt.profiles import build_profiles
+from wide_export.trt.recipes import ProfileLimits, Recipe, check_group_sizes, load_recipe
+from wide_export.trt.report import PluginReport, plugin_layer_names, plugin_report, wide_nodes
+
+ONNX_FILE = "model.onnx"
+WIDE_CONFIG = "wide_config.json"
+ENGINE_FILE = "wide.engine"
+MANIFEST = "wide_engine.json"
+TIMING_CACHE = "timing.cache"
+MANIFEST_FORMAT = "wide-engine/1"
+# TensorRT-RTX without a GPU cannot query one: build for this compute capability.
+RTX_DEFAULT_CC = "SM89"
+
+_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
+
+
+def trt_dtype_name(trt, dtype) -> str:
+    """'float16', 'int64', ... for a trt.DataType."""
+    names = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64", "INT32": "int32",
+             "INT8": "int8", "UINT8": "uint8", "BOOL": "bool", "FP8": "float8"}
+    for attr, name in names.items():
+        if hasattr(trt.DataType, attr) and dtype == getattr(trt.DataType, attr):
+            return name
+    return str(dtype).split(".")[-1].lower()
+
+
+def _read_onnx_folder(onnx_dir: Path):
+    """(onnx ModelProto without weights, wide_config dict or {})."""
+    import onnx
+
+    path = onnx_dir / ONNX_FILE
+    if not path.is_file():
+        raise WideError(f"{path} not found", hint="export first: wide-export onnx --output DIR")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # onnx raises DecodeError and friends
+        raise WideError(f"{path} is not a readable ONNX model: {err}") from None
+    cfg_path = onnx_dir / WIDE_CONFIG
+    config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    return model, config
+
+
+def _graph_precision(model, config: dict[str, Any]) -> str:
+    dtype = str(config.get("dtype", "")).lower().replace("torch.", "")
+    if dtype in ("float16", "float32", "bfloat16"):
+        return dtype
+    for out in model.graph.output:
+        if out.name == "logits":
+            return _ONNX_DTYPES.get(out.type.tensor_type.elem_type, "float32")
+    return "float32"
+
+
+def _has_gpu() -> bool:
+    return any(Path("/proc/driver/nvidia/gpus").glob("*"))
+
+
+def _configure(backend: Backend, builder, limits_profiles, compute_capability: Optional[str]):
+    trt = backend.trt
+    config = builder.create_builder_config()
+    if backend.is_rtx:
+        cc = compute_capability or ("CURRENT" if _has_gpu() else RTX_DEFAULT_CC)
+        if not hasattr(trt.ComputeCapability, cc):
+            raise WideError(f"unknown compute capability {cc!r}",
+                            hint="one of " + ", ".join(trt.ComputeCapability.__members__))
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(getattr(trt.ComputeCapability, cc), 0)
+    for prof in limits_profiles:
+        p = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in prof.shapes.items():
+            p.set_shape(name, lo, opt, hi)
+        config.add_optimization_profile(p)
+    return config
+
+
+def _tensors(trt, network, inputs: bool) -> list[dict[str, Any]]:
+    count = network.num_inputs if inputs else network.num_outputs
+    get = network.get_input if inputs else network.get_output
+    return [{"name": t.name, "dtype": trt_dtype_name(trt, t.dtype), "shape": [int(d) for d in t.shape]}
+            for t in (get(i) for i in range(count))]
+
+
+def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, Path]) -> None:
+    """Write everything into a sibling temp folder first, then move it in (nothing half-written)."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}-", dir=output_dir.parent))
+    try:
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
+        for name, src in copies.items():
+            shutil.copyfile(src, staging / name)
+        output_dir.mkdir(exist_ok=True)
+        for item in staging.iterdir():
+            item.replace(output_dir / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_engine_here(
+    onnx_dir: str,
+    output_dir: str,
+    fp16: bool = False,
+    plugins: Optional[str] = None,
+    limits: Optional[dict[str, int]] = None,
+    recipe: Optional[str] = None,
+    backend: Optional[str] = None,
+    timing_cache: Optional[str] = None,
+    compute_capability: Optional[str] = None,
+    require_plugin_layers: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """build_engine's work, in this process (its environment must already suit the backend)."""
+    started = time.perf_counter()
+    onnx_path, out = Path(onnx_dir), Path(output_dir)
+    model, config = _read_onnx_folder(onnx_path)
+    rec: Optional[Recipe] = load_recipe(recipe) if recipe else None
+    base = rec.limits if rec else ProfileLimits()
+    lim = base.override(**(limits or {})).checked(config.get("max_position_embeddings"))
+    if rec:
+        check_group_sizes(rec, config, str(onnx_path / WIDE_CONFIG))
+    precision = _graph_precision(model, config)
+    if fp16 and precision != "float16":
+        raise WideError(f"--fp16 needs an fp16 graph, but {onnx_path / ONNX_FILE} is {precision}",
+                        hint="export it with `wide-export onnx --dtype float16`: the engine is built strongly "
+                        "typed (TensorRT 11 and TensorRT-RTX have no FP16 builder flag)")
+    be = select_backend(backend)
+    trt = be.trt
+    lib: Optional[PluginLibrary] = load_plugin_library(be, Path(plugins)) if plugins else None
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path / ONNX_FILE)):
+        errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
+        raise WideError(f"{be.flavour} could not parse {onnx_path / ONNX_FILE}: {errors}",
+                        hint="a `wide` node without a registered plugin needs its function body in the model")
+    report = plugin_report(wide_nodes(model.graph), plugin_layer_names(network, trt))
+    if lib is not None and require_plugin_layers and report.inlined:
+        names = ", ".join(n.name for n in report.inlined[:3])
+        raise WideError(f"{len(report.inlined)} wide node(s) were inlined although {lib.path.name} is loaded: {names}",
+                        hint="the library lacks a creator for their op_type/version/namespace")
+
+    inputs = [(t["name"], t["shape"]) for t in _tensors(trt, network, inputs=True)]
+    profiles = build_profiles(inputs, lim)
+    cfg = _configure(be, builder, profiles, compute_capability)
+    cache_path = Path(timing_cache) if timing_cache else out / TIMING_CACHE
+    cache_bytes = cache_path.read_bytes() if cache_path.is_file() else b""
+    cfg.set_timing_cache(cfg.create_timing_cache(cache_bytes), ignore_mismatch=True)
+
+    from wide_export.trt.progress import progress_monitor
+
+    with progress_monitor(trt, enabled=progress) as monitor:
+        if monitor is not None:
+            cfg.progress_monitor = monitor
+        plan = builder.build_serialized_network(network, cfg)
+    if plan is None:
+        raise WideError(f"{be.flavour} failed to build the engine", hint="see the TensorRT errors above")
+    engine = bytes(plan)
+    cache = bytes(cfg.get_timing_cache().serialize())
+
+    import hashlib
+
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "tensorrt": {"package": be.package, "flavour": be.flavour, "version": be.version},
+        "compute_capability": (compute_capability or ("CURRENT" if _has_gpu() else RTX_DEFAULT_CC))
+        if be.is_rtx else None,
+        "precision": precision,
+        "strongly_typed": bool(flags),
+        "plugins": [PLUGIN_LIB_NAME] if lib else [],
+        "plugin_library": {"file": PLUGIN_LIB_NAME, "source": str(lib.path), "sha256": lib.sha256,
+                           "creators": list(lib.creators), "load_with": "IPluginRegistry.loadLibrary"}
+        if lib else None,
+        "onnx": {"folder": str(onnx_path.resolve()), "file": ONNX_FILE},
+        "model": config or None,
+        "recipe": rec.to_dict() if rec else None,
+        "limits": vars(lim),
+        "engines": [{
+            "file": ENGINE_FILE,
+            "sha256": hashlib.sha256(engine).hexdigest(),
+            "size_bytes": len(engine),
+            "inputs": _tensors(trt, network, inputs=True),
+            "outputs": _tensors(trt, network, inputs=False),
+            "profiles": [p.to_dict(i) for i, p in enumerate(profiles)],
+            "select_profile": "context.set_optimization_profile_async(index, stream): 0 = prefill "
+                              "(past length 0), 1 = decode (one new token)",
+        }],
+        "wide_nodes": report.to_dict(),
+        "timing_cache": str(cache_path),
+        "build_seconds": round(time.perf_counter() - started, 3),
+    }
+    if not config:
+        manifest.pop("model")
+    files = {ENGINE_FILE: engine, MANIFEST: (json.dumps(manifest, indent=2) + "\n").encode()}
+    copies = {PLUGIN_LIB_NAME: lib.path} if lib else {}
+    if config:
+        copies[WIDE_CONFIG] = onnx_path / WIDE_CONFIG
+    if timing_cache is None:
+        files[TIMING_CACHE] = cache
+    _write_outputs(out, files, copies)
+    if timing_cache is not None:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        cache_path.write_bytes(cache)
+    return manifest
+
+
+def build_engine(onnx_dir: Path, output_dir: Path, *, backend: Optional[str] = None, **kwargs: Any) -> dict[str, Any]:
+    """Build OUT/wide.engine (+ manifest) from an ONNX folder; returns the manifest.
+
+    kwargs: fp16, plugins (library path), limits ({max_batch, max_input_len,
+    max_seq_len}, overriding the recipe's), recipe (file or shipped name),
+    timing_cache, compute_capability (TensorRT-RTX), require_plugin_layers, progress.
+    With TensorRT-RTX the build runs in a child process (backend.py explains why).
+    """
+    args = {"onnx_dir": str(onnx_dir), "output_dir": str(output_dir), "backend": backend,
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()}}
+    if needs_child(backend):
+        from wide_export.trt._child import run_in_child
+
+        return run_in_child("wide_export.trt.build:build_engine_here", args, rtx_child_env())
+    return build_engine_here(**args)
+
+
+def summary_rows(manifest: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(op_type, plugin layers, inlined) rows of the plugin-layer report for a table."""
+    by_op = manifest["wide_nodes"]["by_op"]
+    return [(op, str(v["plugin_layers"]), str(v["inlined"])) for op, v in sorted(by_op.items())]
+
+
+__all__ = ["build_engine", "build_engine_here", "summary_rows", "PluginReport"]

@@ -1,0 +1,41 @@
+"""A rich progress display fed by TensorRT's IProgressMonitor (where the version has one)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+
+@contextmanager
+def progress_monitor(trt, enabled: bool = True) -> Iterator[Optional[object]]:
+    """Yield an IProgressMonitor drawing one rich bar per build phase, or None if unavailable."""
+    base = getattr(trt, "IProgressMonitor", None)
+    if not enabled or base is None:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), transient=True) as bars:
+
+        class _Monitor(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                base.__init__(self)
+                self._tasks: dict[str, int] = {}
+
+            def phase_start(self, phase_name, parent_phase, num_steps):
+                indent = "  " if parent_phase else ""
+                self._tasks[phase_name] = bars.add_task(f"{indent}{phase_name}", total=max(1, num_steps))
+
+            def step_complete(self, phase_name, step):
+                task = self._tasks.get(phase_name)
+                if task is not None:
+                    bars.update(task, completed=step + 1)
+                return True  # never cancel the build
+
+            def phase_finish(self, phase_name):
+                task = self._tasks.pop(phase_name, None)
+                if task is not None:
+                    bars.remove_task(task)
+
+        yield _Monitor()

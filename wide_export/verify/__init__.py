@@ -1,0 +1,1 @@
+"""Verification of exported artifacts against the PyTorch reference (Polygraphy comparator)."""

@@ -1,0 +1,102 @@
+"""`wide-export verify --onnx OUT`: ONNX Runtime vs the PyTorch reference, through Polygraphy."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from wide_export.errors import WideError
+from wide_export.verify.compare import VerifyReport, compare, run_steps
+from wide_export.verify.reference import reference_steps
+from wide_export.verify.tolerances import tolerance_for
+
+DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
+
+
+def reference_for(config: dict[str, Any], loaded=None, **load_kwargs):
+    """The float32 reference model for an export: the given one, the demo, or the recorded sources."""
+    from wide_export.checkpoint import load_wide_model
+
+    if loaded is not None and str(loaded.model.dtype) == "torch.float32":
+        return loaded.model
+    if load_kwargs.get("model_dir") is not None or config.get("demo"):
+        return load_wide_model(dtype="float32", checksums=False, **load_kwargs).model
+    src = config.get("sources", {})
+    try:
+        model_dir = Path(src["config"]["path"]).parent
+        router = Path(src["router"]["path"])
+        lora = Path(src["lora"]["path"]) if "lora" in src else None
+    except KeyError:
+        raise WideError("wide_config.json does not say which checkpoint was exported",
+                        "pass --model (and --router/--lora) to verify against") from None
+    if not model_dir.is_dir() or not router.is_file():
+        raise WideError(f"the exported checkpoint is no longer at {model_dir}",
+                        "pass --model (and --router/--lora) to verify against")
+    return load_wide_model(model_dir, router=router, lora=lora, lora_scale=config.get("lora_scale", 2.0),
+                           checksums=False).model
+
+
+def debug_model_with_masks(onnx_dir: Path, config: dict[str, Any], workdir: Path) -> Path:
+    """A copy of model.onnx whose router masks are extra graph outputs (weights linked, not copied)."""
+    import onnx
+
+    proto = onnx.load(str(onnx_dir / config["files"]["model"]), load_external_data=False)
+    known = {o.name for o in proto.graph.output}
+    for layer in config["layers"]:
+        for kind in ("attention", "ffn"):
+            if layer[kind] and layer[kind]["mask"] not in known:
+                proto.graph.output.append(onnx.helper.make_tensor_value_info(layer[kind]["mask"],
+                                                                             onnx.TensorProto.INT32, None))
+    data = config["files"].get("external_data")
+    if data:
+        os.symlink((onnx_dir / data).resolve(), workdir / data)
+    path = workdir / "model.onnx"
+    onnx.save(proto, str(path))
+    return path
+
+
+def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None, stages=None,
+                load_kwargs: dict | None = None, **settings) -> VerifyReport:
+    """Compare ONNX Runtime (CPU) with the reference over a prefill and decode steps."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from wide_export.export.onnx_export import read_wide_config
+    from wide_export.progress import Stages
+
+    stages = stages or Stages(quiet=True)
+    settings = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    onnx_dir = Path(onnx_dir)
+    config = read_wide_config(onnx_dir)
+    dtype = config["dtype"]
+    tol = tolerance_for(dtype)
+    _quiet_polygraphy()
+    with stages.stage("reference"):
+        model = reference_for(config, loaded, **(load_kwargs or {}))
+        _check_same_model(model, config)
+        steps = reference_steps(model, kv_dtype=dtype, **settings)
+    with stages.stage("onnxrt"), tempfile.TemporaryDirectory(prefix="wide-verify-") as tmp:
+        path = debug_model_with_masks(onnx_dir, config, Path(tmp))
+        runner = OnnxrtRunner(SessionFromOnnx(str(path), providers=["CPUExecutionProvider"]), name="onnxrt")
+        outs = run_steps(runner, steps, config["num_layers"])
+    report = VerifyReport("onnxruntime", dtype, tol.to_dict(), settings)
+    compare(steps, outs, tol, report, "onnxrt")
+    if report_path:
+        report.write(report_path)
+    return report
+
+
+def _check_same_model(model, config: dict[str, Any]) -> None:
+    c = model.config
+    for key in ("num_layers", "hidden_size", "vocab_size", "num_key_value_heads", "head_dim"):
+        ref = getattr(c, key)
+        if config.get(key) != ref:
+            raise WideError(f"the reference model has {key}={ref} but the export has {config.get(key)}",
+                            "pass the --model/--router the ONNX folder was exported from")
+
+
+def _quiet_polygraphy() -> None:
+    from polygraphy.logger import G_LOGGER
+
+    G_LOGGER.module_severity = G_LOGGER.ERROR

@@ -1,0 +1,72 @@
+"""Reference side of a verification: prompts, feeds and the PyTorch outputs per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wide_export.export.io_spec import mask_output_name
+
+
+@dataclass
+class Step:
+    """One inference step: the feed (numpy, graph names) and the reference outputs."""
+
+    feed: dict[str, np.ndarray]
+    ref: dict[str, np.ndarray]
+    margins: dict[str, np.ndarray] = field(default_factory=dict)  # mask name -> float32 margin
+
+
+def left_padded_prompts(vocab: int, batch: int, length: int, seed: int):
+    """Random prompts; row 0 is left-padded by a third of its length when batch > 1."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if batch > 1:
+        mask[0, : max(1, length // 3)] = 0
+    return ids, mask
+
+
+def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int, kv_dtype: str) -> list[Step]:
+    """Prefill then `steps` greedy decode steps of the reference; feeds carry a zero-length past first.
+
+    The *graph under test* must be fed its own `present` outputs as the next past; the
+    feeds here hold the reference cache only for the first step (empty), see run_steps().
+    """
+    import torch
+
+    from wide_export.model.modeling import Collector
+
+    cfg = model.config
+    ids, mask = left_padded_prompts(cfg.vocab_size, batch, prompt_len, seed)
+    past = model.empty_cache(batch)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out: list[Step] = []
+    np_kv = np.float16 if kv_dtype == "float16" else np.float32
+    for _ in range(steps + 1):
+        collect = Collector()
+        with torch.no_grad():
+            logits, past = model(ids, mask, pos, past, collect)
+        feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "position_ids": pos.numpy()}
+        ref = {"logits": logits.numpy()}
+        for i, (k, v) in enumerate(past):
+            ref[f"present.{i}.key"], ref[f"present.{i}.value"] = k.float().numpy(), v.float().numpy()
+        margins = {}
+        for i, (masks, mrg) in enumerate(zip(collect.masks, collect.margins)):
+            for kind, m in masks.items():
+                ref[mask_output_name(i, kind)] = m.numpy().astype(np.int32)
+                margins[mask_output_name(i, kind)] = mrg[kind].numpy()
+        out.append(Step(feed, ref, margins))
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        ids = nxt
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+        pos = pos[:, -1:] + 1
+    # the first feed's (empty) past; later pasts come from the graph's own presents
+    empty = np.zeros((batch, cfg.num_key_value_heads, 0, cfg.head_dim), dtype=np_kv)
+    for i in range(cfg.num_layers):
+        out[0].feed[f"past_key_values.{i}.key"] = empty
+        out[0].feed[f"past_key_values.{i}.value"] = empty
+    return out
