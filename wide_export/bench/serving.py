@@ -69,14 +69,27 @@ def export_onnx_cli(folder: Path, timeout: float = 600.0) -> Path:
     return folder
 
 
-def run_clients(clients: int, requests: int, work: Callable[[int, int], int], name: str) -> Scenario:
-    """Run `work(client, i) -> new tokens` from `clients` threads, timing each call."""
+def run_clients(clients: int, requests: int, work: Callable[[int, int], int], name: str,
+                setup: Optional[Callable[[int], None]] = None) -> Scenario:
+    """Run `work(client, i) -> new tokens` from `clients` threads, timing each call.
+
+    `setup(client)` runs in each thread before the clock starts (connections, warm-up).
+    """
     latencies: list[float] = []
     tokens = [0] * clients
     errors: list[BaseException] = []
     lock = threading.Lock()
+    ready = threading.Barrier(clients + 1)
 
     def client(c: int) -> None:
+        try:
+            if setup is not None:
+                setup(c)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller thread
+            errors.append(err)
+        ready.wait()
+        if errors:
+            return
         try:
             for i in range(requests):
                 start = time.perf_counter()
@@ -126,16 +139,22 @@ def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
         url = server.endpoints.grpc if cfg.protocol == "grpc" else server.endpoints.http
         for clients in CLIENT_COUNTS:
             prompts = _prompts(cfg, settings.vocab_size, clients)
-            conns = [GenerationClient(url, cfg.protocol) for _ in range(clients)]
-            try:
-                def served(c: int, i: int) -> int:
-                    return conns[c].generate(prompts[c, i], cfg.new_tokens).size
+            # One client per thread, made in that thread: tritonclient.http (gevent) can't switch threads.
+            local, opened, lock = threading.local(), [], threading.Lock()
 
-                for _ in range(3):  # warm-up
-                    served(0, 0)
-                results.append(run_clients(clients, cfg.requests, served, f"triton {cfg.protocol}"))
+            def connect(c: int) -> None:
+                local.conn = GenerationClient(url, cfg.protocol)
+                with lock:
+                    opened.append(local.conn)
+                local.conn.generate(prompts[c, 0], cfg.new_tokens)  # warm-up
+
+            def served(c: int, i: int) -> int:
+                return local.conn.generate(prompts[c, i], cfg.new_tokens).size
+
+            try:
+                results.append(run_clients(clients, cfg.requests, served, f"triton {cfg.protocol}", setup=connect))
             finally:
-                for conn in conns:
+                for conn in opened:
                     conn.close()
     return results
 

@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "wide_export.cli.bench_cmd",
     "wide_export.cli.build_cmd", "wide_export.cli.bench_kernels_cmd",  # native build + kernel bench
     "wide_export.cli.triton_cmd",
+    "wide_export.cli.trt_cmd",
 ]
 
 

@@ -28,8 +28,11 @@ def triton(
     max_batch: Annotated[int, typer.Option("--max-batch", help="Most prompts batched into one generation.")] = 8,
     instances: Annotated[int, typer.Option("--instances", help="Model instances (per model).")] = 1,
 ) -> None:
-    """Write a Triton model repository: a generation model (Python backend) plus, for
-    engines, tensorrt_plan models with I/O read from the engine manifest."""
+    """Write a Triton model repository (generation model + tensorrt_plan models for engines).
+
+    The generation model (Python backend) runs prefill then decode steps with the
+    KV cache: ONNX Runtime for --onnx, BLS calls to the engines for --engines.
+    """
     from rich.console import Console
 
     from wide_export.triton.repository import RepoOptions, generate_repository

@@ -33,6 +33,8 @@ from wide_export.triton.templates import render
 BACKENDS = ("onnxruntime", "tensorrt")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _TYPE_TO_KV = {"TYPE_FP32": "float32", "TYPE_FP16": "float16"}
+_RTX_NOTE = ("TensorRT-RTX engines need a TensorRT-RTX runtime; Triton's `tensorrt` backend links\n"
+             "datacenter TensorRT, so rebuild the engines with datacenter TensorRT to serve them there.")
 
 
 @dataclass(frozen=True)
@@ -161,17 +163,19 @@ def _tensorrt_repository(repo: Path, src: EngineSource, opts: RepoOptions) -> No
     max_total = settings["max_total_tokens"]
     version = _write_generation_model(repo, opts, "tensorrt", settings)
     link_or_copy(src.manifest, version / src.manifest.name)
-    plugin_path, note = "/path/to/libwide_plugins.so", "No plugin library was listed in the manifest."
     if src.plugins:
         # Files at the repository root are ignored by Triton (only folders are models).
         for plugin in src.plugins:
             link_or_copy(plugin, repo / plugin.name)
-        plugin_path = f"<this folder>/{src.plugins[0].name}"
-        note = f"The plugin library is copied beside this README ({', '.join(p.name for p in src.plugins)})."
+        plugins = render("plugins_listed.txt", plugin_files=", ".join(p.name for p in src.plugins),
+                         plugin_file=src.plugins[0].name)
+    else:
+        plugins = render("plugins_none.txt")
     (repo / "README.md").write_text(render(
         "readme_tensorrt.txt", model_name=opts.model_name, source=str(src.folder), prefill_model=prefill[0],
         decode_model=decode[0], plan_models=", ".join(f"`{m[0]}`" for m in models), trt_name=src.trt_package,
-        trt_version=src.trt_version, plugin_path=plugin_path, plugin_note=note, max_total_tokens=max_total,
+        trt_version=src.trt_version, trt_note=_RTX_NOTE if "rtx" in src.trt_package.lower() else "",
+        plugin_section=plugins.rstrip(), max_total_tokens=max_total,
     ))
 
 

@@ -93,6 +93,11 @@ def select_backend(requested: Optional[str] = None) -> Backend:
     )
 
 
+def has_gpu() -> bool:
+    """Is an NVIDIA GPU visible to the driver? (No CUDA call: cheap and safe on CPU-only hosts.)"""
+    return any(Path("/proc/driver/nvidia/gpus").glob("*"))
+
+
 def rtx_env_ready() -> bool:
     """Does this process's LD_LIBRARY_PATH (fixed at start) already expose libtensorrt_rtx.so?"""
     for folder in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from wide_export.errors import WideError
-from wide_export.trt.backend import Backend, needs_child, rtx_child_env, select_backend
+from wide_export.trt.backend import Backend, has_gpu, needs_child, rtx_child_env, select_backend
 from wide_export.trt.plugins import PLUGIN_LIB_NAME, PluginLibrary, load_plugin_library
 from wide_export.trt.profiles import build_profiles
 from wide_export.trt.recipes import ProfileLimits, Recipe, check_group_sizes, load_recipe
@@ -73,15 +73,11 @@ def _graph_precision(model, config: dict[str, Any]) -> str:
     return "float32"
 
 
-def _has_gpu() -> bool:
-    return any(Path("/proc/driver/nvidia/gpus").glob("*"))
-
-
 def _configure(backend: Backend, builder, limits_profiles, compute_capability: Optional[str]):
     trt = backend.trt
     config = builder.create_builder_config()
     if backend.is_rtx:
-        cc = compute_capability or ("CURRENT" if _has_gpu() else RTX_DEFAULT_CC)
+        cc = compute_capability or ("CURRENT" if has_gpu() else RTX_DEFAULT_CC)
         if not hasattr(trt.ComputeCapability, cc):
             raise WideError(f"unknown compute capability {cc!r}",
                             hint="one of " + ", ".join(trt.ComputeCapability.__members__))
@@ -100,6 +96,32 @@ def _tensors(trt, network, inputs: bool) -> list[dict[str, Any]]:
     get = network.get_input if inputs else network.get_output
     return [{"name": t.name, "dtype": trt_dtype_name(trt, t.dtype), "shape": [int(d) for d in t.shape]}
             for t in (get(i) for i in range(count))]
+
+
+def mask_names(config: dict[str, Any]) -> list[str]:
+    """Router mask tensor names recorded in wide_config.json (`layers[i].attention|ffn.mask`)."""
+    return [layer[kind]["mask"] for layer in config.get("layers") or []
+            for kind in ("attention", "ffn") if layer.get(kind) and layer[kind].get("mask")]
+
+
+def _mark_mask_outputs(network, config: dict[str, Any]) -> list[str]:
+    """Make the router masks extra engine outputs (for decision agreement in verify_engine)."""
+    wanted = set(mask_names(config))
+    if not wanted:
+        raise WideError("--mask-outputs needs the router mask names of wide_config.json (`layers`)")
+    found = {}
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        for j in range(layer.num_outputs):
+            tensor = layer.get_output(j)
+            if tensor.name in wanted:
+                found[tensor.name] = tensor
+    missing = wanted - set(found)
+    if missing:
+        raise WideError(f"router masks not found in the parsed network: {sorted(missing)[:3]}")
+    for name in sorted(found):
+        network.mark_output(found[name])
+    return sorted(found)
 
 
 def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, Path]) -> None:
@@ -129,6 +151,7 @@ def build_engine_here(
     timing_cache: Optional[str] = None,
     compute_capability: Optional[str] = None,
     require_plugin_layers: bool = True,
+    mask_outputs: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """build_engine's work, in this process (its environment must already suit the backend)."""
@@ -166,6 +189,7 @@ def build_engine_here(
         raise WideError(f"{len(report.inlined)} wide node(s) were inlined although {lib.path.name} is loaded: {names}",
                         hint="the library lacks a creator for their op_type/version/namespace")
 
+    masks = _mark_mask_outputs(network, config) if mask_outputs else []
     inputs = [(t["name"], t["shape"]) for t in _tensors(trt, network, inputs=True)]
     profiles = build_profiles(inputs, lim)
     cfg = _configure(be, builder, profiles, compute_capability)
@@ -189,7 +213,7 @@ def build_engine_here(
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "tensorrt": {"package": be.package, "flavour": be.flavour, "version": be.version},
-        "compute_capability": (compute_capability or ("CURRENT" if _has_gpu() else RTX_DEFAULT_CC))
+        "compute_capability": (compute_capability or ("CURRENT" if has_gpu() else RTX_DEFAULT_CC))
         if be.is_rtx else None,
         "precision": precision,
         "strongly_typed": bool(flags),
@@ -212,6 +236,7 @@ def build_engine_here(
                               "(past length 0), 1 = decode (one new token)",
         }],
         "wide_nodes": report.to_dict(),
+        "mask_outputs": masks,
         "timing_cache": str(cache_path),
         "build_seconds": round(time.perf_counter() - started, 3),
     }
@@ -235,11 +260,20 @@ def build_engine(onnx_dir: Path, output_dir: Path, *, backend: Optional[str] = N
 
     kwargs: fp16, plugins (library path), limits ({max_batch, max_input_len,
     max_seq_len}, overriding the recipe's), recipe (file or shipped name),
-    timing_cache, compute_capability (TensorRT-RTX), require_plugin_layers, progress.
+    timing_cache, compute_capability (TensorRT-RTX), require_plugin_layers,
+    mask_outputs (router masks as extra outputs, for verification), progress.
     With TensorRT-RTX the build runs in a child process (backend.py explains why).
     """
     args = {"onnx_dir": str(onnx_dir), "output_dir": str(output_dir), "backend": backend,
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()}}
+    # Cheap checks first, so user errors do not wait for TensorRT (or a child process).
+    if not (Path(onnx_dir) / ONNX_FILE).is_file():
+        raise WideError(f"{Path(onnx_dir) / ONNX_FILE} not found", hint="export first: wide-export onnx --output DIR")
+    base = load_recipe(args["recipe"]).limits if args.get("recipe") else ProfileLimits()
+    base.override(**(args.get("limits") or {})).checked()
+    if args.get("plugins") and not Path(args["plugins"]).is_file():
+        raise WideError(f"plugin library {args['plugins']} not found",
+                        hint="build it: wide-export build --tensorrt-include-dir DIR (docs/trt.md)")
     if needs_child(backend):
         from wide_export.trt._child import run_in_child
 

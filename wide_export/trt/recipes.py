@@ -8,8 +8,10 @@ the repository's `recipes/` folder and can be named without a path
     model = "meta-llama/Llama-3.1-8B"          # informative
     [group_sizes]  attention_heads_per_group = 4, ffn_channels_per_group = 128
     [profiles]     max_batch = 8, max_input_len = 2048, max_seq_len = 4096
-    [tolerances.float16]  atol = .., rtol = .., min_decision_agreement = ..
+    [tolerances.float16]  atol, rtol, stat, min_agreement, flip_margin   # any subset
     [tolerances.float32]  ...
+Tolerance fields and defaults are those of wide_export/verify/tolerances.py
+(the ONNX verification's table); a recipe only overrides them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,23 @@ from typing import Any, Optional
 from wide_export.errors import WideError
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+TOLERANCE_FIELDS = ("atol", "rtol", "stat", "min_agreement", "flip_margin")
+STATS = ("elemwise", "max", "mean", "median")
+
+
+def tolerance_with(precision: str, overrides: dict[str, Any], where: str = "tolerance"):
+    """wide_export.verify.tolerances default for `precision` with `overrides` applied and checked."""
+    from wide_export.verify.tolerances import tolerance_for
+
+    for key, value in overrides.items():
+        if key == "stat":
+            if value not in STATS:
+                raise WideError(f"{where}: stat must be one of {', '.join(STATS)}, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+                or (key == "min_agreement" and value > 1):
+            raise WideError(f"{where}: {key} must be a non-negative number"
+                            + (" <= 1" if key == "min_agreement" else "") + f", got {value!r}")
+    return replace(tolerance_for(precision), **{k: (v if k == "stat" else float(v)) for k, v in overrides.items()})
 
 
 @dataclass(frozen=True)
@@ -61,24 +80,6 @@ class ProfileLimits:
 
 
 @dataclass(frozen=True)
-class Tolerance:
-    """Per-precision acceptance: elementwise atol/rtol on outputs and router decision agreement."""
-
-    atol: float
-    rtol: float
-    min_decision_agreement: float
-
-
-# Defaults when no recipe says otherwise (docs/trt.md, "Tolerances"): fp32 should
-# match the reference to rounding; fp16 logits drift by ~1e-2 relative and a few
-# near-tied router decisions may flip.
-DEFAULT_TOLERANCES = {
-    "float32": Tolerance(atol=1e-3, rtol=1e-3, min_decision_agreement=0.999),
-    "float16": Tolerance(atol=5e-2, rtol=5e-2, min_decision_agreement=0.98),
-}
-
-
-@dataclass(frozen=True)
 class Recipe:
     """A parsed recipe."""
 
@@ -88,7 +89,12 @@ class Recipe:
     attention_heads_per_group: Optional[int] = None
     ffn_channels_per_group: Optional[int] = None
     limits: ProfileLimits = field(default_factory=ProfileLimits)
-    tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    # precision -> overrides of wide_export.verify.tolerances.Tolerance fields
+    tolerances: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def tolerance(self, precision: str):
+        """The verification Tolerance for `precision`: the documented default with this recipe's overrides."""
+        return tolerance_with(precision, self.tolerances.get(precision, {}))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -98,7 +104,7 @@ class Recipe:
             "group_sizes": {"attention_heads_per_group": self.attention_heads_per_group,
                             "ffn_channels_per_group": self.ffn_channels_per_group},
             "profiles": vars(self.limits),
-            "tolerances": {k: vars(v) for k, v in self.tolerances.items()},
+            "tolerances": self.tolerances,
         }
 
 
@@ -136,13 +142,14 @@ def _read(path: Path) -> dict[str, Any]:
         raise WideError(f"{path} is not a valid recipe file: {err}") from None
 
 
-def _section(raw: dict, key: str, allowed: set[str], path: Path) -> dict[str, Any]:
+def _section(raw: dict, key: str, allowed: set[str], path: Path, label: Optional[str] = None) -> dict[str, Any]:
     value = raw.get(key, {})
+    label = label or key
     if not isinstance(value, dict):
-        raise WideError(f"{path}: [{key}] must be a table/object")
+        raise WideError(f"{path}: [{label}] must be a table/object")
     unknown = set(value) - allowed
     if unknown:
-        raise WideError(f"{path}: unknown keys in [{key}]: {', '.join(sorted(unknown))}",
+        raise WideError(f"{path}: unknown keys in [{label}]: {', '.join(sorted(unknown))}",
                         hint=f"allowed: {', '.join(sorted(allowed))}")
     return value
 
@@ -169,15 +176,11 @@ def load_recipe(spec: str | Path) -> Recipe:
     limits = ProfileLimits().override(
         **{k: _positive_int(v, f"profiles.{k}", path) for k, v in profiles.items()}
     ).checked()
-    tolerances = dict(DEFAULT_TOLERANCES)
-    for precision, values in _section(raw, "tolerances", set(DEFAULT_TOLERANCES), path).items():
-        fields = _section({"t": values}, "t", {"atol", "rtol", "min_decision_agreement"}, path)
-        merged = {**vars(DEFAULT_TOLERANCES[precision]), **fields}
-        if not all(isinstance(v, (int, float)) and v >= 0 for v in merged.values()) \
-                or merged["min_decision_agreement"] > 1:
-            raise WideError(f"{path}: tolerances.{precision} must be non-negative numbers "
-                            "(min_decision_agreement in [0, 1])")
-        tolerances[precision] = Tolerance(**{k: float(v) for k, v in merged.items()})
+    tolerances = {}
+    for precision, values in _section(raw, "tolerances", {"float32", "float16"}, path).items():
+        fields = _section({"t": values}, "t", set(TOLERANCE_FIELDS), path, f"tolerances.{precision}")
+        tolerance_with(precision, fields, where=f"{path}: tolerances.{precision}")  # validates
+        tolerances[precision] = fields
     return Recipe(
         name=raw["name"],
         source=path,

@@ -38,12 +38,13 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
     """
     import torch
 
+    from wide_export.model.generate import positions
     from wide_export.model.modeling import Collector
 
     cfg = model.config
     ids, mask = left_padded_prompts(cfg.vocab_size, batch, prompt_len, seed)
     past = model.empty_cache(batch)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    pos = positions(mask)
     out: list[Step] = []
     np_kv = np.float16 if kv_dtype == "float16" else np.float32
     for _ in range(steps + 1):

@@ -1,0 +1,115 @@
+"""One-node networks, one per `wide` op: the unit under test for each plugin.
+
+`one_op_model` writes a graph with a single `wide` node (attributes per
+docs/opset.md, weights as initializers, its function body attached so it also
+runs without plugins); `build_one_op_engine` builds it with dynamic batch and
+token axes and reports whether the node became a plugin layer. The GPU tests
+run the engine against wide_export.ops.reference; the CPU tests only build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from wide_export.errors import WideError
+from wide_export.trt.backend import needs_child, rtx_child_env, select_backend
+
+MAX_BATCH, MAX_TOKENS = 4, 8
+_NP = {"float32": np.float32, "float16": np.float16}
+
+
+def one_op_model(op: str, *, dtype: str = "float32", k: int = 64, n: int = 48, group_size: int = 16,
+                 rank: int = 8, has_bias: bool = False, seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
+    """(onnx ModelProto with one `wide` node, its initializers by name)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from wide_export.ops.functions import function_protos
+    from wide_export.ops.spec import DOMAIN, OPSET_VERSION, plugin_attrs
+
+    rng = np.random.default_rng(seed)
+    act = _NP[dtype]
+    act_t = helper.np_dtype_to_tensor_dtype(np.dtype(act))
+
+    def weight(name: str, shape: tuple[int, ...], dt=act) -> str:
+        weights[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(dt)
+        return name
+
+    weights: dict[str, np.ndarray] = {}
+    dyn = ["batch", "tokens"]
+    if op == "WideRouter":
+        groups = n // group_size
+        ins = ["hidden", weight("wc", (rank, k), np.float32), weight("bc", (rank,), np.float32),
+               weight("wr", (2 * groups, rank), np.float32), weight("br", (2 * groups,), np.float32)]
+        inputs = [helper.make_tensor_value_info("hidden", act_t, dyn + [k])]
+        output = helper.make_tensor_value_info("y", TensorProto.INT32, dyn + [groups])
+        attrs = plugin_attrs(num_groups=groups)
+    elif op in ("WideMaskedGemmN", "WideMaskedGatedMlp", "WideMaskedGemmK"):
+        groups = (k if op == "WideMaskedGemmK" else n) // group_size
+        ws = [weight("w", (n, k))] + ([weight("w2", (n, k))] if op == "WideMaskedGatedMlp" else [])
+        ins = ["x", *ws, "mask"]
+        if op == "WideMaskedGemmN":  # like the exporter: always a bias input, zeros when has_bias=0
+            ins.append(weight("bias", (n,)))
+            if not has_bias:
+                weights["bias"] = np.zeros((n,), act)
+        inputs = [helper.make_tensor_value_info("x", act_t, dyn + [k]),
+                  helper.make_tensor_value_info("mask", TensorProto.INT32, dyn + [groups])]
+        output = helper.make_tensor_value_info("y", act_t, dyn + [n])
+        attrs = plugin_attrs(group_size=group_size, **({"has_bias": int(has_bias)} if op == "WideMaskedGemmN" else {}))
+    else:
+        raise WideError(f"unknown wide op {op!r}")
+    node = helper.make_node(op, ins, ["y"], domain=DOMAIN, name=f"/{op}", **attrs)
+    graph = helper.make_graph([node], op, inputs, [output],
+                              [numpy_helper.from_array(v, name) for name, v in weights.items()])
+    opset = 18
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    helper.make_opsetid(DOMAIN, OPSET_VERSION)],
+                              functions=[f for f in function_protos(opset) if f.name == op])
+    onnx.checker.check_model(model)
+    return model, weights
+
+
+def build_one_op_engine_here(onnx_path: str, engine_path: str, plugins: Optional[str] = None,
+                             backend: Optional[str] = None, compute_capability: Optional[str] = None) -> dict:
+    """Parse + build one one-op graph in this process; returns {"layers": [...], "plugin_layers": n}."""
+    from wide_export.trt.build import _configure
+    from wide_export.trt.plugins import load_plugin_library
+    from wide_export.trt.profiles import Profile
+    from wide_export.trt.report import plugin_layer_names
+
+    be = select_backend(backend)
+    trt = be.trt
+    if plugins:
+        load_plugin_library(be, Path(plugins))
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(onnx_path):
+        raise WideError("; ".join(parser.get_error(i).desc() for i in range(parser.num_errors)))
+    shapes = {}
+    for i in range(network.num_inputs):
+        t = network.get_input(i)
+        last = int(t.shape[-1])
+        shapes[t.name] = ((1, 1, last), (2, 4, last), (MAX_BATCH, MAX_TOKENS, last))
+    cfg = _configure(be, builder, [Profile("all", shapes)], compute_capability)
+    plan = builder.build_serialized_network(network, cfg)
+    if plan is None:
+        raise WideError(f"{be.flavour} failed to build {onnx_path}")
+    Path(engine_path).write_bytes(bytes(plan))
+    layers = [str(network.get_layer(i).type).split(".")[-1] for i in range(network.num_layers)]
+    return {"layers": layers, "plugin_layers": len(plugin_layer_names(network, trt))}
+
+
+def build_one_op_engine(onnx_path: Path, engine_path: Path, **kwargs: Any) -> dict:
+    """build_one_op_engine_here, in a prepared child process when the backend needs one."""
+    args = {"onnx_path": str(onnx_path), "engine_path": str(engine_path),
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()}}
+    if needs_child(kwargs.get("backend")):
+        from wide_export.trt._child import run_in_child
+
+        return run_in_child("wide_export.trt.oneop:build_one_op_engine_here", args, rtx_child_env())
+    return build_one_op_engine_here(**args)
