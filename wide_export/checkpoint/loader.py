@@ -20,6 +20,7 @@ class LoadedModel:
     is_demo: bool
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> {path, sha256, bytes}
     lora_pairs: int = 0
+    lora_scale: float | None = None
 
     @property
     def config(self):
@@ -83,7 +84,8 @@ def load_wide_model(
         say("hashing source files")
     sources = {role: _describe(p, checksums) for role, p in files.items()}
     model.eval()
-    return LoadedModel(model, is_demo=False, sources=sources, lora_pairs=pairs)
+    return LoadedModel(model, is_demo=False, sources=sources, lora_pairs=pairs,
+                       lora_scale=lora_scale if lora else None)
 
 
 def _check_demo_flags(cfg, attn_group_size, ffn_group_size) -> None:

@@ -57,7 +57,6 @@ def onnx(
         loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale,
                                  attn_group_size=attn_group_size, ffn_group_size=ffn_group_size,
                                  dtype=dtype, progress=stages.update)
-    loaded.sources["lora_scale"] = lora_scale  # type: ignore[assignment]
     result = export_onnx(loaded, output, opset=opset, force=force, stages=stages)
     counts = ", ".join(f"{n} {op}" for op, n in result.wide_nodes.items())
     stages.note(f"wrote {result.output}/model.onnx ({counts})")

@@ -191,6 +191,7 @@ def wide_config(loaded, opset: int, external: bool, counts: dict[str, int]) -> d
         "files": {"model": MODEL_NAME, "external_data": DATA_NAME if external else None},
         "sources": loaded.sources,
         "lora_pairs_merged": loaded.lora_pairs,
+        "lora_scale": loaded.lora_scale,
     }
 
 

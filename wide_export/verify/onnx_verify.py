@@ -34,7 +34,7 @@ def reference_for(config: dict[str, Any], loaded=None, **load_kwargs):
     if not model_dir.is_dir() or not router.is_file():
         raise WideError(f"the exported checkpoint is no longer at {model_dir}",
                         "pass --model (and --router/--lora) to verify against")
-    return load_wide_model(model_dir, router=router, lora=lora, lora_scale=config.get("lora_scale", 2.0),
+    return load_wide_model(model_dir, router=router, lora=lora, lora_scale=config.get("lora_scale") or 2.0,
                            checksums=False).model
 
 
