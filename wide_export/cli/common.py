@@ -16,8 +16,9 @@ F = TypeVar("F", bound=Callable)
 def report_error(err: WideError) -> None:
     """One red line on stderr: what is wrong and the hint."""
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {err}", soft_wrap=True)
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
 
 
 def user_errors(fn: F) -> F:

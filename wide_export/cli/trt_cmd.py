@@ -39,7 +39,8 @@ def trt(
         "--compute-capability", help="TensorRT-RTX target, e.g. SM89 (default: the GPU here, SM89 without one).",
         show_default=False)] = None,
     mask_outputs: Annotated[bool, typer.Option(
-        "--mask-outputs", help="Also output the router masks (lets `verify --engine` measure decision agreement).")
+        "--mask-outputs", help="Also output the router masks, so `verify --engine` measures decision agreement "
+        "(a verification engine: not for `wide-export triton`).")
     ] = False,
 ) -> None:
     """Build OUTPUT/wide.engine (profile 0 prefill, profile 1 decode) and OUTPUT/wide_engine.json."""

@@ -18,6 +18,8 @@ def register(app: typer.Typer) -> None:
 def verify(
     onnx: Annotated[Optional[Path], typer.Option("--onnx", help="Folder written by `wide-export onnx`.",
                                                  show_default=False)] = None,
+    engine: Annotated[Optional[Path], typer.Option(
+        "--engine", help="Folder written by `wide-export trt` (needs a CUDA GPU).", show_default=False)] = None,
     model: ModelOpt = None,
     router: RouterOpt = None,
     lora: LoraOpt = None,
@@ -37,13 +39,21 @@ def verify(
     from wide_export.progress import Stages
     from wide_export.verify.onnx_verify import verify_onnx
 
-    if onnx is None:
-        raise WideError("nothing to verify", "pass --onnx DIR (a folder written by `wide-export onnx`)")
+    if (onnx is None) == (engine is None):
+        raise WideError("verify one thing", "pass --onnx DIR (from `wide-export onnx`) or --engine DIR "
+                        "(from `wide-export trt`)")
     if min(steps, batch - 1, prompt_len - 1) < 0 or steps < 0:
         raise WideError("--steps must be >= 0, --batch and --prompt-len >= 1", "use positive sizes")
     load_kwargs = None
     if model is not None:
         load_kwargs = {"model_dir": model, "router": router, "lora": lora, "lora_scale": lora_scale}
+    if engine is not None:
+        from wide_export.trt.verify import verify_engine
+
+        result = verify_engine(engine, report_path=report, load_kwargs=load_kwargs, steps=steps, batch=batch,
+                               prompt_len=prompt_len, seed=seed)
+        finish_verification(result, report)
+        return
     result = verify_onnx(onnx, stages=Stages(), report_path=report, load_kwargs=load_kwargs,
                          steps=steps, batch=batch, prompt_len=prompt_len, seed=seed)
     finish_verification(result, report)

@@ -8,5 +8,9 @@ Modules, one concern each:
   report    which `wide` nodes became plugin layers and which were inlined
   build     parse + build the engine, write OUT/wide_engine.json
   verify    run the engine (Polygraphy TrtRunner) against the PyTorch reference
+  oneop     one-node networks per `wide` op (the plugins' unit tests)
+  progress  rich bars fed by TensorRT's IProgressMonitor
+  _child    run the above in a child process with a prepared environment (RTX)
+Documentation: plugins/trt/README.md.
 Nothing here imports TensorRT at module import time.
 """

@@ -1,7 +1,7 @@
 """Choose and import the TensorRT flavour: datacenter `tensorrt` or `tensorrt_rtx`.
 
 TensorRT-RTX (pip `tensorrt-rtx-cu13`) needs two things the wheel does not do by
-itself before a plugin library can be used (docs/trt.md, "TensorRT-RTX"):
+itself before a plugin library can be used (plugins/trt/README.md, "TensorRT-RTX"):
   * its core library loaded RTLD_GLOBAL, so the plugin library's undefined
     `getPluginRegistry` resolves;
   * a `libtensorrt_rtx.so` (unversioned) name on LD_LIBRARY_PATH, which its
@@ -89,7 +89,7 @@ def select_backend(requested: Optional[str] = None) -> Backend:
             errors.append(f"{package}: {err}")
     raise WideError(
         "no usable TensorRT: " + "; ".join(errors),
-        hint="install the `rtx` extra (pip install 'wide-export[rtx]') or NVIDIA TensorRT",
+        hint="install tensorrt-rtx-cu13 (the `rtx` extra of wide-export) or NVIDIA TensorRT",
     )
 
 
@@ -114,7 +114,8 @@ def rtx_child_env() -> dict[str, str]:
     global _ENV_DIR
     libs = rtx_lib_dir()
     if libs is None:
-        raise WideError("tensorrt_rtx_libs is not installed", hint="pip install 'wide-export[rtx]'")
+        raise WideError("tensorrt_rtx_libs is not installed",
+                        hint="install tensorrt-rtx-cu13 (the `rtx` extra of wide-export)")
     if _ENV_DIR is None:
         _ENV_DIR = Path(tempfile.mkdtemp(prefix="wide-trt-rtx-"))
         atexit.register(shutil.rmtree, _ENV_DIR, True)

@@ -1,6 +1,6 @@
 """Build the prefill + decode engine from an exported ONNX folder and write its manifest.
 
-Output folder (docs/trt.md):
+Output folder (plugins/trt/README.md):
   wide.engine             one engine, profile 0 = prefill, profile 1 = decode
   wide_engine.json        manifest (flavour, version, plugin library + sha256,
                           profiles, I/O names/dtypes/shapes, plugin-layer report)
@@ -11,6 +11,7 @@ Output folder (docs/trt.md):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -140,6 +141,29 @@ def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, 
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _parse(be: Backend, onnx_file: Path, model, lib: Optional[PluginLibrary], require_plugin_layers: bool):
+    """Parse into a strongly typed network: (builder, network, parser, plugin-layer report, strongly typed?).
+    Keep the parser alive until the build: it owns the weights the network points at."""
+    trt = be.trt
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_file)):
+        errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
+        raise WideError(f"{be.flavour} could not parse {onnx_file}: {errors}",
+                        hint="a `wide` node without a registered plugin needs its function body in the model")
+    report = plugin_report(wide_nodes(model.graph), plugin_layer_names(network, trt))
+    if lib is not None and require_plugin_layers and report.inlined:
+        names = ", ".join(n.name for n in report.inlined[:3])
+        raise WideError(f"{len(report.inlined)} wide node(s) were inlined although {lib.path.name} is loaded: {names}",
+                        hint="the library lacks a creator for their op_type/version/namespace")
+    return builder, network, parser, report, bool(flags)
+
+
 def build_engine_here(
     onnx_dir: str,
     output_dir: str,
@@ -172,22 +196,8 @@ def build_engine_here(
     trt = be.trt
     lib: Optional[PluginLibrary] = load_plugin_library(be, Path(plugins)) if plugins else None
 
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    flags = 0
-    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path / ONNX_FILE)):
-        errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
-        raise WideError(f"{be.flavour} could not parse {onnx_path / ONNX_FILE}: {errors}",
-                        hint="a `wide` node without a registered plugin needs its function body in the model")
-    report = plugin_report(wide_nodes(model.graph), plugin_layer_names(network, trt))
-    if lib is not None and require_plugin_layers and report.inlined:
-        names = ", ".join(n.name for n in report.inlined[:3])
-        raise WideError(f"{len(report.inlined)} wide node(s) were inlined although {lib.path.name} is loaded: {names}",
-                        hint="the library lacks a creator for their op_type/version/namespace")
+    builder, network, _parser, report, strongly_typed = _parse(be, onnx_path / ONNX_FILE, model, lib,
+                                                               require_plugin_layers)
 
     masks = _mark_mask_outputs(network, config) if mask_outputs else []
     inputs = [(t["name"], t["shape"]) for t in _tensors(trt, network, inputs=True)]
@@ -208,15 +218,13 @@ def build_engine_here(
     engine = bytes(plan)
     cache = bytes(cfg.get_timing_cache().serialize())
 
-    import hashlib
-
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "tensorrt": {"package": be.package, "flavour": be.flavour, "version": be.version},
         "compute_capability": (compute_capability or ("CURRENT" if has_gpu() else RTX_DEFAULT_CC))
         if be.is_rtx else None,
         "precision": precision,
-        "strongly_typed": bool(flags),
+        "strongly_typed": strongly_typed,
         "plugins": [PLUGIN_LIB_NAME] if lib else [],
         "plugin_library": {"file": PLUGIN_LIB_NAME, "source": str(lib.path), "sha256": lib.sha256,
                            "creators": list(lib.creators), "load_with": "IPluginRegistry.loadLibrary"}
@@ -273,7 +281,7 @@ def build_engine(onnx_dir: Path, output_dir: Path, *, backend: Optional[str] = N
     base.override(**(args.get("limits") or {})).checked()
     if args.get("plugins") and not Path(args["plugins"]).is_file():
         raise WideError(f"plugin library {args['plugins']} not found",
-                        hint="build it: wide-export build --tensorrt-include-dir DIR (docs/trt.md)")
+                        hint="build it: wide-export build --tensorrt-include-dir DIR (plugins/trt/README.md)")
     if needs_child(backend):
         from wide_export.trt._child import run_in_child
 

@@ -113,3 +113,51 @@ def build_one_op_engine(onnx_path: Path, engine_path: Path, **kwargs: Any) -> di
 
         return run_in_child("wide_export.trt.oneop:build_one_op_engine_here", args, rtx_child_env())
     return build_one_op_engine_here(**args)
+
+
+def run_one_op_engine_here(engine_path: str, inputs_npz: str, output_npz: str, plugins: Optional[str] = None,
+                           backend: Optional[str] = None) -> dict:
+    """Run a one-op engine once on the GPU (torch CUDA tensors as bindings); writes output `y` to output_npz."""
+    import torch
+
+    from wide_export.trt.plugins import load_plugin_library
+
+    be = select_backend(backend)
+    trt = be.trt
+    if plugins:
+        load_plugin_library(be, Path(plugins))
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+    if engine is None:
+        raise WideError(f"{be.flavour} could not deserialize {engine_path}")
+    context = engine.create_execution_context()
+    feeds = {k: torch.from_numpy(v).cuda() for k, v in np.load(inputs_npz).items()}
+    for name, tensor in feeds.items():
+        context.set_input_shape(name, tuple(tensor.shape))
+        context.set_tensor_address(name, tensor.data_ptr())
+    shape = tuple(context.get_tensor_shape("y"))
+    dtype = {"FLOAT": torch.float32, "HALF": torch.float16, "INT32": torch.int32}[
+        str(engine.get_tensor_dtype("y")).split(".")[-1]]
+    out = torch.full(shape, float("nan") if dtype.is_floating_point else -7, dtype=dtype, device="cuda")  # poisoned
+    context.set_tensor_address("y", out.data_ptr())
+    stream = torch.cuda.Stream()
+    if not context.execute_async_v3(stream.cuda_stream):
+        raise WideError("execute_async_v3 failed")
+    stream.synchronize()
+    np.savez(output_npz, y=out.cpu().numpy())
+    return {"shape": list(shape)}
+
+
+def run_one_op_engine(engine_path: Path, feeds: dict[str, np.ndarray], workdir: Path, **kwargs: Any) -> np.ndarray:
+    """Run a one-op engine on `feeds`; returns output `y` (child process where the backend needs one)."""
+    inputs, output = Path(workdir) / "inputs.npz", Path(workdir) / "output.npz"
+    np.savez(inputs, **feeds)
+    args = {"engine_path": str(engine_path), "inputs_npz": str(inputs), "output_npz": str(output),
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()}}
+    if needs_child(kwargs.get("backend")):
+        from wide_export.trt._child import run_in_child
+
+        run_in_child("wide_export.trt.oneop:run_one_op_engine_here", args, rtx_child_env())
+    else:
+        run_one_op_engine_here(**args)
+    return np.load(output)["y"]

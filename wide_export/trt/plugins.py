@@ -3,7 +3,7 @@
 The library is loaded through `IPluginRegistry.loadLibrary` (its exported
 `getCreators` / `setLoggerFinder`), the one way that works in both TensorRT
 flavours. Never also dlopen it yourself (ctypes, Polygraphy `--plugins`) in the
-same process: docs/trt.md, "Loading the plugin library".
+same process: plugins/trt/README.md, "Loading the plugin library".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Optimization-profile shapes for the one prefill + decode engine.
 
-One engine, two profiles (docs/trt.md, "One engine, two profiles"):
+One engine, two profiles (plugins/trt/README.md, "One engine, two profiles"):
   profile 0 "prefill": batch 1..B, new tokens 1..L, past length 0
   profile 1 "decode":  batch 1..B, 1 new token,     past length 1..S-1
 Every graph input's axes are classified by the input's name (the Hugging Face

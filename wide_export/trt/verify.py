@@ -100,7 +100,8 @@ def verify_engine_here(engine_dir: str, report_path: Optional[str] = None, load_
     for lib in manifest.get("plugins", []):
         load_plugin_library(backend, folder / lib)
     _quiet_polygraphy()
-    model = reference_for(config, None, **(load_kwargs or {}))
+    paths = {k: (Path(v) if k in ("model_dir", "router", "lora") and v else v) for k, v in (load_kwargs or {}).items()}
+    model = reference_for(config, None, **paths)
     _check_same_model(model, config)
     steps = reference_steps(model, kv_dtype=dtype, **settings)
     engine = EngineFromBytes(BytesFromPath(str(folder / manifest["engines"][0]["file"])))()

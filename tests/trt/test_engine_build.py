@@ -1,0 +1,237 @@
+"""Engine builds with TensorRT-RTX (or TensorRT) on this machine: the demo model, the
+manifest, the plugin-layer report, one-op networks and the error paths of `wide-export trt`.
+
+Without $WIDE_TRT_PLUGIN_LIB (CI: no TensorRT headers, so no plugin library) the
+`wide` nodes are inlined from their function bodies; with it, every one of them
+must become a plugin layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from wide_export.errors import WideError
+from wide_export.ops.spec import OPS
+
+pytestmark = pytest.mark.trt
+
+SMALL = ["--max-batch", "2", "--max-input-len", "16", "--max-seq-len", "32"]
+
+
+def _app():
+    from wide_export.cli import app
+
+    return app
+
+
+def _wide_nodes(onnx_dir):
+    """(name, op_type) of the `wide` nodes, read from the ONNX file itself."""
+    model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
+    return sorted((n.name, n.op_type) for n in model.graph.node if n.domain == "wide")
+
+
+def _sha256(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def inlined_build(demo_onnx, tmp_path_factory):
+    """`wide-export trt` on the demo ONNX without plugins (the CI configuration)."""
+    out = tmp_path_factory.mktemp("engine") / "out"
+    cache = out.parent / "shared.cache"
+    result = CliRunner().invoke(_app(), ["trt", "--onnx", str(demo_onnx), "--output", str(out),
+                                         "--timing-cache", str(cache), *SMALL], env={"WIDE_TRT_PLUGIN_LIB": ""})
+    assert result.exit_code == 0, result.output
+    return out, result.output, cache
+
+
+def test_demo_engine_manifest(inlined_build, demo_onnx):
+    out, _, cache = inlined_build
+    manifest = json.loads((out / "wide_engine.json").read_text())
+    assert manifest["tensorrt"]["package"] in ("tensorrt", "tensorrt_rtx")
+    assert manifest["tensorrt"]["version"][:1].isdigit()
+    assert manifest["precision"] == "float32" and manifest["strongly_typed"]
+    assert manifest["plugins"] == [] and manifest["plugin_library"] is None
+    (engine,) = manifest["engines"]
+    assert (out / engine["file"]).stat().st_size == engine["size_bytes"] > 0
+    assert _sha256(out / engine["file"]) == engine["sha256"]
+    config = json.loads((demo_onnx / "wide_config.json").read_text())
+    names_in = [t["name"] for t in engine["inputs"]]
+    names_out = [t["name"] for t in engine["outputs"]]
+    assert names_in == [t["name"] for t in config["io"]["inputs"]]
+    assert names_out == [t["name"] for t in config["io"]["outputs"]]
+    dtypes = {t["name"]: t["dtype"] for t in engine["inputs"] + engine["outputs"]}
+    assert dtypes["input_ids"] == "int64" and dtypes["logits"] == "float32"
+    assert dtypes["present.0.key"] == "float32"
+    logits = next(t for t in engine["outputs"] if t["name"] == "logits")
+    assert logits["shape"][-1] == config["vocab_size"]
+    prefill, decode = engine["profiles"]
+    assert (prefill["name"], prefill["index"], decode["name"], decode["index"]) == ("prefill", 0, "decode", 1)
+    assert prefill["shapes"]["past_key_values.0.key"]["max"][2] == 0
+    assert prefill["shapes"]["input_ids"]["max"] == [2, 16]
+    assert decode["shapes"]["input_ids"]["max"] == [2, 1]
+    assert decode["shapes"]["attention_mask"]["max"] == [2, 32]
+    assert manifest["limits"] == {"max_batch": 2, "max_input_len": 16, "max_seq_len": 32}
+    assert (out / "wide_config.json").read_text() == (demo_onnx / "wide_config.json").read_text()
+    assert cache.is_file() and cache.stat().st_size > 0  # written for the next build to reuse
+
+
+def test_demo_engine_inlines_every_wide_node_without_plugins(inlined_build, demo_onnx):
+    out, output, _ = inlined_build
+    nodes = _wide_nodes(demo_onnx)
+    assert nodes, "the demo export has no wide nodes"
+    report = json.loads((out / "wide_engine.json").read_text())["wide_nodes"]
+    assert (report["total"], report["plugin_layers"], report["inlined"]) == (len(nodes), 0, len(nodes))
+    assert sorted((n["name"], n["op_type"]) for n in report["nodes"]) == nodes
+    assert {n["became"] for n in report["nodes"]} == {"inlined_function"}
+    assert "inlined" in output and "no plugin library loaded" in output
+
+
+def test_timing_cache_is_reused(inlined_build, demo_onnx, tmp_path):
+    from wide_export.trt.build import build_engine
+
+    _, _, cache = inlined_build
+    before = cache.read_bytes()
+    manifest = build_engine(demo_onnx, tmp_path / "again", timing_cache=cache, progress=False,
+                            limits={"max_batch": 2, "max_input_len": 16, "max_seq_len": 32})
+    assert manifest["timing_cache"] == str(cache)
+    assert len(cache.read_bytes()) >= len(before) > 0
+    assert not (tmp_path / "again" / "timing.cache").exists()
+
+
+def test_every_wide_node_becomes_a_plugin_layer(demo_onnx, plugin_lib, tmp_path):
+    from wide_export.trt.build import build_engine
+
+    out = tmp_path / "engine"
+    manifest = build_engine(demo_onnx, out, plugins=plugin_lib, progress=False, mask_outputs=True,
+                            limits={"max_batch": 2, "max_input_len": 16, "max_seq_len": 32})
+    nodes = _wide_nodes(demo_onnx)
+    report = manifest["wide_nodes"]
+    assert (report["total"], report["plugin_layers"], report["inlined"]) == (len(nodes), len(nodes), 0)
+    assert {n["became"] for n in report["nodes"]} == {"plugin_layer"}
+    lib = manifest["plugin_library"]
+    assert lib["sha256"] == _sha256(plugin_lib) == _sha256(out / lib["file"])
+    assert set(lib["creators"]) == set(OPS)
+    assert manifest["plugins"] == [lib["file"]]
+    outputs = {t["name"] for t in manifest["engines"][0]["outputs"]}
+    assert set(manifest["mask_outputs"]) <= outputs and manifest["mask_outputs"]
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_one_op_network_builds_as_plugin_layer(op, dtype, plugin_lib, tmp_path):
+    from wide_export.trt.oneop import build_one_op_engine, one_op_model
+
+    model, _ = one_op_model(op, dtype=dtype, has_bias=(op == "WideMaskedGemmN"))
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    info = build_one_op_engine(tmp_path / "m.onnx", tmp_path / "m.engine", plugins=plugin_lib)
+    assert info["plugin_layers"] == 1 and info["layers"].count("PLUGIN_V3") == 1
+    assert (tmp_path / "m.engine").stat().st_size > 0
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_one_op_network_inlines_without_plugins(op, dtype, tmp_path):
+    from wide_export.trt.oneop import build_one_op_engine, one_op_model
+
+    model, _ = one_op_model(op, dtype=dtype)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    info = build_one_op_engine(tmp_path / "m.onnx", tmp_path / "m.engine")
+    assert info["plugin_layers"] == 0 and "PLUGIN_V3" not in info["layers"] and len(info["layers"]) > 3
+
+
+def _run_cli(args):
+    return CliRunner().invoke(_app(), ["trt", *args], env={"WIDE_TRT_PLUGIN_LIB": ""})
+
+
+def test_missing_onnx_is_a_user_error(tmp_path):
+    result = _run_cli(["--onnx", str(tmp_path / "none"), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "model.onnx not found" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_contradictory_limits_are_a_user_error(demo_onnx, tmp_path):
+    result = _run_cli(["--onnx", str(demo_onnx), "--output", str(tmp_path / "out"),
+                       "--max-input-len", "64", "--max-seq-len", "32"])
+    assert result.exit_code == 2 and "contradict" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-elf", "not-loadable"])
+def test_plugin_library_that_fails_to_load(demo_onnx, tmp_path, kind):
+    lib = {"missing": tmp_path / "nope.so", "not-elf": tmp_path / "text.so",
+           "not-loadable": tmp_path / "python.so"}[kind]
+    if kind == "not-elf":
+        lib.write_text("not a library")
+    if kind == "not-loadable":  # an ELF executable: dlopen refuses it
+        lib.write_bytes(open(sys.executable, "rb").read())
+    result = _run_cli(["--onnx", str(demo_onnx), "--output", str(tmp_path / "out"), "--plugins", str(lib), *SMALL])
+    assert result.exit_code == 2, result.output
+    expected = {"missing": "not found", "not-elf": "not a shared library", "not-loadable": "failed to load"}[kind]
+    assert expected in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_fp16_needs_an_fp16_export(demo_onnx, tmp_path):
+    result = _run_cli(["--onnx", str(demo_onnx), "--output", str(tmp_path / "out"), "--fp16", *SMALL])
+    assert result.exit_code == 2 and "--fp16 needs an fp16 graph" in result.output
+
+
+def test_unknown_backend(demo_onnx, tmp_path):
+    with pytest.raises(WideError, match="unknown TensorRT backend"):
+        from wide_export.trt.backend import select_backend
+
+        select_backend("onnxruntime")
+
+
+def test_verify_engine_error_paths(inlined_build, tmp_path):
+    from wide_export.trt.backend import has_gpu
+
+    result = CliRunner().invoke(_app(), ["verify", "--engine", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "wide_engine.json not found" in result.output
+    out, _, _ = inlined_build
+    result = CliRunner().invoke(_app(), ["verify", "--engine", str(out), "--batch", "3",
+                                         "--report", str(tmp_path / "r.json")])
+    assert result.exit_code == 2 and "exceed the engine's limits" in result.output
+    if not has_gpu():
+        result = CliRunner().invoke(_app(), ["verify", "--engine", str(out), "--report", str(tmp_path / "r.json")])
+        assert result.exit_code == 2 and "needs a CUDA GPU" in result.output
+        assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow
+def test_fp16_demo_engine(tmp_path):
+    """`wide-export onnx --dtype float16` then `wide-export trt --fp16`: a strongly typed fp16 engine."""
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.export.onnx_export import export_onnx
+
+    export_onnx(load_wide_model(None, dtype="float16"), tmp_path / "onnx")
+    result = _run_cli(["--onnx", str(tmp_path / "onnx"), "--output", str(tmp_path / "out"), "--fp16", *SMALL])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "wide_engine.json").read_text())
+    assert manifest["precision"] == "float16" and manifest["strongly_typed"]
+    dtypes = {t["name"]: t["dtype"] for t in manifest["engines"][0]["inputs"]}
+    assert dtypes["past_key_values.0.key"] == "float16"
+
+
+@pytest.mark.parametrize("group_size, message", [(0, "group_size must be > 0"), (5, "not a multiple of group_size")])
+def test_plugin_reports_bad_fields(plugin_lib, tmp_path, capfd, group_size, message):
+    """Errors inside the plugin's noexcept methods are reported (TensorRT log) and fail the build cleanly."""
+    from wide_export.trt.oneop import build_one_op_engine, one_op_model
+
+    model, _ = one_op_model("WideMaskedGemmK", k=64, n=48, group_size=16)
+    attr = next(a for a in model.graph.node[0].attribute if a.name == "group_size")
+    attr.i = group_size
+    model.functions.pop()  # no function body to fall back to: the plugin must be used
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    with pytest.raises(WideError):
+        build_one_op_engine(tmp_path / "m.onnx", tmp_path / "m.engine", plugins=plugin_lib)
+    captured = capfd.readouterr()
+    assert message in captured.out + captured.err  # the TensorRT logger (via setLoggerFinder)
+    assert not (tmp_path / "m.engine").exists()
