@@ -85,11 +85,14 @@ typedef struct {
   const void* w2;                // gated op: up weight [N, K] with the same ldw; else NULL
   const void* bias;              // gemm_n: [N] or NULL; must be NULL elsewhere
   const int32_t* mask; int64_t ldmask;  // [M, G] int32, 1 = execute
-  const int32_t* layout;         // optional precomputed wide_mask_layout(), or NULL
+  const int32_t* layout;         // optional precomputed wide_mask_layout(), or NULL (gemm_k ignores it)
   void* y;        int64_t ldy;   // [M, N]
   wide_dtype_t dtype;            // of x, w, w2, bias and y
   wide_algo_t algo;
 } wide_gemm_params_t;
+
+// sizeof(wide_gemm_params_t) as compiled, so bindings can check their mirror (added, compatible).
+size_t wide_gemm_params_sizeof(void);
 
 // Workspace for any of the three GEMMs on these sizes (covers the layout).
 size_t wide_gemm_workspace_size(const wide_gemm_params_t* p);

@@ -1,0 +1,46 @@
+"""Shared fixtures of the kernel tests: one CMake build of the kernel library per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from wide_export.native.build import find_nvcc
+
+TEST_ARCHS = os.environ.get("WIDE_KERNELS_TEST_ARCHS", "80;90")  # CI compiles sm_80 + sm_90
+
+
+@pytest.fixture(scope="session")
+def kernels_build(tmp_path_factory):
+    """Build wide_kernels (+ static) for sm_80 and sm_90; skipped without nvcc.
+
+    $WIDE_KERNELS_BUILD_DIR reuses a build folder (CI points it at the one
+    `wide-export build` just made, so this is an incremental no-op there).
+    """
+    if find_nvcc() is None:
+        pytest.skip("nvcc (CUDA compiler) not found: the kernel build cannot be tested here")
+    from wide_export.native.build import build_native
+
+    build_dir = Path(os.environ.get("WIDE_KERNELS_BUILD_DIR") or tmp_path_factory.mktemp("native"))
+    return build_native(build_dir=build_dir, cuda_archs=TEST_ARCHS,
+                        targets=("wide_kernels", "wide_kernels_static"))
+
+
+@pytest.fixture(scope="session")
+def kernels_lib_path(kernels_build) -> Path:
+    path = kernels_build.lib_dir / "libwide_kernels.so"
+    assert path.is_file(), f"build did not produce {path}"
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpu_kernels(kernels_lib_path):
+    """wide_export.native.kernels wired to the freshly built library (GPU tests)."""
+    from wide_export.native import kernels
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(kernels.LIB_ENV, str(kernels_lib_path))
+    yield kernels
+    mp.undo()

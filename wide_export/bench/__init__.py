@@ -1,0 +1,1 @@
+"""Benchmarks: numbers, tables and plots (never pass/fail tests)."""
