@@ -100,9 +100,10 @@ def run_clients(clients: int, requests: int, work: Callable[[int, int], int], na
             errors.append(err)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    start = time.perf_counter()
     for t in threads:
         t.start()
+    ready.wait()  # every client is set up: start the clock
+    start = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start

@@ -149,8 +149,10 @@ def read_engine_folder(folder: Path) -> EngineSource:
         names_in = [t.name for t in engine.inputs]
         layers = count_layers(names_in, DEFAULT_IO["past_key"])
         if layers != shape.num_layers:
-            raise WideError(f"{manifest}: {engine.file.name} has {layers} KV-cache layers, the model {shape.num_layers}")
-        check_io_names(names_in, [t.name for t in engine.outputs], layers, DEFAULT_IO, f"{manifest} ({engine.file.name})")
+            raise WideError(f"{manifest}: {engine.file.name} has {layers} KV-cache layers, "
+                            f"the model {shape.num_layers}")
+        check_io_names(names_in, [t.name for t in engine.outputs], layers, DEFAULT_IO,
+                       f"{manifest} ({engine.file.name})")
     plugins = tuple(folder / p for p in raw.get("plugins", []))
     for plugin in plugins:
         if not plugin.is_file():

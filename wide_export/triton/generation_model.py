@@ -104,7 +104,8 @@ def validate_row(row: Row, settings: Settings) -> None:
             f"exceeds the model's limit of {settings.max_total_tokens} tokens"
         )
     if settings.max_prompt_tokens and row.prompt.size > settings.max_prompt_tokens:
-        raise RequestError(f"prompt has {row.prompt.size} tokens, the engine's prefill allows {settings.max_prompt_tokens}")
+        raise RequestError(
+            f"prompt has {row.prompt.size} tokens, the engine's prefill allows {settings.max_prompt_tokens}")
     low, high = int(row.prompt.min()), int(row.prompt.max())
     if low < 0 or high >= settings.vocab_size:
         raise RequestError(f"input_ids must lie in [0, {settings.vocab_size}), got values in [{low}, {high}]")
@@ -162,6 +163,31 @@ def generate(step: StepFn, settings: Settings, rows: list[Row]) -> list[np.ndarr
         mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
         positions = mask.sum(axis=1, keepdims=True) - 1
     return [out[b, :row.max_new_tokens] for b, row in enumerate(rows)]
+
+
+def padded_groups(rows: list[Row], max_total_tokens: int) -> list[list[int]]:
+    """Split row indices into groups whose padded length (longest prompt + most new tokens)
+    fits the model's limit; each row alone fits (validate_row checked it)."""
+    groups: list[list[int]] = []
+    longest = steps = 0
+    for i, row in enumerate(rows):
+        new_longest, new_steps = max(longest, row.prompt.size), max(steps, row.max_new_tokens)
+        if groups and new_longest + new_steps <= max_total_tokens:
+            groups[-1].append(i)
+            longest, steps = new_longest, new_steps
+        else:
+            groups.append([i])
+            longest, steps = row.prompt.size, row.max_new_tokens
+    return groups
+
+
+def generate_all(step: StepFn, settings: Settings, rows: list[Row]) -> list[np.ndarray]:
+    """generate() over as few batches as the length limit allows; results in row order."""
+    out: list = [None] * len(rows)
+    for group in padded_groups(rows, settings.max_total_tokens):
+        for i, tokens in zip(group, generate(step, settings, [rows[i] for i in group])):
+            out[i] = tokens
+    return out
 
 
 def ort_step(folder: str, settings: Settings, threads: int = 0) -> StepFn:
@@ -272,7 +298,7 @@ class TritonPythonModel:
         if parsed:
             all_rows = [row for _, rows in parsed for row in rows]
             try:
-                tokens = generate(self.step, self.settings, all_rows)
+                tokens = generate_all(self.step, self.settings, all_rows)
             except Exception as err:  # noqa: BLE001 - report to every client, keep serving
                 for i, _ in parsed:
                     responses[i] = pb_utils.InferenceResponse(

@@ -33,6 +33,10 @@ LOOPBACK = "127.0.0.1"
 _HARMLESS = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
 
 
+# No proxies: readiness polls go straight to the server we started.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 @dataclass(frozen=True)
 class ServerBinary:
     """Where a tritonserver lives and what the bundled one needs to run."""
@@ -140,6 +144,7 @@ class TritonServer:
     ):
         self.repository = Path(repository).resolve()
         self.address = address
+        self._auto_ports = http_port is None and grpc_port is None
         self.http_port = http_port or free_port(address)
         self.grpc_port = grpc_port or free_port(address)
         self.metrics_port = metrics_port
@@ -178,12 +183,27 @@ class TritonServer:
             cmd.append(f"--backend-directory={backends}")
         return cmd + self.extra_args
 
-    def start(self, timeout: float = 120.0) -> "TritonServer":
-        """Launch the server and wait until ready (raises WideError on failure or timeout)."""
-        if not (self.repository / "").is_dir():
+    def start(self, timeout: float = 120.0, attempts: int = 3) -> "TritonServer":
+        """Launch the server and wait until ready (raises WideError on failure or timeout).
+
+        With ports picked here, a port taken by someone else between the pick and the
+        bind (other servers starting at the same time) is retried with fresh ports.
+        """
+        if not self.repository.is_dir():
             raise WideError(f"model repository {self.repository} is not a folder",
                             hint="generate one with `wide-export triton`")
         binary = find_tritonserver()
+        for attempt in range(attempts):
+            try:
+                return self._start_once(binary, timeout)
+            except WideError:
+                lost_port = "already in use" in self._final_log
+                if not (self._auto_ports and lost_port and attempt + 1 < attempts):
+                    raise
+                self.http_port, self.grpc_port = free_port(self.address), free_port(self.address)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, binary: ServerBinary, timeout: float) -> "TritonServer":
         self._workdir = tempfile.TemporaryDirectory(prefix="wide-triton-")
         work = Path(self._workdir.name)
         backends = _prepare_backends(binary, work) if binary.bundled else None
@@ -204,7 +224,7 @@ class TritonServer:
         """True when /v2/health/ready answers 200."""
         url = f"http://{self.address}:{self.http_port}/v2/health/ready"
         try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 (loopback URL we built)
+            with _DIRECT.open(url, timeout=1.0) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError):
             return False

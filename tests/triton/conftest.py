@@ -1,0 +1,74 @@
+"""Fixtures for the Triton tests: a tiny contract model, the real demo export, repositories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.triton import tiny_llm
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """(folder, weights) of the tiny contract model, fresh random weights per session."""
+    folder = tmp_path_factory.mktemp("tiny_onnx")
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    return folder, tiny_llm.write_tiny_model(folder, seed)
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tiny, tmp_path_factory) -> Path:
+    from wide_export.triton import generate_repository
+
+    return generate_repository(tmp_path_factory.mktemp("tiny") / "repo", onnx=tiny[0])
+
+
+@pytest.fixture(scope="session")
+def demo_onnx(tmp_path_factory) -> Path:
+    """The default demo model exported once by the real `wide-export onnx` command."""
+    from wide_export.bench.serving import export_onnx_cli
+
+    return export_onnx_cli(tmp_path_factory.mktemp("demo") / "onnx")
+
+
+@pytest.fixture(scope="session")
+def demo_repo(demo_onnx, tmp_path_factory) -> Path:
+    from wide_export.triton import RepoOptions, generate_repository
+
+    return generate_repository(tmp_path_factory.mktemp("demo_repo") / "repo", onnx=demo_onnx,
+                               options=RepoOptions(max_batch=8))
+
+
+@pytest.fixture(scope="session")
+def demo_server(demo_repo):
+    """A real tritonserver on 127.0.0.1 serving the demo repository."""
+    from wide_export.triton import TritonServer
+
+    server = TritonServer(demo_repo)
+    server.start(timeout=120)
+    assert server.endpoints.http.startswith("127.0.0.1:") and server.endpoints.grpc.startswith("127.0.0.1:")
+    yield server
+    code = server.stop()
+    print(server.log_tail(10))
+    assert code == 0, f"tritonserver did not stop cleanly (code {code})"
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """fn(prompt [T], n) -> the PyTorch reference's n greedy tokens (demo model)."""
+    import torch
+
+    from wide_export.model.demo import demo_model
+    from wide_export.model.generate import greedy_generate
+
+    model = demo_model().eval()
+
+    def tokens(prompt: np.ndarray, n: int) -> np.ndarray:
+        ids = torch.from_numpy(np.asarray(prompt, dtype=np.int64)).reshape(1, -1)
+        with torch.no_grad():
+            out = greedy_generate(model, ids, torch.ones_like(ids), n)
+        return out[0].numpy()
+
+    return tokens

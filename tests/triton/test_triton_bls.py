@@ -1,0 +1,68 @@
+"""The tensorrt flavour's generation model (BLS) on a real server, without TensorRT:
+the generated tensorrt_plan configs keep their I/O blocks (what Triton checks every
+BLS request against) but run a Python stand-in that executes the tiny ONNX model.
+Tokens must equal the numpy reference exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wide_export.triton import RepoOptions, TritonServer, generate_repository
+from wide_export.triton.client import GenerationClient
+
+from tests.triton import tiny_llm
+from tests.triton.engine_manifest import write_engine_folder
+
+STAND_IN = '''
+import json, os
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Stand-in for a tensorrt_plan model: same I/O, runs model.onnx."""
+
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        self.inputs = [t["name"] for t in cfg["input"]]
+        self.outputs = [t["name"] for t in cfg["output"]]
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"))
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            feeds = {n: pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.inputs}
+            outs = self.session.run(self.outputs, feeds)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in zip(self.outputs, outs)]))
+        return responses
+'''
+
+
+def test_bls_generation_over_stand_in_engines(tiny, tmp_path):
+    folder, weights = tiny
+    write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",
+                        heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
+    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines", options=RepoOptions(max_batch=4))
+    for phase in ("prefill", "decode"):
+        model = repo / f"wide_llm_{phase}"
+        config = (model / "config.pbtxt").read_text()
+        start = config.index("instance_group")
+        config = config[:start] + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        (model / "config.pbtxt").write_text(config.replace('platform: "tensorrt_plan"', 'backend: "python"'))
+        (model / "1" / "model.plan").unlink()
+        (model / "1" / "model.onnx").write_bytes((folder / "model.onnx").read_bytes())
+        (model / "1" / "model.py").write_text(STAND_IN)
+    rng = np.random.default_rng()
+    with TritonServer(repo) as server:
+        with GenerationClient(server.endpoints.grpc, "grpc") as client:
+            for _ in range(3):
+                prompt = rng.integers(0, tiny_llm.VOCAB, size=int(rng.integers(1, 12)))
+                n = int(rng.integers(1, 8))
+                np.testing.assert_array_equal(client.generate(prompt, n),
+                                              tiny_llm.reference_greedy(weights, prompt, n))
+            batch = rng.integers(0, tiny_llm.VOCAB, size=(2, 5))
+            got = client.generate(batch, 4)
+            for row, prompt in zip(got, batch):
+                np.testing.assert_array_equal(row, tiny_llm.reference_greedy(weights, prompt, 4))

@@ -1,0 +1,149 @@
+"""`wide-export triton` and `wide-export serve` driven as real commands, and the
+server launcher's failure modes (no binary, a model that fails, a model stuck loading)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from wide_export.errors import WideError
+from wide_export.triton import TritonServer, generate_repository
+from wide_export.triton.client import GenerationClient
+
+from tests.triton import tiny_llm
+
+CLI = [sys.executable, "-c", "from wide_export.cli import main; main()"]
+
+
+def _app():
+    from wide_export.cli import app
+
+    return app
+
+
+def test_triton_command_writes_a_repository_and_refuses_to_overwrite(tiny, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "repo"
+    result = runner.invoke(_app(), ["triton", "--onnx", str(tiny[0]), "--output", str(out), "--max-batch", "2"])
+    assert result.exit_code == 0, result.output
+    assert (out / "wide_llm" / "config.pbtxt").is_file() and (out / "wide_llm" / "1" / "model.py").is_file()
+    assert "max_batch_size: 2" in (out / "wide_llm" / "config.pbtxt").read_text()
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    again = runner.invoke(_app(), ["triton", "--onnx", str(tiny[0]), "--output", str(out)])
+    assert again.exit_code == 2
+    assert "not empty" in again.output and "Traceback" not in again.output
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def test_serve_without_any_server_binary_is_a_clear_error(tiny_repo, monkeypatch):
+    import wide_export.triton.server as server_mod
+
+    monkeypatch.setattr(server_mod.shutil, "which", lambda name: None)
+    monkeypatch.setattr(server_mod, "find_spec", lambda name: None)
+    with pytest.raises(WideError, match="no tritonserver binary"):
+        server_mod.find_tritonserver()
+    result = CliRunner().invoke(_app(), ["serve", "--repository", str(tiny_repo)])
+    assert result.exit_code == 2 and "no tritonserver binary" in result.output
+
+
+def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    from wide_export.triton.server import free_port
+
+    proc = subprocess.Popen(CLI + ["serve", "--repository", str(tiny_repo), "--timeout", "60",
+                                  "--metrics-port", str(free_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines, deadline = [], time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("ready"):
+                break
+        assert lines and lines[-1].startswith("ready"), "".join(lines)
+        grpc = lines[-1].split("gRPC ")[1].split()[0]
+        assert grpc.startswith("127.0.0.1:") and "metrics http://127.0.0.1:" in lines[-1]
+        prompt = np.random.default_rng().integers(0, tiny_llm.VOCAB, size=6)
+        with GenerationClient(grpc, "grpc") as client:
+            np.testing.assert_array_equal(client.generate(prompt, 5), tiny_llm.reference_greedy(tiny[1], prompt, 5))
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=40)
+        assert proc.returncode == 0, rest
+        assert "stopped" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_bench_serving_reports_both_paths(tiny, tmp_path):
+    out = tmp_path / "serving.json"
+    result = CliRunner().invoke(_app(), [
+        "bench", "serving", "--onnx", str(tiny[0]), "--requests", "2", "--prompt-len", "4", "--new-tokens", "3",
+        "--protocol", "http", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    import json
+
+    rows = json.loads(out.read_text())["results"]
+    assert sorted((r["name"], r["clients"]) for r in rows) == [
+        ("direct onnxruntime", 1), ("direct onnxruntime", 8), ("triton http", 1), ("triton http", 8)]
+    for r in rows:
+        assert r["requests"] == 2 * r["clients"] and r["tokens"] == 3 * r["requests"]
+        assert 0 < r["p50_ms"] <= r["p99_ms"] and r["tokens_per_s"] > 0
+
+
+def test_serve_until_sigterm_stops_the_server_cleanly(tiny_repo):
+    import threading
+
+    before = signal.getsignal(signal.SIGTERM)
+    server = TritonServer(tiny_repo).start(timeout=60)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    started = time.monotonic()
+    try:
+        server.serve_until_signal(poll=0.1)  # returns once SIGTERM arrives, after stopping the server
+    finally:
+        timer.cancel()
+        server.stop()
+    assert server.process.returncode == 0
+    assert time.monotonic() - started < 30
+    assert signal.getsignal(signal.SIGTERM) == before  # our handler was removed again
+
+
+def _broken_repo(tiny_folder: Path, tmp_path: Path, initialize: str) -> Path:
+    repo = generate_repository(tmp_path / "repo", onnx=tiny_folder)
+    model_py = repo / "wide_llm" / "1" / "model.py"
+    text = model_py.read_text().replace(
+        "    def initialize(self, args: dict) -> None:\n",
+        f"    def initialize(self, args: dict) -> None:\n        {initialize}\n", 1)
+    model_py.write_text(text)
+    return repo
+
+
+def test_a_model_that_fails_to_load_stops_the_start_with_its_log(tiny, tmp_path):
+    repo = _broken_repo(tiny[0], tmp_path, "raise RuntimeError('deliberately broken model')")
+    server = TritonServer(repo)
+    with pytest.raises(WideError, match="exited with code") as err:
+        server.start(timeout=60)
+    assert "deliberately broken model" in str(err.value)
+    assert server.process.poll() is not None
+
+
+def test_a_model_stuck_loading_times_out(tiny, tmp_path):
+    repo = _broken_repo(tiny[0], tmp_path, "import time; time.sleep(600)")
+    server = TritonServer(repo)
+    start = time.monotonic()
+    with pytest.raises(WideError, match="not ready after 3 s"):
+        server.start(timeout=3)
+    assert server.process.poll() is not None  # stopped, not left behind
+    assert time.monotonic() - start < 40
