@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +42,17 @@ def pytest_collection_modifyitems(config, items):
                 ok, why = check()
                 if not ok:
                     item.add_marker(pytest.mark.skip(reason=f"{name}: {why}"))
+
+
+@pytest.fixture(scope="session")
+def demo_onnx(tmp_path_factory) -> Path:
+    """The default demo model exported once per session by the real `wide-export onnx` command.
+
+    $WIDE_TEST_ONNX_DIR reuses an existing export (the export costs ~30 s on 2 cores).
+    """
+    given = os.environ.get("WIDE_TEST_ONNX_DIR")
+    if given:
+        return Path(given)
+    from wide_export.bench.serving import export_onnx_cli
+
+    return export_onnx_cli(tmp_path_factory.mktemp("demo") / "onnx")

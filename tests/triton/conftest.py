@@ -26,14 +26,6 @@ def tiny_repo(tiny, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def demo_onnx(tmp_path_factory) -> Path:
-    """The default demo model exported once by the real `wide-export onnx` command."""
-    from wide_export.bench.serving import export_onnx_cli
-
-    return export_onnx_cli(tmp_path_factory.mktemp("demo") / "onnx")
-
-
-@pytest.fixture(scope="session")
 def demo_repo(demo_onnx, tmp_path_factory) -> Path:
     from wide_export.triton import RepoOptions, generate_repository
 

@@ -1,7 +1,6 @@
-"""Fixtures of the TensorRT tests: one demo-model ONNX export per session, the plugin library.
+"""Fixtures of the TensorRT tests: the plugin library (`demo_onnx` is in tests/conftest.py).
 
-$WIDE_TEST_ONNX_DIR reuses an existing `wide-export onnx` folder (the export
-costs ~30 s on 2 cores); $WIDE_TRT_PLUGIN_LIB names a built
+$WIDE_TRT_PLUGIN_LIB names a built
 libwide_trt_plugins.so (CI cannot build one: it has no TensorRT headers).
 """
 
@@ -11,20 +10,6 @@ import os
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def demo_onnx(tmp_path_factory) -> Path:
-    """The default demo model exported to ONNX (float32) through the real export path."""
-    given = os.environ.get("WIDE_TEST_ONNX_DIR")
-    if given:
-        return Path(given)
-    from wide_export.checkpoint import load_wide_model
-    from wide_export.export.onnx_export import export_onnx
-
-    out = tmp_path_factory.mktemp("trt-demo") / "onnx"
-    export_onnx(load_wide_model(None), out)
-    return out
 
 
 @pytest.fixture(scope="session")

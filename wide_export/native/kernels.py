@@ -63,6 +63,7 @@ def _load(path: str) -> ctypes.CDLL:
         raise WideError(f"cannot load the CUDA kernel library {p}: {err}",
                         hint="rebuild it with `wide-export build` for this machine") from None
     try:
+        lib.wide_kernels_api_version.restype, lib.wide_kernels_api_version.argtypes = ctypes.c_int, []
         version = lib.wide_kernels_api_version()
     except AttributeError:
         raise WideError(f"{p} is not the wide kernel library (no wide_kernels_api_version)") from None
@@ -260,8 +261,9 @@ class PreparedGemm:
 
     def __call__(self) -> "torch.Tensor":
         torch = _torch()
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        rc = self._fn(ctypes.byref(self._p), self._ws.data_ptr(), self.workspace_size, stream)
+        with torch.cuda.device(self.device):  # launch on the tensors' GPU, not the current one
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            rc = self._fn(ctypes.byref(self._p), self._ws.data_ptr(), self.workspace_size, stream)
         _check(self._lib, rc, self._name)
         return self.out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -141,11 +142,30 @@ def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, 
         shutil.rmtree(staging, ignore_errors=True)
 
 
+# The parser names inlined function-body nodes after their outputs, which repeat in every
+# instance of a `wide` op; it warns once per node. Those warnings say nothing to the user.
+_NOISE = "already exists, the output tensors of this new instance will not be queryable"
+
+
+def _quiet_logger(trt):
+    """A WARNING-level TensorRT logger that drops the duplicate-node-name noise of inlined bodies."""
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg):
+            if severity <= trt.ILogger.Severity.WARNING and _NOISE not in msg:
+                print(f"[TRT] [{str(severity).rsplit('.', 1)[-1][0]}] {msg}", file=sys.stderr)
+
+    return Logger()
+
+
 def _parse(be: Backend, onnx_file: Path, model, lib: Optional[PluginLibrary], require_plugin_layers: bool):
     """Parse into a strongly typed network: (builder, network, parser, plugin-layer report, strongly typed?).
     Keep the parser alive until the build: it owns the weights the network points at."""
     trt = be.trt
-    logger = trt.Logger(trt.Logger.WARNING)
+    logger = _quiet_logger(trt)
     builder = trt.Builder(logger)
     flags = 0
     if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
