@@ -55,6 +55,8 @@ const char* wide_last_cuda_error_string(void);
 // fp32 accumulation whatever the dtype of x. Router weights are float32.
 //   x  [M, H] (dtype, ldx)    wc [R, H]   bc [R]   wr [2G, R]   br [2G]
 //   mask [M, G] int32 (ldmask)
+// Non-decreasing in M: the size for a maximum M also covers every smaller M
+// (TensorRT sizes workspaces at the profile maximum).
 size_t wide_router_workspace_size(int64_t M, int64_t H, int64_t R, int64_t G);
 int wide_router(const void* x, int64_t ldx, wide_dtype_t dtype, int64_t M, int64_t H,
                 const float* wc, const float* bc, int64_t R,
@@ -95,6 +97,7 @@ typedef struct {
 size_t wide_gemm_params_sizeof(void);
 
 // Workspace for any of the three GEMMs on these sizes (covers the layout).
+// Non-decreasing in M: the size for a maximum M also covers every smaller M.
 size_t wide_gemm_workspace_size(const wide_gemm_params_t* p);
 
 // y[m, n] = (x[m] . w[n] + bias[n]) * mask[m, n / group_size]; skipped outputs are 0.

@@ -81,6 +81,26 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// max of f(m) * m over 1 <= m <= M with f(m) >= vmin (0 if none), for a split
+// count f that is non-increasing in m with values <= vmax. Workspace queries
+// use it so the size for M also covers every smaller M: TensorRT allocates the
+// size at the profile's maximum shape and runs smaller shapes in it, and split
+// counts shrink as M grows, so splits(M) * M alone is not monotonic in M.
+template <typename F>
+int64_t max_splits_times_rows(int64_t M, int64_t vmin, int64_t vmax, F f) {
+  int64_t best = 0;
+  for (int64_t v = vmin; v <= vmax && M >= 1 && f(1) >= v; ++v) {
+    int64_t lo = 1, hi = M;  // largest m <= M with f(m) >= v (f(1) >= v)
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (f(mid) >= v) lo = mid; else hi = mid - 1;
+    }
+    const int64_t c = f(lo) * lo;
+    best = c > best ? c : best;
+  }
+  return best;
+}
+
 template <typename T> struct DtypeOf;
 template <> struct DtypeOf<float> { static constexpr wide_dtype_t value = WIDE_FLOAT32; };
 template <> struct DtypeOf<__half> { static constexpr wide_dtype_t value = WIDE_FLOAT16; };

@@ -159,11 +159,14 @@ struct Carve {
   size_t layout, mode, prefix, kcount, klist, partial, total;
 };
 size_t align256(size_t v) { return (v + 255) & ~static_cast<size_t>(255); }
-size_t partial_bytes(int64_t M, int64_t N, int64_t K) {  // the largest need of the three ops
+// The largest need of the three ops over every row count <= M (monotonic in M,
+// see max_splits_times_rows): tc_gemm uses tc_splits(M) * M rows of it.
+size_t partial_bytes(int64_t M, int64_t N, int64_t K) {
   size_t most = 0;
   for (Op op : {OP_N, OP_GATED, OP_K}) {
-    const int s = tc_splits(op, M, N, K);
-    const size_t b = s > 1 ? sizeof(float) * static_cast<size_t>(s * M * N * (op == OP_GATED ? 2 : 1)) : 0;
+    const int64_t rows =
+        max_splits_times_rows(M, 2, kTcMaxSplits, [&](int64_t m) { return int64_t{tc_splits(op, m, N, K)}; });
+    const size_t b = sizeof(float) * static_cast<size_t>(rows * N * (op == OP_GATED ? 2 : 1));
     most = b > most ? b : most;
   }
   return most;
@@ -186,7 +189,7 @@ Carve carve(int64_t M, int64_t N, int64_t K, int64_t G) {
 int tc_splits(Op op, int64_t M, int64_t N, int64_t K) {
   // Aim for >= 2 blocks per SM on a 132-SM part; each split keeps >= 8 k-tiles,
   // and the fp32 partials (written + read) stay under ~1/4 of the weight bytes.
-  constexpr int64_t kTargetBlocks = 264, kMaxSplits = 16, kMinKTiles = 8;
+  constexpr int64_t kTargetBlocks = 264, kMaxSplits = kTcMaxSplits, kMinKTiles = 8;
   const int64_t tiles = ceil_div(M, tc_bm(M)) * ceil_div(N, tc_bn(op));
   if (tiles >= kTargetBlocks || M <= 0) return 1;
   int64_t s = ceil_div(kTargetBlocks, tiles);

@@ -25,7 +25,7 @@ __global__ void decide_kernel(const float* logits, int M, int G, int32_t* mask, 
 size_t align256(size_t v) { return (v + 255) & ~static_cast<size_t>(255); }
 
 constexpr int kFusedMaxR = 64;
-constexpr int kRowsPerBlock = 32, kSliceK = 32, kThreads = 256;
+constexpr int kRowsPerBlock = 32, kSliceK = 32, kThreads = 256, kMaxSlices = 32;
 
 // H-slice length (a multiple of kSliceK) and slice count: about four blocks
 // per SM of a 132-SM part, each slice at least 256 wide.
@@ -34,7 +34,7 @@ void router_split(int64_t M, int64_t H, int64_t* slice, int64_t* splits) {
   int64_t s = ceil_div(528, rowblocks);
   const int64_t by_h = H / 256 > 1 ? H / 256 : 1;
   s = s < by_h ? s : by_h;
-  s = s < 32 ? s : 32;
+  s = s < kMaxSlices ? s : kMaxSlices;
   s = s > 1 ? s : 1;
   *slice = ceil_div(ceil_div(H, s), kSliceK) * kSliceK;
   *splits = ceil_div(H, *slice);
@@ -144,10 +144,13 @@ using namespace wide;
 
 extern "C" size_t wide_router_workspace_size(int64_t M, int64_t H, int64_t R, int64_t G) {
   if (M <= 0 || H <= 0 || R <= 0 || G <= 0) return 0;
-  if (R <= kFusedMaxR) {
-    int64_t slice, splits;
-    router_split(M, H, &slice, &splits);
-    return align256(sizeof(float) * static_cast<size_t>(splits * M * R));
+  if (R <= kFusedMaxR) {  // partial z; sized for every row count <= M (monotonic in M)
+    const int64_t rows = max_splits_times_rows(M, 1, kMaxSlices, [&](int64_t m) {
+      int64_t slice, splits;
+      router_split(m, H, &slice, &splits);
+      return splits;
+    });
+    return align256(sizeof(float) * static_cast<size_t>(rows * R));
   }
   return align256(sizeof(float) * static_cast<size_t>(M * R)) +
          align256(sizeof(float) * static_cast<size_t>(M * 2 * G));

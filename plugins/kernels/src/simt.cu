@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads) simt_kernel(KArgs a) {
   __shared__ float As[kBK][kBM + 1];
   __shared__ float Bs[NB][kBK][kBN + 1];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;  // rows on x: grid.x has no 65535 cap
   const TX* x = static_cast<const TX*>(a.x);
   const TW* wmat[2] = {static_cast<const TW*>(a.w), static_cast<const TW*>(a.w2)};
 
@@ -95,9 +95,9 @@ __global__ void __launch_bounds__(kThreads) simt_kernel(KArgs a) {
 
 template <typename TX, typename TW, typename TY, int OP>
 int launch(const KArgs& a, cudaStream_t stream) {
-  const int64_t gy = ceil_div(a.M, kBM);
+  const int64_t gy = ceil_div(a.N, kBN);
   if (gy > 65535) return WIDE_ERR_INVALID_ARGUMENT;
-  dim3 grid(static_cast<unsigned>(ceil_div(a.N, kBN)), static_cast<unsigned>(gy));
+  dim3 grid(static_cast<unsigned>(ceil_div(a.M, kBM)), static_cast<unsigned>(gy));
   simt_kernel<TX, TW, TY, OP><<<grid, kThreads, 0, stream>>>(a);
   WIDE_LAUNCHED();
   return WIDE_OK;

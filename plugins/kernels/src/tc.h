@@ -10,6 +10,7 @@ constexpr int kTcBK = 32;    // reduction depth per pipeline stage
 inline int tc_bm(int64_t M) { return M <= 128 ? 64 : 128; }
 inline int tc_bn(Op op) { return op == OP_GATED ? 64 : 128; }  // channels per tile
 constexpr int kTcMaxGroupsK = 32768;  // plan_k keeps one byte per group in shared memory
+constexpr int kTcMaxSplits = 16;      // split-K factor cap (tc_splits)
 
 // Device-side plan, written by the plan kernels into the caller's workspace.
 // The tile grid is launched at its host-known upper bound; blocks beyond the
