@@ -16,9 +16,18 @@ from typing import Iterator
 from wide_export.errors import WideError
 
 
-def check_output_dir(output: Path, force: bool) -> Path:
-    """Refuse an existing OUT (unless force) or an unwritable parent, before any work starts."""
+def check_output_dir(output: Path, force: bool, protect: tuple[Path | None, ...] = ()) -> Path:
+    """Refuse an existing OUT (unless force) or an unwritable parent, before any work starts.
+
+    `protect`: the user's inputs; an OUT that is one of them or contains one is refused even
+    with force, since replacing OUT would delete them.
+    """
     output = Path(output).absolute()
+    for given in filter(None, protect):
+        given = Path(given).resolve()
+        if given == output.resolve() or output.resolve() in given.parents:
+            raise WideError(f"output {output} would replace your input {given}",
+                            "choose an --output outside the input folders")
     if output.exists() and not force:
         raise WideError(f"output {output} already exists", "pass --force to replace it, or choose another --output")
     if output.exists() and not output.is_dir():

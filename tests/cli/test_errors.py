@@ -158,6 +158,13 @@ def test_existing_output_is_refused_and_kept(tmp_path):
     assert (out / "keep.txt").read_text() == "mine"
 
 
+def test_output_over_the_model_folder_is_refused_even_with_force(ckpt):
+    before = tree_digest(ckpt)
+    run_fails(["onnx", "--model", str(ckpt), "-o", str(ckpt), "--force"], "would replace your input")
+    run_fails(["onnx", "--model", str(ckpt), "-o", str(ckpt.parent), "--force"], "would replace your input")
+    assert tree_digest(ckpt) == before
+
+
 def test_unwritable_output(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file, not a folder")

@@ -47,7 +47,7 @@ def onnx(
 
     if dtype not in DTYPES:
         raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
-    check_output_dir(output, force)  # fail before minutes of loading
+    check_output_dir(output, force, protect=(model, router, lora))  # fail before minutes of loading
     stages = Stages()
     if model is None:
         from wide_export.model.demo import DEMO_NAME

@@ -42,7 +42,7 @@ def verify(
     if (onnx is None) == (engine is None):
         raise WideError("verify one thing", "pass --onnx DIR (from `wide-export onnx`) or --engine DIR "
                         "(from `wide-export trt`)")
-    if min(steps, batch - 1, prompt_len - 1) < 0 or steps < 0:
+    if steps < 0 or batch < 1 or prompt_len < 1:
         raise WideError("--steps must be >= 0, --batch and --prompt-len >= 1", "use positive sizes")
     load_kwargs = None
     if model is not None:
