@@ -184,7 +184,6 @@ def _dense_ms(kind: str, xs, weights, ups, cfg: Preset) -> float:
 
 
 def _measure(kind, shape, N, K, G, s, mk, T, xs, weights, ups, dense_ms, cfg, gen, copy_bw) -> Row:
-    import torch
 
     from wide_export.native import kernels
 
