@@ -37,24 +37,24 @@ def _scope(node) -> str:
 
 
 def name_nodes(model) -> None:
-    """Node names mirror the module tree; router masks get stable tensor names."""
+    """Node names mirror the module tree (unique); `wide` outputs get stable tensor names."""
     used: Counter[str] = Counter()
     for node in model.graph:
         fqn = _scope(node)
         base = module_path(fqn)
         if node.domain == DOMAIN:
-            parent = fqn.rsplit(".", 1)[-1]
-            proj = PROJECTION_NAMES.get((parent, node.op_type))
+            proj = PROJECTION_NAMES.get((fqn.rsplit(".", 1)[-1], node.op_type))
             if proj:
                 base = f"{base}/{proj}"
+        name = f"{base}/{node.op_type}"
+        used[name] += 1
+        node.name = name if used[name] == 1 else f"{name}_{used[name] - 1}"
+        if node.domain == DOMAIN:
             m = _LAYER.search(fqn)
             if m and node.op_type == "WideRouter":
                 node.outputs[0].name = mask_output_name(int(m.group(1)), m.group(2).split("_", 1)[1])
             else:
-                node.outputs[0].name = f"{base}/{node.op_type}/output_0"
-        name = f"{base}/{node.op_type}"
-        used[name] += 1
-        node.name = name if used[name] == 1 else f"{name}_{used[name] - 1}"
+                node.outputs[0].name = f"{node.name}/output_0"
 
 
 def name_axes(model) -> None:
