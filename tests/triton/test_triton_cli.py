@@ -147,3 +147,55 @@ def test_a_model_stuck_loading_times_out(tiny, tmp_path):
         server.start(timeout=3)
     assert server.process.poll() is not None  # stopped, not left behind
     assert time.monotonic() - start < 40
+
+
+def test_serve_refuses_bad_ports_and_an_empty_repository(tiny_repo, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(_app(), ["serve", "--repository", str(tiny_repo), "--http-port", "70000"])
+    assert result.exit_code == 2 and "not a TCP port" in result.output, result.output
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(_app(), ["serve", "--repository", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "holds no model" in result.output, result.output
+
+
+def test_repository_is_created_with_normal_permissions(tiny, tmp_path):
+    out = generate_repository(tmp_path / "repo", onnx=tiny[0])
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains `text` (Linux /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_sigterm_while_loading_stops_the_server(tiny, tmp_path):
+    """`kill` of `wide-export serve` during the start must not leave tritonserver running."""
+    repo = _broken_repo(tiny[0], tmp_path, "import time; time.sleep(600)")
+    proc = subprocess.Popen(CLI + ["serve", "--repository", str(repo), "--timeout", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _processes_mentioning(f"--model-repository={repo}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_mentioning(f"--model-repository={repo}"), "tritonserver did not start"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out
+        assert "Traceback" not in out
+        deadline = time.monotonic() + 10
+        while _processes_mentioning(f"--model-repository={repo}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _processes_mentioning(f"--model-repository={repo}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -235,3 +235,23 @@ def test_plugin_reports_bad_fields(plugin_lib, tmp_path, capfd, group_size, mess
     captured = capfd.readouterr()
     assert message in captured.out + captured.err  # the TensorRT logger (via setLoggerFinder)
     assert not (tmp_path / "m.engine").exists()
+
+
+def test_existing_output_or_input_folder_is_refused(demo_onnx, tmp_path):
+    """An existing folder that is not an engine folder needs --force; the ONNX folder is never replaced."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    result = _run_cli(["--onnx", str(demo_onnx), "--output", str(mine), *SMALL])
+    assert result.exit_code == 2 and "already exists" in result.output, result.output
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    before = sorted(p.name for p in demo_onnx.iterdir())
+    result = _run_cli(["--onnx", str(demo_onnx), "--output", str(demo_onnx), "--force", *SMALL])
+    assert result.exit_code == 2 and "would replace your input" in result.output, result.output
+    assert sorted(p.name for p in demo_onnx.iterdir()) == before
+
+
+def test_backend_spellings_of_the_readme():
+    from wide_export.trt.backend import _ALIASES, BACKENDS
+
+    assert _ALIASES["auto"] is None and _ALIASES["tensorrt-rtx"] in BACKENDS

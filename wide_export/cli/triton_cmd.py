@@ -65,10 +65,13 @@ def serve(
 
     from wide_export.triton.server import TritonServer
 
+    from wide_export.signals import interrupt_on_signals
+
     console = Console(highlight=False)
     server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                           address=address, log_verbose=log_verbose)
-    with console.status("starting tritonserver ..."):
+    # SIGTERM while loading must stop the server as Ctrl-C does (it runs in its own session).
+    with interrupt_on_signals(), console.status("starting tritonserver ..."):
         server.start(timeout=timeout)
     ends = server.endpoints
     console.print(f"[green]ready[/]  HTTP {ends.http}  gRPC {ends.grpc}"

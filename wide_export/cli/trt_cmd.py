@@ -13,7 +13,9 @@ from wide_export.cli.common import user_errors
 @user_errors
 def trt(
     onnx: Annotated[Path, typer.Option("--onnx", help="Folder written by `wide-export onnx`.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Engine folder to write.")],
+    output: Annotated[Path, typer.Option(
+        "--output", "-o", help="Engine folder to write (an existing engine folder is replaced, reusing its "
+        "timing cache; any other existing folder needs --force).")],
     fp16: Annotated[bool, typer.Option(
         "--fp16", help="Build fp16: needs an fp16 export (`wide-export onnx --dtype float16`); the network is "
         "built strongly typed (no FP16 builder flag, as TensorRT 11 requires).")] = False,
@@ -31,7 +33,8 @@ def trt(
     recipe: Annotated[Optional[str], typer.Option(
         "--recipe", help="Recipe file or shipped name (recipes/: llama-3.1-8b, qwen3-8b).", show_default=False)] = None,
     backend: Annotated[Optional[str], typer.Option(
-        "--backend", help="tensorrt or tensorrt_rtx (default: the first that imports).", show_default=False)] = None,
+        "--backend", help="auto, tensorrt or tensorrt_rtx (default auto: the first that imports).",
+        show_default=False)] = None,
     timing_cache: Annotated[Optional[Path], typer.Option(
         "--timing-cache", help="Timing cache to reuse and update (default: OUTPUT/timing.cache).",
         show_default=False)] = None,
@@ -42,6 +45,7 @@ def trt(
         "--mask-outputs", help="Also output the router masks, so `verify --engine` measures decision agreement "
         "(a verification engine: not for `wide-export triton`).")
     ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --output folder.")] = False,
 ) -> None:
     """Build OUTPUT/wide.engine (profile 0 prefill, profile 1 decode) and OUTPUT/wide_engine.json."""
     from rich.console import Console
@@ -54,7 +58,7 @@ def trt(
     manifest = build_engine(
         onnx, output, backend=backend, fp16=fp16, plugins=plugins or default_plugin_library(),
         limits={k: v for k, v in limits.items() if v is not None}, recipe=recipe, timing_cache=timing_cache,
-        compute_capability=compute_capability, mask_outputs=mask_outputs,
+        compute_capability=compute_capability, mask_outputs=mask_outputs, force=force,
     )
     console = Console(highlight=False)
     table = Table(title="wide nodes", title_justify="left")

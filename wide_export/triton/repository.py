@@ -19,13 +19,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Optional
 
 from wide_export.errors import WideError
+from wide_export.outdir import atomic_output_dir, check_output_dir
 from wide_export.triton.engines import EngineSource, EngineSpec, ProfileSpec, read_engine_folder
 from wide_export.triton.sources import OnnxSource, read_onnx_folder
 from wide_export.triton.templates import render
@@ -198,20 +198,14 @@ def generate_repository(
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise WideError(f"{output} exists and is not empty", hint="choose a new --output folder")
+    empty = output.exists()  # an empty folder may be replaced
+    check_output_dir(output, force=empty, protect=(onnx, engines))
     source = read_onnx_folder(onnx) if onnx is not None else read_engine_folder(engines)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with atomic_output_dir(output, force=empty) as staging:
         if backend == "onnxruntime":
             _onnx_repository(staging, source, options)
         else:
             _tensorrt_repository(staging, source, options)
-        if output.exists():
-            output.rmdir()
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return output
 
 

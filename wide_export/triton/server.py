@@ -143,6 +143,9 @@ class TritonServer:
         extra_args: Sequence[str] = (),
     ):
         self.repository = Path(repository).resolve()
+        for flag, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
+            if port is not None and not 0 < port < 65536:
+                raise WideError(f"{flag} {port} is not a TCP port", hint="use 1..65535, or omit it for a free one")
         self.address = address
         self._auto_ports = http_port is None and grpc_port is None
         self.http_port = http_port or free_port(address)
@@ -192,12 +195,18 @@ class TritonServer:
         if not self.repository.is_dir():
             raise WideError(f"model repository {self.repository} is not a folder",
                             hint="generate one with `wide-export triton`")
+        if not any(self.repository.glob("*/config.pbtxt")):
+            raise WideError(f"{self.repository} holds no model (no */config.pbtxt)",
+                            hint="generate a repository with `wide-export triton`")
         binary = find_tritonserver()
         for attempt in range(attempts):
             try:
                 return self._start_once(binary, timeout)
             except WideError:
                 lost_port = "already in use" in self._final_log
+                if lost_port and not self._auto_ports:
+                    raise WideError(f"a port asked for is already in use (HTTP {self.http_port}, "
+                                    f"gRPC {self.grpc_port})", hint="choose other ports, or omit them") from None
                 if not (self._auto_ports and lost_port and attempt + 1 < attempts):
                     raise
                 self.http_port, self.grpc_port = free_port(self.address), free_port(self.address)
@@ -293,9 +302,11 @@ class TritonServer:
                     code = None if self.process is None else self.process.returncode
                     raise WideError(f"tritonserver exited unexpectedly (code {code}):\n{self.log_tail()}")
         finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            self.stop()
+            try:
+                self.stop()  # still under our handlers: a second Ctrl-C cannot cut the shutdown short
+            finally:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
 
     def __enter__(self) -> "TritonServer":
         return self.start()

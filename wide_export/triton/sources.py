@@ -126,7 +126,10 @@ def read_onnx_folder(folder: Path) -> OnnxSource:
     if not onnx_file.is_file():
         raise WideError(f"{onnx_file} not found", hint="point --onnx at the folder written by `wide-export onnx`")
     shape = read_model_shape(folder / WIDE_CONFIG)
-    model = onnx.load(str(onnx_file), load_external_data=False)
+    try:
+        model = onnx.load(str(onnx_file), load_external_data=False)
+    except Exception as err:  # onnx raises DecodeError and friends
+        raise WideError(f"{onnx_file} is not a readable ONNX model: {err}") from None
     inputs = [v.name for v in model.graph.input]
     outputs = [v.name for v in model.graph.output]
     check_io_names(inputs, outputs, shape.num_layers, DEFAULT_IO, str(onnx_file))

@@ -9,8 +9,10 @@ to `result`. Bugs keep their traceback on stderr and a non-zero exit code.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wide_export.errors import WideError
+from wide_export.signals import interrupt_on_signals
 
 
 def run_in_child(function: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
@@ -25,26 +28,57 @@ def run_in_child(function: str, kwargs: dict[str, Any], env: dict[str, str]) -> 
     with tempfile.TemporaryDirectory(prefix="wide-trt-child-") as tmp:
         result = Path(tmp) / "result.json"
         request = json.dumps({"function": function, "kwargs": kwargs, "result": str(result)})
-        proc = subprocess.run([sys.executable, "-m", "wide_export.trt._child", request], env=env)
+        with interrupt_on_signals():
+            proc = subprocess.Popen([sys.executable, "-m", "wide_export.trt._child", request], env=env)
+            try:
+                proc.wait()
+            except BaseException:  # Ctrl-C / SIGTERM: stop the child too (it cleans up on SIGTERM)
+                _stop(proc)
+                raise
         if result.is_file():
             answer = json.loads(result.read_text())
             if "error" in answer:
                 raise WideError(answer["error"], answer.get("hint"))
             return answer["ok"]
+        if proc.returncode == 130:  # the child was interrupted (it cleaned up)
+            raise KeyboardInterrupt
         raise RuntimeError(f"{function} died in its child process (exit code {proc.returncode}); "
                            "see the TensorRT messages above")
 
 
+def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the child, SIGKILL it if it has not exited after `grace` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (prctl PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: best effort
+        pass
+
+
 def _main(argv: list[str]) -> int:
+    _die_with_parent()
     request = json.loads(argv[1])
     module, name = request["function"].split(":")
     fn = getattr(importlib.import_module(module), name)
     result = Path(request["result"])
     try:
-        value = fn(**request["kwargs"])
+        with interrupt_on_signals():  # Ctrl-C or the parent's SIGTERM: clean up, exit 130
+            value = fn(**request["kwargs"])
     except WideError as err:
         result.write_text(json.dumps({"error": err.message, "hint": err.hint}))
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or the parent's SIGTERM: temp outputs are already removed
+        return 130
     result.write_text(json.dumps({"ok": value}))
     return 0
 

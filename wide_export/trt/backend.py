@@ -29,6 +29,8 @@ from wide_export.errors import WideError
 
 BACKENDS = ("tensorrt", "tensorrt_rtx")
 FLAVOURS = {"tensorrt": "TensorRT", "tensorrt_rtx": "TensorRT-RTX"}
+# The spellings README.md documents for --backend.
+_ALIASES: dict[str, Optional[str]] = {"auto": None, "tensorrt-rtx": "tensorrt_rtx"}
 _RTX_CORE = "libtensorrt_rtx.so.1"
 _RTX_UNVERSIONED = "libtensorrt_rtx.so"
 
@@ -75,9 +77,10 @@ def _import(package: str) -> ModuleType:
 
 
 def select_backend(requested: Optional[str] = None) -> Backend:
-    """Import the requested backend, or the first of BACKENDS that imports."""
+    """Import the requested backend, or the first of BACKENDS that imports ("auto" or None)."""
+    requested = _ALIASES.get(requested, requested) if requested is not None else None
     if requested is not None and requested not in BACKENDS:
-        raise WideError(f"unknown TensorRT backend {requested!r}", hint=f"use one of {', '.join(BACKENDS)}")
+        raise WideError(f"unknown TensorRT backend {requested!r}", hint=f"use auto or one of {', '.join(BACKENDS)}")
     errors = []
     for package in [requested] if requested else BACKENDS:
         if importlib.util.find_spec(package) is None:

@@ -15,12 +15,13 @@ import hashlib
 import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from wide_export.errors import WideError
+from wide_export.outdir import atomic_output_dir, check_output_dir
+from wide_export.signals import check_interrupted, interrupt_on_signals
 from wide_export.trt.backend import Backend, has_gpu, needs_child, rtx_child_env, select_backend
 from wide_export.trt.plugins import PLUGIN_LIB_NAME, PluginLibrary, load_plugin_library
 from wide_export.trt.profiles import build_profiles
@@ -61,7 +62,10 @@ def _read_onnx_folder(onnx_dir: Path):
     except Exception as err:  # onnx raises DecodeError and friends
         raise WideError(f"{path} is not a readable ONNX model: {err}") from None
     cfg_path = onnx_dir / WIDE_CONFIG
-    config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    try:
+        config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise WideError(f"{cfg_path} is not valid JSON: {err}", hint="export the folder again") from None
     return model, config
 
 
@@ -126,20 +130,20 @@ def _mark_mask_outputs(network, config: dict[str, Any]) -> list[str]:
     return sorted(found)
 
 
-def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, Path]) -> None:
-    """Write everything into a sibling temp folder first, then move it in (nothing half-written)."""
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}-", dir=output_dir.parent))
-    try:
+def check_engine_output(onnx_dir: Path, output_dir: Path, force: bool = False) -> Path:
+    """Refuse an OUT that is / holds the ONNX folder, or that exists (unless `force`) and is not a
+    previous engine folder (one with wide_engine.json: a rebuild replaces it, reusing its timing cache)."""
+    return check_output_dir(Path(output_dir), force=force or (Path(output_dir) / MANIFEST).is_file(),
+                            protect=(Path(onnx_dir),))
+
+
+def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, Path], force: bool) -> None:
+    """Write everything into a sibling temp folder, then rename it to OUT (nothing half-written)."""
+    with atomic_output_dir(output_dir, force=force or (output_dir / MANIFEST).is_file()) as staging:
         for name, data in files.items():
             (staging / name).write_bytes(data)
         for name, src in copies.items():
             shutil.copyfile(src, staging / name)
-        output_dir.mkdir(exist_ok=True)
-        for item in staging.iterdir():
-            item.replace(output_dir / item.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 # The parser names inlined function-body nodes after their outputs, which repeat in every
@@ -197,10 +201,12 @@ def build_engine_here(
     require_plugin_layers: bool = True,
     mask_outputs: bool = False,
     progress: bool = True,
+    force: bool = False,
 ) -> dict[str, Any]:
     """build_engine's work, in this process (its environment must already suit the backend)."""
     started = time.perf_counter()
     onnx_path, out = Path(onnx_dir), Path(output_dir)
+    check_engine_output(onnx_path, out, force)
     model, config = _read_onnx_folder(onnx_path)
     rec: Optional[Recipe] = load_recipe(recipe) if recipe else None
     base = rec.limits if rec else ProfileLimits()
@@ -233,6 +239,7 @@ def build_engine_here(
         if monitor is not None:
             cfg.progress_monitor = monitor
         plan = builder.build_serialized_network(network, cfg)
+    check_interrupted()  # a Ctrl-C/SIGTERM during the build is swallowed by TensorRT's callbacks
     if plan is None:
         raise WideError(f"{be.flavour} failed to build the engine", hint="see the TensorRT errors above")
     engine = bytes(plan)
@@ -276,7 +283,7 @@ def build_engine_here(
         copies[WIDE_CONFIG] = onnx_path / WIDE_CONFIG
     if timing_cache is None:
         files[TIMING_CACHE] = cache
-    _write_outputs(out, files, copies)
+    _write_outputs(out, files, copies, force)
     if timing_cache is not None:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         cache_path.write_bytes(cache)
@@ -289,7 +296,8 @@ def build_engine(onnx_dir: Path, output_dir: Path, *, backend: Optional[str] = N
     kwargs: fp16, plugins (library path), limits ({max_batch, max_input_len,
     max_seq_len}, overriding the recipe's), recipe (file or shipped name),
     timing_cache, compute_capability (TensorRT-RTX), require_plugin_layers,
-    mask_outputs (router masks as extra outputs, for verification), progress.
+    mask_outputs (router masks as extra outputs, for verification), progress,
+    force (replace an existing OUT that is not an engine folder; an engine folder is always replaced).
     With TensorRT-RTX the build runs in a child process (backend.py explains why).
     """
     args = {"onnx_dir": str(onnx_dir), "output_dir": str(output_dir), "backend": backend,
@@ -297,6 +305,7 @@ def build_engine(onnx_dir: Path, output_dir: Path, *, backend: Optional[str] = N
     # Cheap checks first, so user errors do not wait for TensorRT (or a child process).
     if not (Path(onnx_dir) / ONNX_FILE).is_file():
         raise WideError(f"{Path(onnx_dir) / ONNX_FILE} not found", hint="export first: wide-export onnx --output DIR")
+    check_engine_output(Path(onnx_dir), Path(output_dir), bool(kwargs.get("force")))
     base = load_recipe(args["recipe"]).limits if args.get("recipe") else ProfileLimits()
     base.override(**(args.get("limits") or {})).checked()
     if args.get("plugins") and not Path(args["plugins"]).is_file():
@@ -306,7 +315,8 @@ def build_engine(onnx_dir: Path, output_dir: Path, *, backend: Optional[str] = N
         from wide_export.trt._child import run_in_child
 
         return run_in_child("wide_export.trt.build:build_engine_here", args, rtx_child_env())
-    return build_engine_here(**args)
+    with interrupt_on_signals():  # so a Ctrl-C swallowed by TensorRT's callbacks is still seen
+        return build_engine_here(**args)
 
 
 def summary_rows(manifest: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
+from wide_export.signals import interrupted
+
 
 @contextmanager
 def progress_monitor(trt, enabled: bool = True) -> Iterator[Optional[object]]:
@@ -31,7 +33,7 @@ def progress_monitor(trt, enabled: bool = True) -> Iterator[Optional[object]]:
                 task = self._tasks.get(phase_name)
                 if task is not None:
                     bars.update(task, completed=step + 1)
-                return True  # never cancel the build
+                return not interrupted()  # cancel the build on Ctrl-C / SIGTERM
 
             def phase_finish(self, phase_name):
                 task = self._tasks.pop(phase_name, None)
