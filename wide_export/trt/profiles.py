@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from wide_export.errors import WideError
+from wide_export.export.io_spec import axes_of
 from wide_export.trt.recipes import ProfileLimits
 
-# Axis roles per input name; None = a static axis whose size the graph gives.
-AXIS_ROLES: tuple[tuple[str, tuple[Optional[str], ...]], ...] = (
-    (r"input_ids|position_ids", ("batch", "tokens")),
-    (r"attention_mask", ("batch", "total")),
-    (r"past_key_values\.\d+\.(key|value)", ("batch", None, "past", None)),
-)
+# Profile role of each named axis of the I/O contract (export/io_spec.py); other axes are
+# static (None): the graph gives their size.
+ROLE_OF_AXIS = {"batch_size": "batch", "sequence_length": "tokens", "total_sequence_length": "total",
+                "past_sequence_length": "past"}
+_INPUT = re.compile(r"input_ids|attention_mask|position_ids|past_key_values\.\d+\.(key|value)")
 
 PROFILE_NAMES = ("prefill", "decode")
 
@@ -53,11 +53,11 @@ def _role_ranges(limits: ProfileLimits) -> dict[str, dict[str, tuple[int, int, i
 
 def roles_of(name: str, rank: int) -> tuple[Optional[str], ...]:
     """Axis roles of graph input `name`; WideError for an input the engine cannot size."""
-    for pattern, roles in AXIS_ROLES:
-        if re.fullmatch(pattern, name):
-            if len(roles) != rank:
-                raise WideError(f"graph input {name} has rank {rank}, expected {len(roles)}")
-            return roles
+    if _INPUT.fullmatch(name):
+        roles = tuple(ROLE_OF_AXIS.get(axis) for axis in axes_of(name))
+        if len(roles) != rank:
+            raise WideError(f"graph input {name} has rank {rank}, expected {len(roles)}")
+        return roles
     raise WideError(f"graph input {name!r} is not one the engine profiles know",
                     hint="inputs must follow the wide-export I/O contract (input_ids, attention_mask, "
                     "position_ids, past_key_values.{i}.key|value)")
