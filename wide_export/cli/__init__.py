@@ -15,14 +15,16 @@ import typer
 from wide_export.cli.common import report_error
 from wide_export.errors import WideError
 
-# One line per command module; each registers its own commands.
+# One line per command module, in pipeline order (as `--help` lists them); each registers
+# its own commands. bench_cmd creates the `bench` group the later bench modules add to.
 COMMAND_MODULES = [
     "wide_export.cli.onnx_cmd",
     "wide_export.cli.verify_cmd",
-    "wide_export.cli.bench_cmd",
-    "wide_export.cli.build_cmd", "wide_export.cli.bench_kernels_cmd",  # native build + kernel bench
-    "wide_export.cli.triton_cmd",
+    "wide_export.cli.build_cmd",
     "wide_export.cli.trt_cmd",
+    "wide_export.cli.triton_cmd",  # triton + serve
+    "wide_export.cli.bench_cmd",
+    "wide_export.cli.bench_kernels_cmd",
 ]
 
 
