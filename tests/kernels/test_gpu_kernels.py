@@ -93,7 +93,7 @@ def test_gated_mlp(gpu_kernels, T, G, s, dtype):
 @pytest.mark.parametrize("T, G, s, dtype", GRID, ids=GRID_IDS)
 def test_gemm_k(gpu_kernels, T, G, s, dtype):
     gen = _gen(T * 139 + G)
-    gs = {1: 264, 32: 16, 128: 8}[G]
+    gs = _n_sizes(G)[0]  # the same group sizes, here along K
     K, N = G * gs, 136
     x = torch.randn(T, K, generator=gen, device="cuda").to(dtype)
     w = (torch.randn(N, K, generator=gen, device="cuda") / K**0.5).to(dtype)

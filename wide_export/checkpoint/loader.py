@@ -51,8 +51,10 @@ def load_wide_model(
             raise WideError("--router/--lora need --model", "pass the base model folder with --model DIR")
         from wide_export.model.demo import demo_model
 
+        from wide_export.checkpoint.router import check_group_flags
+
         model = demo_model(dtype=torch_dtype)
-        _check_demo_flags(model.config, attn_group_size, ffn_group_size)
+        check_group_flags(model.config, attn_group_size, ffn_group_size)
         return LoadedModel(model, is_demo=True)
 
     from wide_export.checkpoint.hf import iter_tensors, read_hf_config, safetensors_files
@@ -86,13 +88,6 @@ def load_wide_model(
     model.eval()
     return LoadedModel(model, is_demo=False, sources=sources, lora_pairs=pairs,
                        lora_scale=lora_scale if lora else None)
-
-
-def _check_demo_flags(cfg, attn_group_size, ffn_group_size) -> None:
-    from wide_export.checkpoint.router import _check_flag
-
-    _check_flag(cfg, "attention", attn_group_size, "--attn-group-size", cfg.attn_group_size)
-    _check_flag(cfg, "ffn", ffn_group_size, "--ffn-group-size", cfg.ffn_group_size)
 
 
 def _describe(path: Path, checksum: bool) -> dict[str, Any]:

@@ -42,8 +42,7 @@ def routers_from_state(state: dict, cfg: WideConfig, source: str = "router.pth",
             r.attn_groups, r.attn_rank = groups, rank
         else:
             r.ffn_groups, r.ffn_rank = groups, rank
-    _check_flag(cfg, "attention", attn_group_size, "--attn-group-size", cfg.attn_group_size)
-    _check_flag(cfg, "ffn", ffn_group_size, "--ffn-group-size", cfg.ffn_group_size)
+    check_group_flags(cfg, attn_group_size, ffn_group_size)
     return routers
 
 
@@ -70,6 +69,12 @@ def _check_router(source: str, cfg: WideConfig, layer: int, kind: str, t: dict) 
                    else (cfg.intermediate_size, "FFN channels"))
     if width % groups:
         raise WideError(f"{where}: {groups} groups do not divide the {width} {unit}", HINT)
+
+
+def check_group_flags(cfg: WideConfig, attn_group_size: int | None, ffn_group_size: int | None) -> None:
+    """--attn-group-size / --ffn-group-size are checks against the routing, never overrides."""
+    _check_flag(cfg, "attention", attn_group_size, "--attn-group-size", cfg.attn_group_size)
+    _check_flag(cfg, "ffn", ffn_group_size, "--ffn-group-size", cfg.ffn_group_size)
 
 
 def _check_flag(cfg: WideConfig, kind: str, flag: int | None, name: str, size_of) -> None:
