@@ -1,0 +1,334 @@
+"""Launch the Triton kernels of ``sources.py`` on torch tensors.
+
+CUDA tensors run the JIT-compiled kernels; CPU tensors run the same kernels
+under Triton's interpreter (``TRITON_INTERPRET=1``, set automatically on a
+machine without CUDA before the kernels are first imported). Nothing here
+falls back to the PyTorch references: ``algo="dense"`` is the explicit cuBLAS
+path (torch.matmul plus the mask), the floor the sparse algorithms must beat.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING, Optional
+
+from wide_export.errors import WideError
+from wide_export.kernels import configs as cfg
+from wide_export.kernels.policy import ALGOS, choose, policy_for
+
+if TYPE_CHECKING:
+    import torch
+
+INTERPRET_ENV = "TRITON_INTERPRET"
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+@functools.lru_cache(maxsize=None)
+def kernels():
+    """The kernel module; imported under the interpreter when this machine has no CUDA."""
+    torch = _torch()
+    if not torch.cuda.is_available() and os.environ.get(INTERPRET_ENV) is None:
+        os.environ[INTERPRET_ENV] = "1"
+    from wide_export.kernels import sources
+
+    if _is_interpreted(sources.wide_cast_kernel) and not _is_interpreted(_tl_zeros()):
+        # triton.language was imported before the variable was set: its own @jit helpers are compiled-mode.
+        raise WideError("Triton was imported before the CPU interpreter was switched on",
+                        hint=f"set {INTERPRET_ENV}=1 in the environment before starting Python")
+    return sources
+
+
+def _tl_zeros():
+    import triton.language as tl
+
+    return tl.zeros
+
+
+def _is_interpreted(fn) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(fn, InterpretedFunction)
+
+
+def interpreted() -> bool:
+    """True when the kernels run in Triton's CPU interpreter (CPU tensors)."""
+    return _is_interpreted(kernels().wide_cast_kernel)
+
+
+def arch_of(device) -> str:
+    if device.type != "cuda":
+        return "interpreter"
+    major, minor = _torch().cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _check_device(*tensors) -> None:
+    devices = {t.device for t in tensors if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    device = next(iter(devices))
+    if device.type == "cuda":
+        if interpreted():
+            raise WideError("the Triton kernels were loaded for the CPU interpreter; CUDA tensors cannot run",
+                            hint=f"unset {INTERPRET_ENV} on a GPU machine")
+    elif device.type == "cpu":
+        if not interpreted():
+            raise WideError("CPU tensors run the kernels in Triton's interpreter, which is off in this process",
+                            hint=f"set {INTERPRET_ENV}=1 before importing wide_export.kernels, or use CUDA tensors")
+    else:
+        raise ValueError(f"tensors must be on CPU or CUDA, got {device}")
+
+
+# ---------------------------------------------------------------------------
+# Validation (no kernel, no device)
+_FLOATS = ("float32", "float16", "bfloat16")
+
+
+def _float_dtype(t, name: str) -> None:
+    if str(t.dtype).replace("torch.", "") not in _FLOATS:
+        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+
+
+def _tensor(t, name: str):
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _weight(w, name: str, N: Optional[int] = None, K: Optional[int] = None):
+    _tensor(w, name)
+    if w.dim() != 2 or (N is not None and w.shape[0] != N) or (K is not None and w.shape[1] != K):
+        want = f"[{N if N is not None else 'N'}, {K if K is not None else 'K'}]"
+        raise ValueError(f"{name} must be a 2-D {want} tensor, got shape {tuple(w.shape)}")
+    return w.contiguous()
+
+
+def _group_count(width: int, group_size: int, axis: str) -> int:
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if width % group_size:
+        raise ValueError(f"{axis} = {width} is not a multiple of group_size = {group_size}")
+    return width // group_size
+
+
+def _mask(mask, lead: tuple, G: int):
+    torch = _torch()
+    _tensor(mask, "mask")
+    if mask.dtype != torch.int32:
+        raise ValueError(f"mask must be int32, got {mask.dtype}")
+    if tuple(mask.shape) != lead + (G,):
+        raise ValueError(f"mask must have shape {lead + (G,)}, got {tuple(mask.shape)}")
+    return mask.reshape(-1, G).contiguous()
+
+
+def _rows(x, name: str, K: int):
+    _tensor(x, name)
+    _float_dtype(x, name)
+    if x.dim() < 1 or x.shape[-1] != K:
+        raise ValueError(f"{name} must have last dimension {K}, got shape {tuple(x.shape)}")
+    return x.reshape(-1, K).contiguous()
+
+
+def _pick(kind: str, algo: str, M: int, group_size: int, device) -> str:
+    if algo not in ALGOS:
+        raise ValueError(f"algo must be one of {list(ALGOS)}, got {algo!r}")
+    if algo == "auto":
+        return choose(kind, M, group_size, policy_for(arch_of(device)))
+    if algo == "grouped" and kind != "k" and not cfg.grouped_block_n(group_size):
+        raise ValueError(f"the grouped algorithm needs group_size % {cfg.GROUPED_BLOCK_NS[-1]} == 0, "
+                         f"got {group_size}; use algo='tile'")
+    return algo
+
+
+def _precise(dtype) -> bool:
+    """IEEE float32 products for fp32 data; bf16 dots run upcast in the interpreter (numpy has no bf16)."""
+    torch = _torch()
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and interpreted())
+
+
+def _launch(kernel, grid, *args, num_warps: int, num_stages: int = cfg.STAGES, **constexprs):
+    kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+
+
+# ---------------------------------------------------------------------------
+# Router
+def router(x, wc, bc, wr, br):
+    """WideRouter: int32 mask [..., G], 1 where logit 0 >= logit 1 (docs/opset.md)."""
+    torch = _torch()
+    _tensor(x, "hidden")
+    _float_dtype(x, "hidden")
+    H = x.shape[-1]
+    wc = _weight(wc, "compressor weight", K=H)
+    R = wc.shape[0]
+    wr = _weight(wr, "router weight", K=R)
+    if wr.shape[0] % 2:
+        raise ValueError(f"router weight must have 2G rows, got {wr.shape[0]}")
+    G = wr.shape[0] // 2
+    for name, t, n in (("compressor bias", bc, R), ("router bias", br, 2 * G)):
+        _tensor(t, name)
+        if t.dim() != 1 or t.shape[0] != n:
+            raise ValueError(f"{name} must be [{n}], got shape {tuple(t.shape)}")
+    for name, t in (("compressor weight", wc), ("compressor bias", bc), ("router weight", wr), ("router bias", br)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32 (routers run in float32), got {t.dtype}")
+    block_r = cfg.router_block_r(R)
+    if not block_r:
+        raise ValueError(f"router rank R = {R} is above the fused router's limit {cfg.ROUTER_BLOCK_RS[-1]}")
+    x2 = x.reshape(-1, H).contiguous()
+    M = x2.shape[0]
+    _check_device(x2, wc, bc, wr, br)
+    out = torch.empty((M, G), dtype=torch.int32, device=x.device)
+    if M:
+        grid = (triton_cdiv(M, cfg.ROUTER_BLOCK_M),)
+        _launch(kernels().wide_router_kernel, grid, x2, wc, bc.contiguous(), wr, br.contiguous(), out,
+                M, H, R, G, H, num_warps=cfg.ROUTER_WARPS, BLOCK_M=cfg.ROUTER_BLOCK_M,
+                BLOCK_H=cfg.ROUTER_BLOCK_H, BLOCK_R=block_r, BLOCK_G=cfg.ROUTER_BLOCK_G)
+    return out.reshape(*x.shape[:-1], G)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------------------
+# Row lists per group (the "mask reordering" of the grouped algorithms)
+def group_rows(mask2d):
+    """(rows int32 [G, M]: executing rows first, ascending, then the others; counts int32 [G])."""
+    torch = _torch()
+    M, G = mask2d.shape
+    rows = torch.empty((G, M), dtype=torch.int32, device=mask2d.device)
+    counts = torch.empty((G,), dtype=torch.int32, device=mask2d.device)
+    _launch(kernels().wide_group_rows_kernel, (G,), mask2d, rows, counts, M, G, num_warps=4,
+            BLOCK=cfg.GROUP_ROWS_BLOCK)
+    return rows, counts
+
+
+# ---------------------------------------------------------------------------
+# Masked GEMMs
+def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str):
+    torch = _torch()
+    w = _weight(w, "weight" if kind == "n" else "gate weight")
+    N, K = w.shape
+    x2 = _rows(x, "x", K)
+    if w.dtype != x.dtype:
+        raise ValueError(f"weight must have dtype {x.dtype} like x, got {w.dtype}")
+    if w2 is not None:
+        w2 = _weight(w2, "up weight", N, K)
+        if w2.dtype != x.dtype:
+            raise ValueError(f"up weight must have dtype {x.dtype} like x, got {w2.dtype}")
+    if bias is not None:
+        _tensor(bias, "bias")
+        if bias.dim() != 1 or bias.shape[0] != N or bias.dtype != x.dtype:
+            raise ValueError(f"bias must be a [{N}] {x.dtype} tensor, got {tuple(bias.shape)} {bias.dtype}")
+        bias = bias.contiguous()
+    G = _group_count(N, group_size, "N")
+    lead = tuple(x.shape[:-1])
+    m2 = _mask(mask, lead, G)
+    M = x2.shape[0]
+    _check_device(x2, w, w2, bias, m2)
+    how = _pick(kind, algo, M, group_size, x.device)
+    gated = w2 is not None
+    if how == "dense":
+        y = _dense_n(x2, w, w2, bias, m2, group_size)
+        return y.reshape(*lead, N)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y.reshape(*lead, N)
+    ks = kernels()
+    dummy = w  # never read: HAS_BIAS / GATED are constexpr False
+    common = dict(HAS_BIAS=bias is not None, GATED=gated)
+    if how == "gemv":
+        grid = (M, triton_cdiv(N, cfg.GEMV_BLOCK_N))
+        _launch(ks.wide_gemv_n_kernel, grid, x2, w, w2 if gated else dummy, bias if bias is not None else dummy,
+                m2, y, M, N, K, G, group_size, K, num_warps=cfg.GEMV_WARPS, **common,
+                BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
+    elif how == "grouped":
+        rows, counts = group_rows(m2)
+        t = cfg.grouped_n_tile(group_size)
+        grid = (triton_cdiv(M, t.block_m), N // t.block_n)
+        _launch(ks.wide_grouped_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
+                bias if bias is not None else dummy, rows, counts, y, M, N, K, group_size, K,
+                num_warps=t.num_warps, num_stages=t.num_stages, **common, PRECISE=_precise(x.dtype),
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+    else:  # tile
+        t = cfg.tile_tile()
+        grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
+        _launch(ks.wide_tile_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
+                bias if bias is not None else dummy, m2, y, M, N, K, G, group_size, K,
+                num_warps=t.num_warps, num_stages=t.num_stages, **common, PRECISE=_precise(x.dtype),
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+    return y.reshape(*lead, N)
+
+
+def _dense_n(x2, w, w2, bias, m2, group_size):
+    """cuBLAS (torch) and the mask: what the dense model computes, plus one elementwise pass."""
+    F = _torch().nn.functional
+    y = F.linear(x2, w, bias)
+    if w2 is not None:
+        y = F.silu(y).mul_(F.linear(x2, w2))
+    M, N = y.shape
+    y.view(M, N // group_size, group_size).mul_(m2.to(y.dtype).unsqueeze(-1))
+    return y
+
+
+def masked_gemm_n(x, w, mask, group_size: int, bias=None, *, algo: str = "auto"):
+    """WideMaskedGemmN: (x W^T + b) * mask per output group; [..., K] -> [..., N]."""
+    return _gemm_n("n", x, w, None, mask, group_size, bias, algo)
+
+
+def masked_gated_mlp(x, w_gate, w_up, mask, group_size: int, *, algo: str = "auto"):
+    """WideMaskedGatedMlp: silu(x Wg^T) * (x Wu^T) * mask per output group."""
+    if w_up is None:
+        raise ValueError("the gated MLP needs the up weight")
+    return _gemm_n("gated", x, w_gate, w_up, mask, group_size, None, algo)
+
+
+def masked_gemm_k(x, w, mask, group_size: int, *, algo: str = "auto"):
+    """WideMaskedGemmK: inputs of skipped groups ignored, y = x_masked W^T; [..., K] -> [..., N]."""
+    torch = _torch()
+    w = _weight(w, "weight")
+    N, K = w.shape
+    x2 = _rows(x, "x", K)
+    if w.dtype != x.dtype:
+        raise ValueError(f"weight must have dtype {x.dtype} like x, got {w.dtype}")
+    G = _group_count(K, group_size, "K")
+    lead = tuple(x.shape[:-1])
+    m2 = _mask(mask, lead, G)
+    M = x2.shape[0]
+    _check_device(x2, w, m2)
+    how = _pick("k", algo, M, group_size, x.device)
+    if how == "dense":
+        keep = m2.bool().repeat_interleave(group_size, dim=1)
+        return torch.nn.functional.linear(x2.masked_fill(~keep, 0), w).reshape(*lead, N)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y.reshape(*lead, N)
+    ks = kernels()
+    if how == "gemv":
+        grid = (M, triton_cdiv(N, cfg.GEMV_BLOCK_N))
+        _launch(ks.wide_gemv_k_kernel, grid, x2, w, m2, y, M, N, K, G, group_size, K,
+                num_warps=cfg.GEMV_WARPS, BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
+    elif how == "grouped":
+        rows, counts = group_rows(m2)
+        t = cfg.grouped_k_tile()
+        acc = torch.zeros((M, N), dtype=torch.float32, device=x.device)
+        grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n), G)
+        _launch(ks.wide_grouped_gemm_k_kernel, grid, x2, w, rows, counts, acc, M, N, K, group_size, K,
+                num_warps=t.num_warps, num_stages=t.num_stages, PRECISE=_precise(x.dtype),
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+        _launch(ks.wide_cast_kernel, (triton_cdiv(M * N, cfg.CAST_BLOCK),), acc, y, M * N, num_warps=4,
+                BLOCK=cfg.CAST_BLOCK)
+    else:  # tile
+        t = cfg.tile_tile()
+        grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
+        _launch(ks.wide_tile_gemm_k_kernel, grid, x2, w, m2, y, M, N, K, G, group_size, K,
+                num_warps=t.num_warps, num_stages=t.num_stages, PRECISE=_precise(x.dtype),
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+    return y.reshape(*lead, N)
