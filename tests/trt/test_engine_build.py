@@ -178,9 +178,21 @@ def test_plugin_library_that_fails_to_load(demo_onnx, tmp_path, kind):
     assert not (tmp_path / "out").exists()
 
 
-def test_fp16_needs_an_fp16_export(demo_onnx, tmp_path):
+def test_fp16_engine_from_a_float32_export(demo_onnx, tmp_path):
+    """`wide-export onnx` (float32) then `wide-export trt --fp16`: the graph is converted, the engine is fp16
+    with the I/O of an fp16 export (KV cache float16, logits float32), and no temp folder is left."""
     result = _run_cli(["--onnx", str(demo_onnx), "--output", str(tmp_path / "out"), "--fp16", *SMALL])
-    assert result.exit_code == 2 and "--fp16 needs an fp16 graph" in result.output
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "wide_engine.json").read_text())
+    assert manifest["precision"] == "float16" and manifest["strongly_typed"]
+    assert manifest["fp16_conversion"]["from"] == "float32"
+    engine = manifest["engines"][0]
+    dtypes = {t["name"]: t["dtype"] for t in engine["inputs"] + engine["outputs"]}
+    assert dtypes["past_key_values.0.key"] == dtypes["present.2.value"] == "float16"
+    assert dtypes["logits"] == "float32" and dtypes["input_ids"] == "int64"
+    assert json.loads((tmp_path / "out" / "wide_config.json").read_text())["dtype"] == "float16"
+    assert json.loads((demo_onnx / "wide_config.json").read_text())["dtype"] == "float32"  # input untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_unknown_backend(demo_onnx, tmp_path):

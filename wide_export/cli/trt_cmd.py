@@ -17,8 +17,9 @@ def trt(
         "--output", "-o", help="Engine folder to write (an existing engine folder is replaced, reusing its "
         "timing cache; any other existing folder needs --force).")],
     fp16: Annotated[bool, typer.Option(
-        "--fp16", help="Build fp16: needs an fp16 export (`wide-export onnx --dtype float16`); the network is "
-        "built strongly typed (no FP16 builder flag, as TensorRT 11 requires).")] = False,
+        "--fp16", help="Build fp16. A float32 export is converted first (onnxconverter-common; routers, norm "
+        "statistics, rotary angles, softmax and logits stay float32, as in `wide-export onnx --dtype float16`); "
+        "the network is built strongly typed (no FP16 builder flag, as TensorRT 11 requires).")] = False,
     plugins: Annotated[Optional[Path], typer.Option(
         "--plugins", help="libwide_trt_plugins.so to load (default: $WIDE_TRT_PLUGIN_LIB). Without it the "
         "`wide` nodes are inlined from their function bodies.", show_default=False)] = None,

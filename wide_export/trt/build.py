@@ -11,10 +11,12 @@ Output folder (plugins/trt/README.md):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -73,9 +75,9 @@ def _graph_precision(model, config: dict[str, Any]) -> str:
     dtype = str(config.get("dtype", "")).lower().replace("torch.", "")
     if dtype in ("float16", "float32", "bfloat16"):
         return dtype
-    for out in model.graph.output:
-        if out.name == "logits":
-            return _ONNX_DTYPES.get(out.type.tensor_type.elem_type, "float32")
+    for value in model.graph.input:  # the KV cache has the graph's dtype (logits are float32 in every export)
+        if value.name.startswith("past_key_values."):
+            return _ONNX_DTYPES.get(value.type.tensor_type.elem_type, "float32")
     return "float32"
 
 
@@ -214,15 +216,42 @@ def build_engine_here(
     if rec:
         check_group_sizes(rec, config, str(onnx_path / WIDE_CONFIG))
     precision = _graph_precision(model, config)
-    if fp16 and precision != "float16":
-        raise WideError(f"--fp16 needs an fp16 graph, but {onnx_path / ONNX_FILE} is {precision}",
-                        hint="export it with `wide-export onnx --dtype float16`: the engine is built strongly "
-                        "typed (TensorRT 11 and TensorRT-RTX have no FP16 builder flag)")
+    if fp16 and precision not in ("float16", "float32"):
+        raise WideError(f"--fp16 needs an fp16 or float32 graph, but {onnx_path / ONNX_FILE} is {precision}",
+                        hint="export it with `wide-export onnx --dtype float16` (or float32)")
+    with contextlib.ExitStack() as stack:
+        graph_dir = onnx_path
+        if fp16 and precision == "float32":  # strongly typed: the graph itself must be fp16
+            graph_dir, model, config = _fp16_graph(onnx_path, out, stack)
+            precision = "float16"
+        return _build(onnx_path, graph_dir, out, model, config, rec, lim, precision, started, plugins=plugins,
+                      backend=backend, timing_cache=timing_cache, compute_capability=compute_capability,
+                      require_plugin_layers=require_plugin_layers, mask_outputs=mask_outputs, progress=progress,
+                      force=force)
+
+
+def _fp16_graph(onnx_path: Path, out: Path, stack: contextlib.ExitStack):
+    """Convert the float32 export to fp16 in a temp folder (removed with `stack`): (folder, model, config)."""
+    from wide_export.export.fp16 import convert_export
+
+    parent = next((p for p in (out.parent, *out.parent.parents) if p.is_dir()), None)
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f".{out.name}.fp16-", dir=parent)))
+    print(f"converting {onnx_path / ONNX_FILE} to fp16 (onnxconverter-common)", file=sys.stderr)
+    config = convert_export(onnx_path, tmp)
+    model, _ = _read_onnx_folder(tmp)
+    return tmp, model, config
+
+
+def _build(onnx_path: Path, graph_dir: Path, out: Path, model, config: dict[str, Any], rec: Optional[Recipe],
+           lim: ProfileLimits, precision: str, started: float, *, plugins: Optional[str], backend: Optional[str],
+           timing_cache: Optional[str], compute_capability: Optional[str], require_plugin_layers: bool,
+           mask_outputs: bool, progress: bool, force: bool) -> dict[str, Any]:
+    """Parse graph_dir/model.onnx, build, and write OUT (onnx_path: the user's folder, for the manifest)."""
     be = select_backend(backend)
     trt = be.trt
     lib: Optional[PluginLibrary] = load_plugin_library(be, Path(plugins)) if plugins else None
 
-    builder, network, _parser, report, strongly_typed = _parse(be, onnx_path / ONNX_FILE, model, lib,
+    builder, network, _parser, report, strongly_typed = _parse(be, graph_dir / ONNX_FILE, model, lib,
                                                                require_plugin_layers)
 
     masks = _mark_mask_outputs(network, config) if mask_outputs else []
@@ -257,6 +286,7 @@ def build_engine_here(
                            "creators": list(lib.creators), "load_with": "IPluginRegistry.loadLibrary"}
         if lib else None,
         "onnx": {"folder": str(onnx_path.resolve()), "file": ONNX_FILE},
+        "fp16_conversion": config.get("fp16_conversion"),
         "model": config or None,
         "recipe": rec.to_dict() if rec else None,
         "limits": vars(lim),
@@ -280,7 +310,7 @@ def build_engine_here(
     files = {ENGINE_FILE: engine, MANIFEST: (json.dumps(manifest, indent=2) + "\n").encode()}
     copies = {PLUGIN_LIB_NAME: lib.path} if lib else {}
     if config:
-        copies[WIDE_CONFIG] = onnx_path / WIDE_CONFIG
+        copies[WIDE_CONFIG] = graph_dir / WIDE_CONFIG
     if timing_cache is None:
         files[TIMING_CACHE] = cache
     _write_outputs(out, files, copies, force)

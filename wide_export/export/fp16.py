@@ -1,0 +1,165 @@
+"""Convert a float32 export into the fp16 graph `wide-export onnx --dtype float16` would write.
+
+The work is onnxconverter-common's `float16.convert_float_to_float16`; this module
+only says which nodes stay float32, the same ones the fp16 export keeps float32
+(checked node by node against it in tests/export/test_fp16.py):
+  * `WideRouter` nodes: their weights stay float32 (initializers feeding a blocked
+    node are not converted) and their function body casts `hidden` to float32;
+  * the RMSNorm statistics (Pow -> ReduceMean -> Add -> Sqrt -> Reciprocal -> Mul);
+    the weight scale after them runs in fp16, as in transformers;
+  * the rotary angles (everything upstream of Cos/Sin) and the attention
+    softmax with its masking Where;
+  * the `logits` output (computed in fp16, cast to float32 as the fp16 export does).
+The KV-cache inputs and outputs become float16 (keep_io_types=False).
+
+The `wide` function bodies (model.functions) are left as they are: the converter
+does not look inside them, and they are written type-generic (MatMul/CastLike
+follow their inputs), except WideRouter's, which computes in float32 whatever
+its `hidden` is. The converter keeps the blocked routers' float32 inputs; the
+router's `hidden` is then re-pointed at the fp16 tensor (a Cast less), so every
+`wide` node sees exactly the types of the fp16 export.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+KEEP_FP32_OPS = ("WideRouter", "Softmax")
+# fp16's range: the converter clamps values outside it (the attention mask's
+# float32 minimum becomes -65504, as torch's finfo(float16).min in the fp16 export).
+FP16_MAX = 65504.0
+FP16_MIN_POSITIVE = 2.0**-24
+_FLOAT, _FLOAT16 = 1, 10
+_INT_IO = ("input_ids", "attention_mask", "position_ids")
+LOGITS = "logits"
+
+
+def fp32_node_names(graph) -> list[str]:
+    """Names of the standard nodes the fp16 export computes in float32 (see the module docstring)."""
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    keep: set[str] = set()
+    stack = [n for n in graph.node if n.op_type in ("Cos", "Sin")]  # rotary angles
+    while stack:
+        node = stack.pop()
+        if node.name not in keep:
+            keep.add(node.name)
+            stack.extend(producer[i] for i in node.input if i in producer)
+    for node in graph.node:
+        src = producer.get(node.input[0]) if node.input else None
+        if node.op_type == "ReduceMean" and src is not None and src.op_type == "Pow":  # RMSNorm statistics
+            keep |= {src.name, node.name}
+            cur = node
+            while len(nxt := consumers.get(cur.output[0], [])) == 1 and nxt[0].op_type in (
+                    "Add", "Sqrt", "Reciprocal", "Div", "Mul"):
+                cur = nxt[0]
+                keep.add(cur.name)
+                if cur.op_type == "Mul":  # x * rsqrt(...): the normalised value, still float32
+                    break
+        if node.op_type == "Softmax" and src is not None and src.op_type == "Where":  # masked scores
+            keep.add(src.name)
+    return sorted(keep)
+
+
+def convert_model(model, weights_dir: Path | None = None):
+    """The fp16 ModelProto for a float32 wide-export ModelProto; `model` is modified. With
+    `weights_dir`, `model` was loaded without its external data, which is read after the shape
+    inference (which cannot handle protos over 2 GB)."""
+    import onnx
+    from onnx.shape_inference import infer_shapes
+    from onnxconverter_common import float16
+
+    graph = model.graph
+    # The exporter records value_info for initializers too; the converter would then treat
+    # them as activations (round to fp16, cast back) instead of keeping blocked nodes' weights.
+    inits = {t.name for t in graph.initializer}
+    kept = [v for v in graph.value_info if v.name not in inits]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    model = infer_shapes(model)
+    if weights_dir is not None:
+        onnx.load_external_data_for_model(model, str(weights_dir))
+    model = float16.convert_float_to_float16(
+        model, min_positive_val=FP16_MIN_POSITIVE, max_finite_val=FP16_MAX, keep_io_types=False,
+        disable_shape_infer=True, op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *KEEP_FP32_OPS],
+        node_block_list=fp32_node_names(model.graph))
+    _router_hidden_fp16(model.graph)
+    _logits_fp32(model.graph)
+    return model
+
+
+def _router_hidden_fp16(graph) -> None:
+    """Feed each WideRouter the fp16 residual stream, as the fp16 export does (its body casts it)."""
+    producer = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        src = producer.get(node.input[0]) if node.op_type == "WideRouter" else None
+        if src is not None and src.op_type == "Cast" and src.name == f"{node.name}_input_cast0":
+            node.input[0] = src.input[0]
+    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    dead = [n for n in graph.node if n.op_type == "Cast" and not any(o in used for o in n.output)]
+    for node in dead:
+        graph.node.remove(node)
+
+
+def _logits_fp32(graph) -> None:
+    """`logits` stays a float32 output: the fp16 lm_head result cast to float32."""
+    import onnx
+
+    out = next((o for o in graph.output if o.name == LOGITS), None)
+    if out is None:
+        return
+    for node in graph.node:
+        if LOGITS in node.output:
+            node.output[list(node.output).index(LOGITS)] = f"{LOGITS}_fp16"
+    graph.node.append(onnx.helper.make_node("Cast", [f"{LOGITS}_fp16"], [LOGITS], to=_FLOAT, name="/logits/Cast"))
+    out.type.tensor_type.elem_type = _FLOAT
+
+
+def fp16_config(config: dict[str, Any], external: bool) -> dict[str, Any]:
+    """wide_config.json of the converted graph: dtype float16, KV-cache I/O float16, logits float32."""
+    from onnxconverter_common import __version__ as converter_version
+
+    from wide_export.export.onnx_export import DATA_NAME
+
+    out = json.loads(json.dumps(config))
+    out["dtype"] = "float16"
+    for entry in [*out.get("io", {}).get("inputs", []), *out.get("io", {}).get("outputs", [])]:
+        if entry["name"] not in (*_INT_IO, LOGITS):
+            entry["dtype"] = "float16"
+    out.setdefault("files", {})["external_data"] = DATA_NAME if external else None
+    out["fp16_conversion"] = {"from": config.get("dtype", "float32"),
+                              "tool": f"onnxconverter-common {converter_version} float16.convert_float_to_float16",
+                              "kept_float32": ["WideRouter", "RMSNorm statistics", "rotary angles",
+                                               "attention softmax", "logits"]}
+    return out
+
+
+def convert_export(src: Path, dst: Path) -> dict[str, Any]:
+    """Write dst/model.onnx (+ data) and dst/wide_config.json: the fp16 version of the float32 export
+    folder `src`. Returns the new wide_config. `dst` must exist."""
+    import onnx
+
+    from wide_export.errors import WideError
+    from wide_export.export.onnx_export import (CONFIG_NAME, DATA_NAME, EXTERNAL_DATA_THRESHOLD, MODEL_NAME,
+                                                read_wide_config)
+
+    src, dst = Path(src), Path(dst)
+    config = read_wide_config(src)
+    if config.get("dtype") != "float32":
+        raise WideError(f"{src} is a {config.get('dtype')} export; only a float32 one can be converted to fp16")
+    model = convert_model(onnx.load(str(src / MODEL_NAME), load_external_data=False), weights_dir=src)
+    size = sum(len(t.raw_data) for t in model.graph.initializer)
+    external = size > EXTERNAL_DATA_THRESHOLD
+    if external:
+        onnx.save(model, str(dst / MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=DATA_NAME, size_threshold=1024)
+    else:
+        onnx.save(model, str(dst / MODEL_NAME))
+    new = fp16_config(config, external)
+    (dst / CONFIG_NAME).write_text(json.dumps(new, indent=2) + "\n")
+    return new
