@@ -1,0 +1,190 @@
+"""The Triton kernels themselves against the PyTorch references (wide_export.ops.reference).
+
+On CPU (every CI run) the kernels execute in Triton's interpreter: tile
+mapping, row lists, masks, K and N tails, dtypes. On a GPU (marker `gpu`) the
+same tests run the compiled kernels over larger shapes. Inputs are fresh
+random tensors per case; masked-off inputs of the K-pruned op hold large
+garbage that must not leak; skipped outputs must be exactly zero.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from wide_export import kernels
+from wide_export.ops import reference as ref
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# max |y - ref| / max(1, max |ref|): float32 accumulation everywhere, so this is output rounding + order.
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+ALGOS = ("gemv", "grouped", "tile")
+KINDS = ("n", "n_bias", "gated", "k")
+# (lead shape, group_size, groups, sparsity): K/N tails (24, 40 are not block multiples), M = 1 .. 2x70.
+CPU_SHAPES = (((1,), 16, 4, 0.5), ((2, 3), 32, 3, 0.5), ((2, 35), 48, 2, 0.5), ((70,), 16, 5, 0.0),
+              ((70,), 16, 5, 1.0), ((9,), 24, 5, 0.5), ((33,), 40, 3, 0.7))
+GPU_SHAPES = (((1,), 128, 32, 0.5), ((4,), 128, 32, 0.5), ((8,), 512, 8, 0.5), ((300,), 64, 64, 0.5),
+              ((2, 1000), 128, 32, 0.5), ((4096,), 128, 112, 0.5), ((4096,), 512, 8, 0.25),
+              ((4096,), 32, 128, 0.75), ((17,), 96, 16, 0.5))
+
+
+def _case_seed(*parts) -> int:
+    return abs(hash(tuple(str(p) for p in parts))) % (2**31)
+
+
+def make_inputs(kind, lead, gs, G, sparsity, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    other = 200 if device == "cpu" else 1024  # the non-grouped width
+    N, K = (other, G * gs) if kind == "k" else (G * gs, other)
+    x = torch.randn(*lead, K, generator=gen).to(dtype)
+    w = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
+    w2 = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
+    b = torch.randn(N, generator=gen).to(dtype)
+    mask = (torch.rand(*lead, G, generator=gen) >= sparsity).to(torch.int32)
+    if kind == "k":  # garbage in skipped input groups must be ignored
+        keep = mask.bool().repeat_interleave(gs, dim=-1)
+        x = torch.where(keep, x, torch.full_like(x, 3e3 if dtype != torch.float16 else 3e2))
+    t = {k: v.to(device) for k, v in dict(x=x, w=w, w2=w2, b=b, mask=mask).items()}
+    return t
+
+
+def run(kind, t, gs, algo):
+    if kind == "k":
+        return (kernels.masked_gemm_k(t["x"], t["w"], t["mask"], gs, algo=algo),
+                ref.masked_gemm_k(t["x"], t["w"], t["mask"], gs))
+    if kind == "gated":
+        return (kernels.masked_gated_mlp(t["x"], t["w"], t["w2"], t["mask"], gs, algo=algo),
+                ref.masked_gated_mlp(t["x"], t["w"], t["w2"], t["mask"], gs))
+    bias = t["b"] if kind == "n_bias" else None
+    return (kernels.masked_gemm_n(t["x"], t["w"], t["mask"], gs, bias, algo=algo),
+            ref.masked_gemm_n(t["x"], t["w"], t["mask"], gs, bias))
+
+
+def check(kind, got, want, t, gs, dtype):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.isfinite(got.float()).all()
+    err = (got.float() - want.float()).abs().max().item()
+    scale = max(1.0, want.float().abs().max().item())
+    assert err <= TOL[dtype] * scale, f"max error {err:.3g} (scale {scale:.3g})"
+    if kind != "k":  # outputs of skipped groups are exactly zero
+        off = ~t["mask"].bool().repeat_interleave(gs, dim=-1)
+        assert (got[off] == 0).all()
+
+
+def _params(shapes):
+    for kind, algo, dtype, shape in itertools.product(KINDS, ALGOS, DTYPES, shapes):
+        lead, gs, G, s = shape
+        if algo == "grouped" and kind != "k" and gs % 16:
+            continue  # grouped N needs a 16-multiple group size (tile covers the rest)
+        yield pytest.param(kind, algo, dtype, shape,
+                           id=f"{kind}-{algo}-{str(dtype)[6:]}-M{'x'.join(map(str, lead))}-gs{gs}-G{G}-s{s}")
+
+
+@pytest.mark.parametrize("kind,algo,dtype,shape", list(_params(CPU_SHAPES)))
+def test_masked_gemm_cpu_interpreter(kind, algo, dtype, shape):
+    lead, gs, G, s = shape
+    t = make_inputs(kind, lead, gs, G, s, dtype, "cpu", _case_seed(kind, algo, dtype, shape))
+    got, want = run(kind, t, gs, algo)
+    check(kind, got, want, t, gs, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,algo,dtype,shape", list(_params(GPU_SHAPES)))
+def test_masked_gemm_gpu(kind, algo, dtype, shape):
+    lead, gs, G, s = shape
+    t = make_inputs(kind, lead, gs, G, s, dtype, "cuda", _case_seed(kind, algo, dtype, shape))
+    got, want = run(kind, t, gs, algo)
+    check(kind, got, want, t, gs, dtype)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("M", (1, 3, 40))
+def test_auto_runs_a_kernel_on_cpu(kind, M):
+    """`auto` on CPU picks one of the kernels (never a torch fallback) and matches the reference."""
+    from wide_export.kernels import launch, policy
+
+    algo = policy.choose(kind if kind != "n_bias" else "n", M, 16, policy.policy_for("interpreter"))
+    assert algo in ("gemv", "grouped", "tile")
+    t = make_inputs(kind, (M,), 16, 3, 0.5, torch.float32, "cpu", _case_seed("auto", kind, M))
+    got, want = run(kind, t, 16, "auto")
+    check(kind, got, want, t, 16, torch.float32)
+    assert launch.interpreted()
+
+
+def _router_inputs(lead, H, R, G, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, H, generator=gen).to(dtype)
+    wc = torch.randn(R, H, generator=gen) / H**0.5
+    bc = torch.randn(R, generator=gen) * 0.1
+    wr = torch.randn(2 * G, R, generator=gen) / R**0.5
+    br = torch.randn(2 * G, generator=gen) * 0.1
+    return [v.to(device) for v in (x, wc, bc, wr, br)]
+
+
+def _check_router(x, wc, bc, wr, br):
+    got = kernels.router(x, wc, bc, wr, br)
+    want = ref.wide_router(x, wc, bc, wr, br)
+    assert got.dtype == torch.int32 and got.shape == want.shape
+    logits = ref.router_logits(x, wc, bc, wr, br)
+    clear = (logits[..., 0] - logits[..., 1]).abs() > 1e-4  # near-ties may round either way
+    assert clear.float().mean() > 0.9
+    assert torch.equal(got[clear], want[clear])
+    if want.numel() >= 10:
+        assert 0.2 < want.float().mean() < 0.8  # genuinely mixed decisions
+
+
+ROUTER_CASES = (((1,), 64, 16, 4), ((2, 5), 96, 24, 5), ((37,), 200, 100, 18), ((3,), 48, 256, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ROUTER_CASES, ids=lambda c: f"M{'x'.join(map(str, c[0]))}-H{c[1]}-R{c[2]}-G{c[3]}")
+def test_router_cpu_interpreter(case, dtype):
+    lead, H, R, G = case
+    _check_router(*_router_inputs(lead, H, R, G, dtype, "cpu", _case_seed("router", case, dtype)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", (((1,), 4096, 128, 8), ((4096,), 4096, 128, 112), ((7,), 2048, 64, 2)))
+def test_router_gpu(case, dtype):
+    lead, H, R, G = case
+    _check_router(*_router_inputs(lead, H, R, G, dtype, "cuda", _case_seed("router", case, dtype)))
+
+
+def test_group_rows_kernel_lists_executing_rows_first():
+    """The row lists of the grouped algorithms, checked against a hand count."""
+    from wide_export.kernels import launch
+
+    gen = torch.Generator().manual_seed(3)
+    mask = (torch.rand(1500, 4, generator=gen) < 0.4).to(torch.int32)  # M > one 1024-row block
+    mask[:, 3] = 0
+    rows, counts = launch.group_rows(mask)
+    for g in range(4):
+        on = torch.nonzero(mask[:, g]).flatten().to(torch.int32)
+        off = torch.nonzero(mask[:, g] == 0).flatten().to(torch.int32)
+        assert counts[g].item() == on.numel()
+        assert torch.equal(rows[g], torch.cat([on, off]))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(mask_dtype=torch.int64), "int32"),
+    (dict(group_size=7), "multiple of group_size"),
+    (dict(group_size=0), "positive int"),
+    (dict(algo="fast"), "algo must be one of"),
+    (dict(w_dtype=torch.float16), "dtype"),
+    (dict(mask_groups=5), "shape"),
+])
+def test_validation_errors_are_clear(bad, match):
+    x = torch.randn(3, 32)
+    w = torch.randn(64, 32).to(bad.get("w_dtype", torch.float32))
+    mask = torch.ones(3, bad.get("mask_groups", 4), dtype=bad.get("mask_dtype", torch.int32))
+    with pytest.raises(ValueError, match=match):
+        kernels.masked_gemm_n(x, w, mask, bad.get("group_size", 16), algo=bad.get("algo", "auto"))
+
+
+def test_grouped_refuses_group_size_it_cannot_tile():
+    x, w, mask = torch.randn(3, 32), torch.randn(48, 32), torch.ones(3, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="tile"):
+        kernels.masked_gemm_n(x, w, mask, 24, algo="grouped")
