@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.helpers import make_checkpoint
+from tests.helpers import assert_one_line_error, make_checkpoint
 from wide_export.cli import get_app
 from wide_export.model.synthetic import SyntheticSpec, random_router_state
 
@@ -29,18 +29,13 @@ def tree_digest(folder: Path) -> dict[str, str]:
 
 def run_fails(args: list[str], *expect: str, out: Path | None = None) -> str:
     result = runner.invoke(get_app(), args)
-    text = result.output
-    assert result.exit_code == 2, text
-    assert "Traceback" not in text and result.exception is None or isinstance(result.exception, SystemExit)
-    lines = [line for line in text.splitlines() if line.strip()]
-    err = next(line for line in lines if line.startswith("error:"))
-    assert "hint:" in " ".join(lines[lines.index(err):]), text
+    line = assert_one_line_error(result)
     for piece in expect:
-        assert piece in text, text
+        assert piece in line, line
     if out is not None:
         assert not out.exists(), "nothing may be written on error"
         assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "temp left behind"
-    return text
+    return line
 
 
 def write_router(path: Path, spec: SyntheticSpec, mutate=None) -> Path:

@@ -7,6 +7,7 @@ import torch
 import transformers
 
 from tests.helpers import make_checkpoint
+from tests.model.hf_routing import hand_route, read_routers
 from wide_export.checkpoint import load_wide_model
 from wide_export.model.generate import greedy_generate, positions
 from wide_export.model.modeling import Collector
@@ -83,18 +84,33 @@ def test_kv_cache_decode_equals_full_forward(tmp_path):
 
 
 def test_routing_changes_the_output_and_masks_are_collected(tmp_path):
-    model = load_wide_model(make_checkpoint(tmp_path, arch="llama")).model
+    """Collected masks equal decisions made by hand from router.pth on the hidden states the layers see."""
+    folder = make_checkpoint(tmp_path, arch="llama")
+    model = load_wide_model(folder).model
+    routers = read_routers(folder / "router.pth")  # parsed by the test's own code, not the loader
+    seen: dict[tuple[int, str], torch.Tensor] = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):  # residual stream entering each sublayer's norm
+        hooks.append(layer.input_layernorm.register_forward_pre_hook(
+            lambda _m, args, i=i: seen.__setitem__((i, "attention"), args[0])))
+        hooks.append(layer.post_attention_layernorm.register_forward_pre_hook(
+            lambda _m, args, i=i: seen.__setitem__((i, "ffn"), args[0])))
     ids, mask = _prompt()
     collect = Collector()
     with torch.no_grad():
         routed, _ = model(ids, mask, positions(mask), model.empty_cache(2), collect)
+        for h in hooks:
+            h.remove()
         model.set_force_execute(True)
         dense, _ = model(ids, mask, positions(mask), model.empty_cache(2))
     assert (routed - dense).abs().max() > 1e-2
     assert len(collect.masks) == model.config.num_layers
-    for masks, margins in zip(collect.masks, collect.margins):
+    for i, (masks, margins) in enumerate(zip(collect.masks, collect.margins)):
         assert set(masks) == {"attention", "ffn"}
         for kind, m in masks.items():
             assert m.dtype == torch.int32 and m.shape[:2] == ids.shape
-            assert torch.equal(m, (margins[kind] >= 0).to(torch.int32))
+            want, want_margin = hand_route(seen[i, kind], routers[i, kind])
+            assert want_margin.abs().min() > 1e-5  # no decision within rounding of a tie
+            assert torch.equal(m.bool(), want), (i, kind)
+            torch.testing.assert_close(margins[kind].double(), want_margin, rtol=1e-4, atol=1e-5)
             assert 0.1 < m.float().mean() < 0.9  # the random routers really skip groups
