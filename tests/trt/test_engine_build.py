@@ -263,7 +263,15 @@ def test_existing_output_or_input_folder_is_refused(demo_onnx, tmp_path):
     assert sorted(p.name for p in demo_onnx.iterdir()) == before
 
 
-def test_backend_spellings_of_the_readme():
-    from wide_export.trt.backend import _ALIASES, BACKENDS
+def test_backend_spellings_of_the_readme(monkeypatch):
+    """`--backend tensorrt-rtx` / `auto` as README.md spells them reach select_backend's import."""
+    from wide_export.trt import backend
 
-    assert _ALIASES["auto"] is None and _ALIASES["tensorrt-rtx"] in BACKENDS
+    imported = []
+    monkeypatch.setattr(backend.importlib.util, "find_spec", lambda name: object())  # every flavour "installed"
+    monkeypatch.setattr(backend, "_import", lambda package: imported.append(package) or object())
+    assert backend.select_backend("tensorrt-rtx").package == "tensorrt_rtx"
+    assert backend.select_backend("auto").package == "tensorrt"
+    assert imported == ["tensorrt_rtx", "tensorrt"]
+    with pytest.raises(WideError, match="unknown TensorRT backend 'tensorrt-llm'"):
+        backend.select_backend("tensorrt-llm")

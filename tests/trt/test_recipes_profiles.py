@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,9 +35,13 @@ def test_shipped_recipes_parse():
 
 def test_llama_recipe_values():
     r = load_recipe("llama-3.1-8b")
-    # Llama-3.1-8B: 32 heads in 8 groups of 4, 14336 FFN channels in 112 groups of 128.
-    assert 32 % r.attention_heads_per_group == 0 and 14336 % r.ffn_channels_per_group == 0
-    assert r.limits == ProfileLimits(max_batch=8, max_input_len=2048, max_seq_len=4096)
+    raw = json.loads((Path(__file__).parents[2] / "recipes" / "llama-3.1-8b.json").read_text())
+    # Llama-3.1-8B (its config.json): 32 query heads over 8 KV heads, intermediate_size 14336.
+    # The recipe promises one GQA group (32 / 8 heads) per attention group and 112 FFN groups.
+    assert r.attention_heads_per_group == 32 // 8 == raw["group_sizes"]["attention_heads_per_group"]
+    assert 14336 // r.ffn_channels_per_group == 112 and 14336 % r.ffn_channels_per_group == 0
+    assert r.limits == ProfileLimits(**raw["profiles"])  # the loader keeps every limit in its place
+    assert r.limits.checked(131072) == r.limits  # within Llama-3.1's max_position_embeddings
 
 
 def test_recipe_overrides_only_given_tolerance_fields(tmp_path):
