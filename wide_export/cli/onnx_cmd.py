@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -30,7 +31,8 @@ def onnx(
     opset: Annotated[int, typer.Option(help="Default-domain ONNX opset.")] = 20,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check ONNX Runtime against the "
-                                                                       "PyTorch reference afterwards.")] = True,
+                                         "PyTorch reference afterwards (report: OUTPUT/verify_report.json). A failed "
+                                         "check keeps OUTPUT and its report and exits 1.")] = True,
     steps: Annotated[int, typer.Option(help="Decode steps to verify after the prefill.")] = 3,
     seed: SeedOpt = 0,
 ) -> None:
@@ -38,16 +40,30 @@ def onnx(
 
     Routers and masked projections become `wide` custom ops (docs/opset.md) that
     carry standard-op function bodies, so any ONNX runtime runs the file.
+
+    Exit codes: 0 exported (and verified); 1 exported but verification failed (OUTPUT and
+    OUTPUT/verify_report.json are kept to inspect); 2 bad input, nothing written; 130
+    Ctrl-C or SIGTERM, nothing written (an export interrupted while verifying is removed).
     """
-    from wide_export.checkpoint import load_wide_model
     from wide_export.errors import WideError
-    from wide_export.export.onnx_export import DTYPES, export_onnx
+    from wide_export.export.onnx_export import DTYPES
     from wide_export.outdir import check_output_dir
-    from wide_export.progress import Stages
+    from wide_export.signals import interrupt_on_signals
 
     if dtype not in DTYPES:
         raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
     check_output_dir(output, force, protect=(model, router, lora))  # fail before minutes of loading
+    with interrupt_on_signals():  # SIGTERM cleans up as Ctrl-C does (no hidden temp folder stays)
+        _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset, force,
+                verify, steps, seed)
+
+
+def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset, force,
+            verify, steps, seed) -> None:
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.export.onnx_export import export_onnx
+    from wide_export.progress import Stages
+
     stages = Stages()
     if model is None:
         from wide_export.model.demo import DEMO_NAME
@@ -62,13 +78,17 @@ def onnx(
     stages.note(f"wrote {result.output}/model.onnx ({counts})")
     if verify:
         from wide_export.cli.verify_cmd import finish_verification
-        from wide_export.verify.onnx_verify import verify_onnx
+        from wide_export.verify.onnx_verify import REPORT_NAME, verify_onnx
 
         ref = loaded if dtype == "float32" else None
-        report = verify_onnx(result.output, loaded=ref, stages=stages, steps=steps, seed=seed,
-                             report_path=result.output / "verify_report.json",
-                             load_kwargs=_reload_kwargs(model, router, lora, lora_scale))
-        finish_verification(report, result.output / "verify_report.json")
+        try:
+            report = verify_onnx(result.output, loaded=ref, stages=stages, steps=steps, seed=seed,
+                                 report_path=result.output / REPORT_NAME,
+                                 load_kwargs=_reload_kwargs(model, router, lora, lora_scale))
+        except KeyboardInterrupt:  # an unverified export is not a result: remove it
+            shutil.rmtree(result.output, ignore_errors=True)
+            raise
+        finish_verification(report, result.output / REPORT_NAME)  # a failed check keeps OUTPUT, exits 1
 
 
 def _reload_kwargs(model, router, lora, lora_scale) -> dict:

@@ -28,12 +28,15 @@ def verify(
     batch: Annotated[int, typer.Option(help="Prompts per step (row 0 left-padded).")] = 2,
     prompt_len: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 7,
     seed: SeedOpt = 0,
-    report: Annotated[Path, typer.Option(help="Where to write the JSON report.")] = Path("wide-verify-report.json"),
+    report: Annotated[Optional[Path], typer.Option(
+        help="Where to write the JSON report (default: verify_report.json in the --onnx or --engine folder).",
+        show_default=False)] = None,
 ) -> None:
     """Check ONNX Runtime against the PyTorch reference: errors per output and router decision agreement.
 
     Without --model the reference is the checkpoint recorded in wide_config.json
-    (or the demo model). Exits 1 when a tolerance is exceeded.
+    (or the demo model); --router/--lora go with --model only. Exits 1 when a
+    tolerance is exceeded (the report is written either way).
     """
     from wide_export.errors import WideError
     from wide_export.progress import Stages
@@ -44,6 +47,13 @@ def verify(
                         "(from `wide-export trt`)")
     if steps < 0 or batch < 1 or prompt_len < 1:
         raise WideError("--steps must be >= 0, --batch and --prompt-len >= 1", "use positive sizes")
+    if model is None and (router is not None or lora is not None):
+        raise WideError("--router and --lora need --model", "pass the --model DIR they belong to, or leave all "
+                        "three out to verify against the checkpoint recorded in wide_config.json")
+    if report is None:  # beside what was verified, not in the current directory
+        from wide_export.verify.onnx_verify import REPORT_NAME
+
+        report = Path(onnx if onnx is not None else engine) / REPORT_NAME
     load_kwargs = None
     if model is not None:
         load_kwargs = {"model_dir": model, "router": router, "lora": lora, "lora_scale": lora_scale}

@@ -13,6 +13,7 @@ from wide_export.verify.reference import reference_steps
 from wide_export.verify.tolerances import tolerance_for
 
 DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
+REPORT_NAME = "verify_report.json"  # default report file, inside the verified folder
 
 
 def reference_for(config: dict[str, Any], loaded=None, **load_kwargs):

@@ -1,0 +1,100 @@
+"""`wide-export onnx` / `verify` leave nothing half-done: Ctrl-C while verifying, SIGTERM while
+exporting, a failed verification, and where the verify report goes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+CLI = [sys.executable, "-m", "wide_export"]
+
+
+def _app():
+    from wide_export.cli import app
+
+    return app
+
+
+def _start_and_signal(args, ready, sig, timeout=240.0):
+    """Start `wide-export *args`, send `sig` as soon as `ready()` is true; (returncode, stderr)."""
+    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready():
+            assert proc.poll() is None, f"finished before the signal: {proc.communicate()}"
+            assert time.monotonic() < deadline, "never got ready"
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+def test_ctrl_c_while_verifying_removes_the_fresh_export(tmp_path):
+    out = tmp_path / "out"
+    # the export is renamed into place, then verified (many steps: a wide window for the signal)
+    code, err = _start_and_signal(["onnx", "--output", str(out), "--steps", "60"],
+                                  lambda: (out / "model.onnx").exists(), signal.SIGINT)
+    assert code == 130, err
+    assert "interrupted; nothing was written" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # neither OUT nor a hidden temp folder
+
+
+def test_sigterm_while_exporting_leaves_no_temp_folder(tmp_path):
+    out = tmp_path / "out"
+    code, err = _start_and_signal(["onnx", "--output", str(out), "--no-verify"],
+                                  lambda: any(tmp_path.glob(".out.tmp-*")), signal.SIGTERM)
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_verification_keeps_the_export_and_exits_1(tmp_path, monkeypatch):
+    import wide_export.verify.onnx_verify as onnx_verify
+    from wide_export.verify.tolerances import Tolerance
+
+    help_text = CliRunner().invoke(_app(), ["onnx", "--help"], terminal_width=200).output
+    assert "exits 1" in " ".join(help_text.split())
+    strict = Tolerance(atol=0.0, rtol=0.0, stat="elemwise", min_agreement=1.0, flip_margin=0.0)
+    monkeypatch.setattr(onnx_verify, "tolerance_for", lambda dtype: strict)  # no export is that exact
+    out = tmp_path / "out"
+    result = CliRunner().invoke(_app(), ["onnx", "--output", str(out), "--steps", "1"])
+    assert result.exit_code == 1, result.output
+    assert (out / "model.onnx").is_file() and (out / "wide_config.json").is_file()
+    assert json.loads((out / "verify_report.json").read_text())["passed"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_verify_report_goes_into_the_verified_folder(demo_onnx, tmp_path, monkeypatch):
+    folder = tmp_path / "onnx"
+    shutil.copytree(demo_onnx, folder)
+    (folder / "verify_report.json").unlink(missing_ok=True)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    result = CliRunner().invoke(_app(), ["verify", "--onnx", str(folder), "--steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert list(cwd.iterdir()) == []
+    assert json.loads((folder / "verify_report.json").read_text())["passed"] is True
+
+
+@pytest.mark.parametrize("flag", ["--router", "--lora"])
+def test_verify_refuses_router_or_lora_without_model(demo_onnx, tmp_path, flag):
+    given = tmp_path / "x.pth"
+    given.write_bytes(b"not used")
+    result = CliRunner().invoke(_app(), ["verify", "--onnx", str(demo_onnx), flag, str(given),
+                                         "--report", str(tmp_path / "r.json")])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --router and --lora need --model (hint: ")
+    assert not (tmp_path / "r.json").exists()
