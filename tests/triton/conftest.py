@@ -1,7 +1,13 @@
-"""Fixtures for the Triton tests: a tiny contract model, the real demo export, repositories."""
+"""Fixtures for the Triton tests: a tiny contract model, the real demo export, repositories.
+
+Random inputs are seeded: $WIDE_TEST_SEED (default 0) mixed with the test's id, so a failure
+reproduces by rerunning the same test with the same WIDE_TEST_SEED; set another value to vary them.
+"""
 
 from __future__ import annotations
 
+import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -9,13 +15,20 @@ import pytest
 
 from tests.triton import tiny_llm
 
+SEED = int(os.environ.get("WIDE_TEST_SEED", "0"))
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """This test's random generator: WIDE_TEST_SEED and the test id decide every draw."""
+    return np.random.default_rng([SEED, zlib.crc32(request.node.nodeid.encode())])
+
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    """(folder, weights) of the tiny contract model, fresh random weights per session."""
+    """(folder, weights) of the tiny contract model, random weights from WIDE_TEST_SEED."""
     folder = tmp_path_factory.mktemp("tiny_onnx")
-    seed = int(np.random.default_rng().integers(0, 2**31))
-    return folder, tiny_llm.write_tiny_model(folder, seed)
+    return folder, tiny_llm.write_tiny_model(folder, SEED)
 
 
 @pytest.fixture(scope="session")

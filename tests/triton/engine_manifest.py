@@ -34,10 +34,10 @@ def _profile(name: str, batch: int, seq: tuple, past: tuple, layers: int, heads:
 
 
 def write_engine_folder(folder: Path, layers: int = 3, vocab: int = 97, kv_type: str = "float16", heads: int = 2,
-                        dim: int = 4, max_pos: int = 4096) -> dict:
+                        dim: int = 4, max_pos: int = 4096, seed: int = 0) -> dict:
     """An engine folder as `wide-export trt` documents it: opaque engine bytes + manifest."""
     folder.mkdir()
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(seed)
     (folder / "model.engine").write_bytes(rng.bytes(256))
     (folder / "libwide_plugins.so").write_bytes(rng.bytes(64))
     ins, outs = _io(layers, kv_type, vocab, heads, dim)

@@ -40,7 +40,7 @@ class TritonPythonModel:
 '''
 
 
-def test_bls_generation_over_stand_in_engines(tiny, tmp_path):
+def test_bls_generation_over_stand_in_engines(tiny, tmp_path, rng):
     folder, weights = tiny
     write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",
                         heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
@@ -54,7 +54,6 @@ def test_bls_generation_over_stand_in_engines(tiny, tmp_path):
         (model / "1" / "model.plan").unlink()
         (model / "1" / "model.onnx").write_bytes((folder / "model.onnx").read_bytes())
         (model / "1" / "model.py").write_text(STAND_IN)
-    rng = np.random.default_rng()
     with TritonServer(repo) as server:
         with GenerationClient(server.endpoints.grpc, "grpc") as client:
             for _ in range(3):

@@ -54,7 +54,7 @@ def test_serve_without_any_server_binary_is_a_clear_error(tiny_repo, monkeypatch
     assert result.exit_code == 2 and "no tritonserver binary" in result.output
 
 
-def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo):
+def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo, rng):
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
     from wide_export.triton.server import free_port
 
@@ -73,7 +73,7 @@ def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo):
         assert lines and lines[-1].startswith("ready"), "".join(lines)
         grpc = lines[-1].split("gRPC ")[1].split()[0]
         assert grpc.startswith("127.0.0.1:") and "metrics http://127.0.0.1:" in lines[-1]
-        prompt = np.random.default_rng().integers(0, tiny_llm.VOCAB, size=6)
+        prompt = rng.integers(0, tiny_llm.VOCAB, size=6)
         with GenerationClient(grpc, "grpc") as client:
             np.testing.assert_array_equal(client.generate(prompt, 5), tiny_llm.reference_greedy(tiny[1], prompt, 5))
         proc.send_signal(signal.SIGINT)

@@ -22,9 +22,8 @@ def runner(gm, tiny_repo):
     return settings, gm.ort_step(folder, settings)
 
 
-def test_batched_left_padded_greedy_matches_full_recompute(gm, runner, tiny):
+def test_batched_left_padded_greedy_matches_full_recompute(gm, runner, tiny, rng):
     settings, step = runner
-    rng = np.random.default_rng()
     lengths = rng.permutation([1, 3, 6, 9])  # different lengths: left padding is exercised
     news = rng.integers(1, 8, size=4)
     rows = [gm.Row(rng.integers(0, tiny_llm.VOCAB, size=n), int(m)) for n, m in zip(lengths, news)]
@@ -34,9 +33,8 @@ def test_batched_left_padded_greedy_matches_full_recompute(gm, runner, tiny):
         np.testing.assert_array_equal(got, want)
 
 
-def test_rows_too_long_to_pad_together_are_split(gm, runner, tiny):
+def test_rows_too_long_to_pad_together_are_split(gm, runner, tiny, rng):
     settings, step = runner
-    rng = np.random.default_rng()
     widths = []
 
     def watched(feeds, phase):
@@ -64,17 +62,17 @@ def test_rows_too_long_to_pad_together_are_split(gm, runner, tiny):
         (5, 4, {"top_p": 1.5}, "top_p"),
     ],
 )
-def test_validation_rejects(gm, runner, prompt_len, new, extra, message):
+def test_validation_rejects(gm, runner, prompt_len, new, extra, message, rng):
     settings, _ = runner
-    row = gm.Row(np.random.default_rng().integers(0, tiny_llm.VOCAB, size=prompt_len), new, **extra)
+    row = gm.Row(rng.integers(0, tiny_llm.VOCAB, size=prompt_len), new, **extra)
     with pytest.raises(gm.RequestError, match=message):
         gm.validate_row(row, settings)
 
 
 @pytest.mark.parametrize("bad", [-1, tiny_llm.VOCAB])
-def test_validation_rejects_out_of_vocab(gm, runner, bad):
+def test_validation_rejects_out_of_vocab(gm, runner, bad, rng):
     settings, _ = runner
-    prompt = np.random.default_rng().integers(0, tiny_llm.VOCAB, size=4)
+    prompt = rng.integers(0, tiny_llm.VOCAB, size=4)
     prompt[2] = bad
     with pytest.raises(gm.RequestError, match="input_ids must lie"):
         gm.validate_row(gm.Row(prompt, 2), settings)
@@ -85,9 +83,9 @@ def test_validation_accepts_the_limit(gm, runner):
     gm.validate_row(gm.Row(np.zeros(tiny_llm.MAX_POS - 3, np.int64) + 1, 3), settings)
 
 
-def test_sampling_is_seeded_and_tiny_top_p_is_greedy(gm, runner):
+def test_sampling_is_seeded_and_tiny_top_p_is_greedy(gm, runner, rng):
     settings, step = runner
-    prompt = np.random.default_rng().integers(0, tiny_llm.VOCAB, size=5)
+    prompt = rng.integers(0, tiny_llm.VOCAB, size=5)
     greedy = gm.generate(step, settings, [gm.Row(prompt, 12)])[0]
     hot = [gm.Row(prompt, 12, temperature=5.0, seed=s) for s in (7, 7, 8)]
     a, b, c = gm.generate(step, settings, hot)

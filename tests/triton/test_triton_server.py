@@ -39,8 +39,7 @@ def test_server_listens_on_loopback_only(demo_server):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_greedy_tokens_equal_the_reference(demo_server, reference, limits, protocol):
-    rng = np.random.default_rng()
+def test_greedy_tokens_equal_the_reference(demo_server, reference, limits, protocol, rng):
     url = getattr(demo_server.endpoints, protocol)
     with GenerationClient(url, protocol, MODEL) as client:
         assert client.is_ready()
@@ -51,8 +50,7 @@ def test_greedy_tokens_equal_the_reference(demo_server, reference, limits, proto
             np.testing.assert_array_equal(got, reference(prompt, n))
 
 
-def test_batched_request_rows_equal_the_reference(demo_server, reference, limits):
-    rng = np.random.default_rng()
+def test_batched_request_rows_equal_the_reference(demo_server, reference, limits, rng):
     prompts = rng.integers(0, limits[0], size=(3, 9), dtype=np.int64)
     with GenerationClient(demo_server.endpoints.grpc, "grpc", MODEL) as client:
         got = client.generate(prompts, 6)
@@ -61,9 +59,8 @@ def test_batched_request_rows_equal_the_reference(demo_server, reference, limits
         np.testing.assert_array_equal(row, reference(prompt, 6))
 
 
-def test_eight_concurrent_clients_all_exact_none_lost(demo_server, reference, limits):
+def test_eight_concurrent_clients_all_exact_none_lost(demo_server, reference, limits, rng):
     clients, per_client = 8, 3
-    rng = np.random.default_rng()
     jobs = [[(_prompt(rng, limits[0]), int(rng.integers(1, 10))) for _ in range(per_client)] for _ in range(clients)]
     results: dict[tuple[int, int], np.ndarray] = {}
     errors: list[BaseException] = []
@@ -132,10 +129,9 @@ def _malformed(vocab: int, max_total: int, rng) -> dict:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_malformed_requests_get_clear_errors_and_the_server_keeps_answering(
-        demo_server, reference, limits, protocol):
+        demo_server, reference, limits, protocol, rng):
     from tritonclient.utils import InferenceServerException
 
-    rng = np.random.default_rng()
     url = getattr(demo_server.endpoints, protocol)
     with GenerationClient(url, protocol, MODEL) as client:
         for case, (inputs, message) in _malformed(*limits, rng).items():
@@ -147,8 +143,7 @@ def test_malformed_requests_get_clear_errors_and_the_server_keeps_answering(
             np.testing.assert_array_equal(client.generate(prompt, 4), reference(prompt, 4))
 
 
-def test_sampling_over_the_server_is_seeded(demo_server, limits):
-    rng = np.random.default_rng()
+def test_sampling_over_the_server_is_seeded(demo_server, limits, rng):
     prompt = _prompt(rng, limits[0], 4, 10)
     with GenerationClient(demo_server.endpoints.http, "http", MODEL) as client:
         a = client.generate(prompt, 8, temperature=1.5, top_p=0.9, seed=11)
