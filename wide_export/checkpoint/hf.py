@@ -13,6 +13,9 @@ from wide_export.model.arch import arch_for
 def read_hf_config(model_dir: Path) -> Any:
     """The transformers config of a local folder, refusing unsupported models first."""
     model_dir = Path(model_dir)
+    if model_dir.exists() and not model_dir.is_dir():
+        raise WideError(f"--model {model_dir} is a file, not a folder",
+                        f"pass the Hugging Face model folder that holds it: --model {model_dir.parent}")
     if not model_dir.is_dir():
         raise WideError(f"model folder not found: {model_dir}", "pass --model DIR, a Hugging Face model folder")
     cfg_path = model_dir / "config.json"

@@ -17,7 +17,8 @@ def _port_option(flag: str, what: str):
 
 @user_errors
 def triton(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Model repository folder to write (new or empty).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Model repository folder to write (new or empty; "
+                                         "an existing one needs --force).")],
     onnx: Annotated[Optional[Path], typer.Option(
         "--onnx", help="Folder from `wide-export onnx` (model.onnx + wide_config.json).", show_default=False)] = None,
     engines: Annotated[Optional[Path], typer.Option(
@@ -27,6 +28,8 @@ def triton(
     model_name: Annotated[str, typer.Option("--model-name", help="Name of the generation model.")] = "wide_llm",
     max_batch: Annotated[int, typer.Option("--max-batch", help="Most prompts batched into one generation.")] = 8,
     instances: Annotated[int, typer.Option("--instances", help="Model instances (per model).")] = 1,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --output folder (never one that is or "
+                                                       "holds the --onnx/--engines folder).")] = False,
 ) -> None:
     """Write a Triton model repository (generation model + tensorrt_plan models for engines).
 
@@ -37,10 +40,20 @@ def triton(
 
     from wide_export.triton.repository import RepoOptions, generate_repository
 
-    repo = generate_repository(
-        output, onnx=onnx, engines=engines, backend=backend,
-        options=RepoOptions(model_name=model_name, max_batch=max_batch, instances=instances),
-    )
+    options = RepoOptions(model_name=model_name, max_batch=max_batch, instances=instances)
+
+    def write(target: Path) -> Path:
+        return generate_repository(target, onnx=onnx, engines=engines, backend=backend, options=options)
+
+    if force and output.exists():  # as `onnx --force`: the old folder goes once the new one is complete
+        from wide_export.outdir import atomic_output_dir, check_output_dir
+
+        check_output_dir(output, force=True, protect=(onnx, engines))
+        with atomic_output_dir(output, force=True) as staging:
+            write(staging)
+        repo = output
+    else:
+        repo = write(output)
     console = Console(highlight=False)
     console.print(f"[green]wrote[/] Triton model repository {repo}")
     for path in sorted(repo.glob("*/config.pbtxt")):
