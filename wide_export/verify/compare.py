@@ -70,10 +70,26 @@ def run_steps(runner, steps: list[Step], num_layers: int) -> list[dict[str, np.n
     return outs
 
 
+def simple_compare_func(tol: Tolerance):
+    """Polygraphy's atol/rtol comparator for `tol`.
+
+    `SimpleCompareFunc` is the class that replaces the `CompareFunc.simple` factory
+    (deprecated in Polygraphy 0.53, removed in 0.60); releases without the class only
+    have the factory.
+    """
+    from polygraphy import comparator
+
+    kwargs = dict(atol=tol.atol, rtol=tol.rtol, check_error_stat=tol.stat)
+    cls = getattr(comparator, "SimpleCompareFunc", None)
+    if cls is None:  # an older Polygraphy: the factory is not deprecated there
+        return comparator.CompareFunc.simple(**kwargs)
+    return cls(**kwargs)
+
+
 def compare(steps: list[Step], outs: list[dict[str, np.ndarray]], tol: Tolerance, report: VerifyReport,
             runner_name: str) -> VerifyReport:
     """Fill `report` with Polygraphy's per-output errors and the per-router decision agreement."""
-    from polygraphy.comparator import CompareFunc, Comparator, IterationResult, RunResults
+    from polygraphy.comparator import Comparator, IterationResult, RunResults
 
     float_names = [n for n in steps[0].ref if not n.startswith("/")]
     missing = [n for n in float_names if n not in outs[0]]
@@ -84,7 +100,7 @@ def compare(steps: list[Step], outs: list[dict[str, np.ndarray]], tol: Tolerance
                                 for s in steps]))
     results.append((runner_name, [IterationResult({n: o[n].astype(np.float32) for n in float_names},
                                                   runner_name=runner_name) for o in outs]))
-    func = CompareFunc.simple(atol=tol.atol, rtol=tol.rtol, check_error_stat=tol.stat)
+    func = simple_compare_func(tol)
     acc = Comparator.compare_accuracy(results, compare_func=func)
     per_iter = acc[0][("pytorch", runner_name)]  # AccuracyResults: one AccuracyResult per compare func
     for name in float_names:

@@ -1,6 +1,6 @@
 """Documented tolerances per dtype (README "Verification" repeats this table).
 
-Outputs are compared with Polygraphy's CompareFunc.simple: an element passes
+Outputs are compared with Polygraphy's SimpleCompareFunc: an element passes
 when |a-b| <= atol or |a-b|/|b| <= rtol; `stat` says which error statistic is
 checked (elemwise = every element). Router decisions are discontinuous, so
 they get their own criteria: per-layer agreement >= min_agreement, and no flip
