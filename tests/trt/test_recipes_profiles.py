@@ -35,7 +35,7 @@ def test_shipped_recipes_parse():
 
 def test_llama_recipe_values():
     r = load_recipe("llama-3.1-8b")
-    raw = json.loads((Path(__file__).parents[2] / "recipes" / "llama-3.1-8b.json").read_text())
+    raw = json.loads((Path(__file__).parents[2] / "wide_export" / "recipes" / "llama-3.1-8b.json").read_text())
     # Llama-3.1-8B (its config.json): 32 query heads over 8 KV heads, intermediate_size 14336.
     # The recipe promises one GQA group (32 / 8 heads) per attention group and 112 FFN groups.
     assert r.attention_heads_per_group == 32 // 8 == raw["group_sizes"]["attention_heads_per_group"]

@@ -32,7 +32,7 @@ def trt(
         "--max-seq-len", help="Longest total sequence (prompt + generated) in the decode profile "
         "(default 256 or the recipe's).", show_default=False)] = None,
     recipe: Annotated[Optional[str], typer.Option(
-        "--recipe", help="Recipe file or shipped name (recipes/: llama-3.1-8b, qwen3-8b).", show_default=False)] = None,
+        "--recipe", help="Recipe file or shipped name (wide_export/recipes/: llama-3.1-8b, qwen3-8b).", show_default=False)] = None,
     backend: Annotated[Optional[str], typer.Option(
         "--backend", help="auto, tensorrt or tensorrt_rtx (default auto: the first that imports).",
         show_default=False)] = None,
@@ -74,7 +74,23 @@ def trt(
                   f"({manifest['precision']}, {engine['size_bytes'] / 2**20:.1f} MiB, {manifest['build_seconds']} s)")
     if not manifest["plugins"]:
         console.print("note: no plugin library loaded: every `wide` node runs as its inlined function body")
-    console.print(f"profiles: 0 = prefill, 1 = decode; manifest {output / 'wide_engine.json'}")
+    for line in limit_lines(manifest, {k for k, v in limits.items() if v is not None}, recipe):
+        console.print(line)
+    console.print(f"manifest {output / 'wide_engine.json'}")
+
+
+def limit_lines(manifest: dict, flags: set[str], recipe: Optional[str]) -> list[str]:
+    """The profile limits the engine was built with (and where each came from), then each profile's ranges."""
+    source = {k: "flag" if k in flags else (f"recipe {recipe}" if recipe else "default") for k in manifest["limits"]}
+    lines = ["limits: " + ", ".join(f"{k.replace('_', '-')} {v} ({source[k]})" for k, v in manifest["limits"].items())]
+    for prof in manifest["engines"][0]["profiles"]:
+        ids = prof["shapes"]["input_ids"]
+        past = next(v for k, v in prof["shapes"].items() if k.startswith("past_key_values."))
+        (b0, t0), (b1, t1) = ids["min"], ids["max"]
+        tokens = f"{t0} token" if t0 == t1 == 1 else f"tokens {t0}..{t1}"
+        pasts = f"{past['min'][2]}" if past["min"][2] == past["max"][2] else f"{past['min'][2]}..{past['max'][2]}"
+        lines.append(f"profile {prof['index']} {prof['name']}: batch {b0}..{b1}, {tokens}, past {pasts}")
+    return lines
 
 
 def register(app: typer.Typer) -> None:

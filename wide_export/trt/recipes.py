@@ -1,8 +1,8 @@
 """Recipes: per-model group sizes, engine profile limits and verification tolerances.
 
 A recipe is a JSON (or, on Python >= 3.11, TOML) file; the ones shipped live in
-the repository's `recipes/` folder and can be named without a path
-(`--recipe llama-3.1-8b`). Schema (every section optional except `name`):
+the package (`wide_export/recipes/`, package data, so a wheel has them too) and
+can be named without a path (`--recipe llama-3.1-8b`). Schema (every section optional except `name`):
 
     name = "llama-3.1-8b"
     model = "meta-llama/Llama-3.1-8B"          # informative
@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from wide_export.errors import WideError
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # wide_export/recipes: package data
 TOLERANCE_FIELDS = ("atol", "rtol", "stat", "min_agreement", "flip_margin")
 STATS = ("elemwise", "max", "mean", "median")
 
@@ -109,7 +109,7 @@ class Recipe:
 
 
 def list_recipes() -> list[str]:
-    """Names of the recipes shipped in recipes/."""
+    """Names of the recipes shipped in wide_export/recipes/."""
     if not RECIPES_DIR.is_dir():
         return []
     return sorted(p.stem for p in RECIPES_DIR.iterdir() if p.suffix in (".json", ".toml"))
