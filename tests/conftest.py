@@ -53,6 +53,6 @@ def demo_onnx(tmp_path_factory) -> Path:
     given = os.environ.get("WIDE_TEST_ONNX_DIR")
     if given:
         return Path(given)
-    from wide_export.bench.serving import export_onnx_cli
+    from wide_export.cli_process import export_onnx_cli
 
     return export_onnx_cli(tmp_path_factory.mktemp("demo") / "onnx")

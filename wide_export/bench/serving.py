@@ -9,8 +9,6 @@ p50/p99 of per-request latency.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -20,6 +18,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from wide_export.cli_process import export_onnx_cli
 from wide_export.errors import WideError
 
 CLIENT_COUNTS = (1, 8)
@@ -54,19 +53,6 @@ class Scenario:
         return {"name": self.name, "clients": self.clients, "requests": self.requests, "tokens": self.tokens,
                 "wall_s": round(self.wall_s, 4), "tokens_per_s": round(self.tokens / self.wall_s, 2),
                 "p50_ms": round(float(np.percentile(lat, 50)), 3), "p99_ms": round(float(np.percentile(lat, 99)), 3)}
-
-
-def export_onnx_cli(folder: Path, timeout: float = 600.0) -> Path:
-    """Export the default demo model with `wide-export onnx --output folder --no-verify`.
-
-    A subprocess of the real command, so the served model is exactly what users get.
-    """
-    cmd = [sys.executable, "-c", "from wide_export.cli import main; main()", "onnx", "--output", str(folder),
-           "--no-verify"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise WideError(f"`wide-export onnx` failed (code {done.returncode}): {done.stderr.strip()[-2000:]}")
-    return folder
 
 
 def run_clients(clients: int, requests: int, work: Callable[[int, int], int], name: str,
