@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from wide_export.errors import WideError
 from wide_export.model.config import WideConfig
 from wide_export.ops import dispatch
 from wide_export.ops.reference import router_logits
@@ -223,8 +224,13 @@ class WideForCausalLM(nn.Module):
         """logits [B, T, V] float32 and the presents [B, kvh, P+T, D] per layer.
 
         attention_mask covers past + new tokens ([B, P+T], 1 = real token, 0 = padding).
+        past_key_values holds one (key, value) pair per layer; `empty_cache(batch)` for a prefill.
         """
         m = self.model
+        if len(past_key_values) != len(m.layers):  # zip() would silently skip every layer
+            raise WideError(f"past_key_values has {len(past_key_values)} entries for a model with "
+                            f"{len(m.layers)} layers", hint="pass one (key, value) pair per layer; "
+                            "model.empty_cache(batch) for a prefill")
         h = m.embed_tokens(input_ids)
         t, s = input_ids.shape[1], attention_mask.shape[1]
         freqs = position_ids[..., None].float() * m.inv_freq
