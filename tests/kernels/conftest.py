@@ -14,7 +14,7 @@ TEST_ARCHS = os.environ.get("WIDE_KERNELS_TEST_ARCHS", "80;90")  # CI compiles s
 
 @pytest.fixture(scope="session")
 def kernels_build(tmp_path_factory):
-    """Build wide_kernels (+ static) for sm_80 and sm_90; skipped without nvcc.
+    """Build wide_kernels (+ static): the Triton AOT step for sm_80 and sm_90 plus the C API; skipped without nvcc.
 
     $WIDE_KERNELS_BUILD_DIR reuses a build folder (CI points it at the one
     `wide-export build` just made, so this is an incremental no-op there).
@@ -29,18 +29,14 @@ def kernels_build(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def kernels_lib_path(kernels_build) -> Path:
+def kernels_lib(kernels_build):
+    import ctypes
+
     path = kernels_build.lib_dir / "libwide_kernels.so"
     assert path.is_file(), f"build did not produce {path}"
-    return path
-
-
-@pytest.fixture(scope="session")
-def gpu_kernels(kernels_lib_path):
-    """wide_export.native.kernels wired to the freshly built library (GPU tests)."""
-    from wide_export.native import kernels
-
-    mp = pytest.MonkeyPatch()
-    mp.setenv(kernels.LIB_ENV, str(kernels_lib_path))
-    yield kernels
-    mp.undo()
+    lib = ctypes.CDLL(str(path))
+    lib.wide_status_string.restype = ctypes.c_char_p
+    lib.wide_last_cuda_error_string.restype = ctypes.c_char_p
+    lib.wide_gemm_params_sizeof.restype = ctypes.c_size_t
+    lib.wide_gemm_workspace_size.restype = ctypes.c_size_t
+    return lib

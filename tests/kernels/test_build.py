@@ -1,106 +1,155 @@
-"""The CMake build of plugins/kernels and its C API, exercised without a GPU."""
+"""The CMake build of plugins/kernels (Triton AOT cubins + C API), exercised without a GPU."""
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import json
 import re
 
 import pytest
 
 from wide_export.errors import WideError
-from wide_export.native import kernels
+from wide_export.kernels import aot, configs
 from wide_export.native.build import configure_command, normalize_archs
 
 from .conftest import TEST_ARCHS
 
 
-def test_build_compiles_for_sm80_and_sm90(kernels_build):
+class GemmParams(ctypes.Structure):
+    """Mirror of wide_gemm_params_t (its size is checked against the library's)."""
+
+    _fields_ = [("M", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64), ("group_size", ctypes.c_int64),
+                ("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("mask", ctypes.c_void_p), ("y", ctypes.c_void_p), ("dtype", ctypes.c_int), ("algo", ctypes.c_int)]
+
+
+def _params(**kw) -> GemmParams:
+    """Valid-looking params with fake (never dereferenced) device pointers."""
+    base = dict(M=16, N=64, K=32, group_size=16, x=0x1000, w=0x2000, mask=0x3000, y=0x4000, dtype=1, algo=0)
+    base.update(kw)
+    return GemmParams(**base)
+
+
+def _archs() -> list[int]:
+    return [int(a) for a in normalize_archs(TEST_ARCHS).split(";")]
+
+
+def test_build_embeds_a_cubin_for_every_spec_and_arch(kernels_build, kernels_lib):
     names = {p.name for p in kernels_build.libraries}
     assert {"libwide_kernels.so", "libwide_kernels_static.a"} <= names
     cache = (kernels_build.build_dir / "CMakeCache.txt").read_text()
     assert re.search(rf"^CMAKE_CUDA_ARCHITECTURES:\w+={re.escape(TEST_ARCHS)}$", cache, re.M)
-    # kernels/ compiles with warnings as errors; nothing of ours may even warn
-    assert not re.search(r"kernels/src/\S+.*warning", kernels_build.log.read_text(), re.I)
+    keys = [s.key for s in aot.specs()]
+    assert kernels_lib.wide_kernels_cubin_count() == len(keys) * len(_archs())
+    for key in keys:
+        for arch in _archs():
+            assert kernels_lib.wide_kernels_has_cubin(key.encode(), arch), (key, arch)
+    # an sm_86 GPU runs the sm_80 cubins; Blackwell (sm_100) has none in this build
+    assert kernels_lib.wide_kernels_has_cubin(b"gemv_k/float16", 86) == (80 in _archs())
+    assert not kernels_lib.wide_kernels_has_cubin(b"gemv_k/float16", 100)
+    assert not kernels_lib.wide_kernels_has_cubin(b"no/such/kernel", 90)
 
 
-def test_library_loads_and_reports_its_api(kernels_lib_path):
-    lib = kernels.load_library(kernels_lib_path)  # checks version and struct size itself
-    assert lib.wide_kernels_api_version() == kernels.API_VERSION
-    assert lib.wide_gemm_params_sizeof() == ctypes.sizeof(kernels.GemmParams)
-    assert lib.wide_status_string(0) == b"ok"
-    assert b"workspace" in lib.wide_status_string(3)
-    assert lib.wide_layout_ints(10, 4) == 4 + 40
+def test_sm90_cubins_use_wgmma_and_sm80_mma_sync(kernels_build):
+    """The tensor-core kernels compile to Hopper wgmma on sm_90 (HGMMA) and mma.sync on sm_80."""
+    if not {80, 90} <= set(_archs()):
+        pytest.skip("needs a build for both sm_80 and sm_90")
+    spec = next(s for s in aot.specs() if s.key == "grouped_n/float16/gated/bn128")
+    ptx = {arch: aot.compile_spec_ptx(spec, arch) for arch in (80, 90)}
+    assert "wgmma" in ptx[90] and "mma.sync" in ptx[80] and "wgmma" not in ptx[80]
 
 
-def _params(**kw) -> kernels.GemmParams:
-    """Valid-looking params with fake (never dereferenced) device pointers."""
-    base = dict(M=16, N=64, K=32, group_size=16, num_groups=4, x=0x1000, ldx=32, w=0x2000, ldw=32,
-                mask=0x3000, ldmask=4, y=0x4000, ldy=64, dtype=1, algo=0)
-    base.update(kw)
-    return kernels.GemmParams(**base)
+def test_library_reports_its_api(kernels_lib):
+    assert kernels_lib.wide_kernels_api_version() == 2
+    assert kernels_lib.wide_gemm_params_sizeof() == ctypes.sizeof(GemmParams)
+    assert kernels_lib.wide_status_string(0) == b"ok"
+    assert b"workspace" in kernels_lib.wide_status_string(3)
+    assert b"architecture" in kernels_lib.wide_status_string(5)
 
 
 @pytest.mark.parametrize(
     "fn, changes, status",
     [
-        ("wide_gemm_n", dict(group_size=15), 1),         # N != G * gs
-        ("wide_gemm_k", dict(), 1),                       # K != G * gs for gemm_k
-        ("wide_gemm_n", dict(ldx=16), 1),                 # ldx < K
-        ("wide_gemm_n", dict(ldmask=3), 1),               # ldmask < G
-        ("wide_gemm_n", dict(x=None), 1),                 # NULL input
-        ("wide_gemm_n", dict(w2=0x5000), 1),              # w2 only for the gated op
-        ("wide_gemm_n_gated", dict(), 1),                 # gated without w2
-        ("wide_gemm_k", dict(K=64, ldx=64, ldw=64, bias=0x6000), 1),  # bias only for gemm_n
-        ("wide_gemm_n", dict(dtype=7), 2),                # unknown dtype
-        ("wide_gemm_n", dict(algo=9), 1),                 # unknown algo
-        ("wide_gemm_n", dict(), 3),                       # no workspace for a prefill-sized M
+        ("wide_gemm_n", dict(group_size=15), 1),          # N != G * gs
+        ("wide_gemm_k", dict(group_size=20), 1),          # K != G * gs for gemm_k
+        ("wide_gemm_n", dict(x=None), 1),                  # NULL input
+        ("wide_gemm_n", dict(w2=0x5000), 1),               # w2 only for the gated op
+        ("wide_gemm_n_gated", dict(), 1),                  # gated without w2
+        ("wide_gemm_k", dict(bias=0x6000), 1),             # bias only for gemm_n
+        ("wide_gemm_n", dict(dtype=7), 2),                 # unknown dtype
+        ("wide_gemm_n", dict(algo=9), 1),                  # unknown algo
+        ("wide_gemm_n", dict(algo=2, group_size=8, N=64), 1),  # grouped needs group_size % 16 == 0
+        ("wide_gemm_n", dict(algo=2, dtype=0), 1),         # no grouped cubins for float32
+        ("wide_gemm_n", dict(M=1 << 20, K=4096), 1),       # i32 index range
     ],
 )
-def test_c_api_rejects_bad_arguments_before_touching_cuda(kernels_lib_path, fn, changes, status):
-    lib = kernels.load_library(kernels_lib_path)
+def test_c_api_rejects_bad_arguments_before_touching_cuda(kernels_lib, fn, changes, status):
     p = _params(**changes)
-    assert getattr(lib, fn)(ctypes.byref(p), None, 0, None) == status
+    assert getattr(kernels_lib, fn)(ctypes.byref(p), None, ctypes.c_size_t(0), None) == status
 
 
-def test_c_api_empty_problem_and_workspace_query(kernels_lib_path):
-    lib = kernels.load_library(kernels_lib_path)
-    assert lib.wide_gemm_n(ctypes.byref(_params(M=0)), None, 0, None) == 0
-    small = lib.wide_gemm_workspace_size(ctypes.byref(_params(M=16)))
-    large = lib.wide_gemm_workspace_size(ctypes.byref(_params(M=4096)))
-    assert 0 < small < large
-    assert large >= 4 * (4 + 4 * 4096)  # covers the mask layout
-    assert lib.wide_router_workspace_size(8, 64, 16, 4) >= 4 * 8 * 16  # fused path: partial z
-    assert lib.wide_router_workspace_size(8, 64, 80, 4) >= 4 * (8 * 80 + 8 * 8)  # wide R: z + logits
-    # router argument errors: ldx < H, then a missing workspace
-    assert lib.wide_router(0x1000, 32, 1, 8, 64, 0x2000, 0x3000, 16, 0x4000, 0x5000, 4,
-                           0x6000, 4, None, 0, None) == 1
-    assert lib.wide_router(0x1000, 64, 1, 8, 64, 0x2000, 0x3000, 16, 0x4000, 0x5000, 4,
-                           0x6000, 4, None, 0, None) == 3
-    assert lib.wide_mask_layout(0x1000, 2, 8, 4, 0x2000, None) == 1  # ldmask < G
+def test_empty_problem_and_monotonic_workspace(kernels_lib):
+    assert kernels_lib.wide_gemm_n(ctypes.byref(_params(M=0)), None, ctypes.c_size_t(0), None) == 0
+    sizes = [kernels_lib.wide_gemm_workspace_size(ctypes.byref(_params(M=m, N=4096, K=14336, group_size=128)))
+             for m in (1, 16, 4096, 16384)]
+    assert sizes == sorted(sizes) and sizes[0] > 0
+    # K-pruned scatter-add at M = 4096: row lists of 112 groups + a float32 [M, N] accumulator
+    assert sizes[2] >= 4 * (112 * 4096 + 112) + 4 * 4096 * 4096
+    # router: R above the fused limit is refused before any CUDA call
+    args = [ctypes.c_void_p(0x1000), 1, ctypes.c_int64(8), ctypes.c_int64(64), ctypes.c_void_p(0x2000),
+            ctypes.c_void_p(0x3000), ctypes.c_int64(300), ctypes.c_void_p(0x4000), ctypes.c_void_p(0x5000),
+            ctypes.c_int64(4), ctypes.c_void_p(0x6000), None]
+    assert kernels_lib.wide_router(*args) == 1
 
 
-def test_missing_library_says_how_to_build(tmp_path, monkeypatch):
-    monkeypatch.setenv(kernels.LIB_ENV, str(tmp_path / "nope.so"))
-    assert kernels.library_path() == tmp_path / "nope.so"
-    with pytest.raises(WideError, match="not found") as info:
-        kernels.load_library()
-    assert "wide-export build" in str(info.value)
+def test_c_auto_policy_matches_python(kernels_lib):
+    """The C runtime resolves `auto` from the same policy.json table as wide_export.kernels."""
+    from wide_export.kernels.policy import choose, policy_for
+
+    names = {1: "gemv", 2: "grouped", 3: "tile"}
+    for arch in (80, 90):
+        pol = policy_for(f"sm_{arch}")
+        for kind, kind_k in (("n", 0), ("k", 1)):
+            for M in (1, 2, 3, 64, 1023, 1024, 8192):
+                for gs in (16, 32, 64, 128, 512, 96):
+                    p = _params(M=M, N=gs * 4, K=gs * 4, group_size=gs)
+                    got = names[kernels_lib.wide_gemm_resolve_algo(ctypes.byref(p), kind_k, arch)]
+                    want = choose(kind, M, gs, pol)
+                    want = "tile" if want == "dense" else want  # the plugins' dense path: no cuBLAS in C
+                    assert got == want, (arch, kind, M, gs)
 
 
-def test_unloadable_and_foreign_libraries_are_refused(tmp_path):
-    junk = tmp_path / "libjunk.so"
-    junk.write_bytes(b"not an ELF file")
-    with pytest.raises(WideError, match="cannot load"):
-        kernels.load_library(junk)
-    ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-    maps = open("/proc/self/maps").read().split()
-    found = [p for p in maps if "/libm." in p or "/libm-" in p]
-    if not found:
-        pytest.skip("no libm on disk to stand in for a foreign library")
-    path = found[0]
-    with pytest.raises(WideError, match="not the wide kernel library"):
-        kernels.load_library(path)
+def test_c_tiles_match_python_configs():
+    """plugins/kernels/src/wide_kernels.cpp restates configs.py's tiles: they must agree."""
+    from wide_export.native.build import SOURCE_DIR
+
+    src = (SOURCE_DIR / "kernels" / "src" / "wide_kernels.cpp").read_text()
+
+    def const(name):
+        return int(re.search(rf"constexpr int {name} = (\d+);", src).group(1))
+
+    def arr(name):
+        return tuple(int(v) for v in re.search(rf"constexpr int {name}\[\] = \{{([^}}]*)\}}", src).group(1).split(","))
+
+    assert const("kGemvBlockN") == configs.GEMV_BLOCK_N
+    assert const("kRouterBlockM") == configs.ROUTER_BLOCK_M
+    assert arr("kRouterBlockRs") == configs.ROUTER_BLOCK_RS
+    assert const("kCastBlock") == configs.CAST_BLOCK
+    assert (const("kTileBlockM"), const("kTileBlockN")) == (configs.TILE_BLOCK_M, configs.TILE_BLOCK_N)
+    assert const("kGroupedBlockM") == configs.GROUPED_BLOCK_M
+    assert arr("kGroupedBlockNs") == configs.GROUPED_BLOCK_NS
+    assert const("kGroupedKBlockN") == configs.GROUPED_K_BLOCK_N
+
+
+def test_policy_table_is_complete():
+    from wide_export.kernels.policy import POLICY_FILE
+
+    table = json.loads(POLICY_FILE.read_text())
+    keys = {"measured", "gemv_max_m", "grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m",
+            "grouped_k_min_group_size", "fallback"}
+    for arch, entry in table.items():
+        if not arch.startswith("_"):
+            assert keys <= set(entry), arch
 
 
 @pytest.mark.parametrize("given, cmake", [("80,90", "80;90"), ("sm_80 sm_90", "80;90"), ("90a", "90a"),
@@ -114,7 +163,9 @@ def test_bad_arch_is_a_user_error():
         normalize_archs("ampere")
 
 
-def test_configure_passes_tensorrt_locations(tmp_path):
+def test_configure_passes_tensorrt_locations_and_python(tmp_path):
+    import sys
+
     cmd = configure_command(tmp_path / "b", "90", tensorrt_root=tmp_path, tensorrt_include_dir=tmp_path / "inc",
                             tensorrt_lib_dir=tmp_path / "lib", nvcc="/x/nvcc")
     joined = " ".join(cmd)
@@ -123,3 +174,78 @@ def test_configure_passes_tensorrt_locations(tmp_path):
     assert f"-DTENSORRT_INCLUDE_DIR={(tmp_path / 'inc').resolve()}" in joined
     assert f"-DTENSORRT_LIB_DIR={(tmp_path / 'lib').resolve()}" in joined
     assert "-DCMAKE_CUDA_COMPILER=/x/nvcc" in joined
+    assert f"-DWIDE_PYTHON={sys.executable}" in joined
+
+
+# ---------------------------------------------------------------------------
+# The plugins' path on a GPU: the AOT cubins launched by the C runtime, against the references.
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_code,dtype_name", [(1, "float16"), (2, "bfloat16"), (0, "float32")])
+@pytest.mark.parametrize("algo", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["n", "n_bias", "gated", "k"])
+@pytest.mark.parametrize("M", [1, 5, 300])
+def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_code, dtype_name, M):
+    import torch
+
+    from wide_export.ops import reference as ref
+
+    if algo == 2 and dtype_code == 0:
+        pytest.skip("no grouped cubins for float32 (tile runs float32 prefill)")
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator(device="cuda").manual_seed(M * 10 + algo)
+    gs, G, other = 128, 6, 320
+    N, K = (other, G * gs) if kind == "k" else (G * gs, other)
+    x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
+    w = (torch.randn(N, K, device="cuda", generator=gen) / K**0.5).to(dtype)
+    w2 = (torch.randn(N, K, device="cuda", generator=gen) / K**0.5).to(dtype) if kind == "gated" else None
+    b = torch.randn(N, device="cuda", generator=gen).to(dtype) if kind == "n_bias" else None
+    mask = (torch.rand(M, G, device="cuda", generator=gen) < 0.5).to(torch.int32)
+    y = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    p = GemmParams(M=M, N=N, K=K, group_size=gs, x=_ptr(x), w=_ptr(w), w2=_ptr(w2), bias=_ptr(b), mask=_ptr(mask),
+                   y=_ptr(y), dtype=dtype_code, algo=algo)
+    ws = torch.empty(kernels_lib.wide_gemm_workspace_size(ctypes.byref(p)), dtype=torch.uint8, device="cuda")
+    fn = {"n": "wide_gemm_n", "n_bias": "wide_gemm_n", "gated": "wide_gemm_n_gated", "k": "wide_gemm_k"}[kind]
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    status = getattr(kernels_lib, fn)(ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()),
+                                      stream)
+    assert status == 0, kernels_lib.wide_last_cuda_error_string()
+    torch.cuda.synchronize()
+    if kind == "k":
+        want = ref.masked_gemm_k(x, w, mask, gs)
+    elif kind == "gated":
+        want = ref.masked_gated_mlp(x, w, w2, mask, gs)
+    else:
+        want = ref.masked_gemm_n(x, w, mask, gs, b)
+    err = (y.float() - want.float()).abs().max().item() / max(1.0, want.float().abs().max().item())
+    assert err <= {0: 2e-5, 1: 4e-3, 2: 2.5e-2}[dtype_code], err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_code,dtype_name", [(1, "float16"), (0, "float32")])
+def test_c_router_on_gpu(kernels_lib, dtype_code, dtype_name):
+    import torch
+
+    from wide_export.ops import reference as ref
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    M, H, R, G = 77, 512, 96, 10
+    x = torch.randn(M, H, device="cuda", generator=gen).to(getattr(torch, dtype_name))
+    wc = torch.randn(R, H, device="cuda", generator=gen) / H**0.5
+    bc = torch.randn(R, device="cuda", generator=gen) * 0.1
+    wr = torch.randn(2 * G, R, device="cuda", generator=gen) / R**0.5
+    br = torch.randn(2 * G, device="cuda", generator=gen) * 0.1
+    mask = torch.full((M, G), -1, dtype=torch.int32, device="cuda")
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    status = kernels_lib.wide_router(ctypes.c_void_p(x.data_ptr()), dtype_code, ctypes.c_int64(M), ctypes.c_int64(H),
+                                     *(ctypes.c_void_p(t.data_ptr()) for t in (wc, bc)), ctypes.c_int64(R),
+                                     *(ctypes.c_void_p(t.data_ptr()) for t in (wr, br)), ctypes.c_int64(G),
+                                     ctypes.c_void_p(mask.data_ptr()), stream)
+    assert status == 0, kernels_lib.wide_last_cuda_error_string()
+    torch.cuda.synchronize()
+    logits = ref.router_logits(x, wc, bc, wr, br)
+    clear = (logits[..., 0] - logits[..., 1]).abs() > 1e-3
+    assert torch.equal(mask[clear], ref.wide_router(x, wc, bc, wr, br)[clear])

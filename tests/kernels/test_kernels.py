@@ -25,8 +25,8 @@ KINDS = ("n", "n_bias", "gated", "k")
 # (lead shape, group_size, groups, sparsity): K/N tails (24, 40 are not block multiples), M = 1 .. 2x70.
 CPU_SHAPES = (((1,), 16, 4, 0.5), ((2, 3), 32, 3, 0.5), ((2, 35), 48, 2, 0.5), ((70,), 16, 5, 0.0),
               ((70,), 16, 5, 1.0), ((9,), 24, 5, 0.5), ((33,), 40, 3, 0.7))
-GPU_SHAPES = (((1,), 128, 32, 0.5), ((4,), 128, 32, 0.5), ((8,), 512, 8, 0.5), ((300,), 64, 64, 0.5),
-              ((2, 1000), 128, 32, 0.5), ((4096,), 128, 112, 0.5), ((4096,), 512, 8, 0.25),
+# GPU: Llama-sized widths; float32 only on the first shape (each new specialization costs a JIT compile).
+GPU_SHAPES = (((2, 150), 64, 64, 0.5), ((1,), 128, 32, 0.5), ((4,), 512, 8, 0.5), ((4096,), 128, 112, 0.5),
               ((4096,), 32, 128, 0.75), ((17,), 96, 16, 0.5))
 
 
@@ -73,11 +73,13 @@ def check(kind, got, want, t, gs, dtype):
         assert (got[off] == 0).all()
 
 
-def _params(shapes):
+def _params(shapes, gpu=False):
     for kind, algo, dtype, shape in itertools.product(KINDS, ALGOS, DTYPES, shapes):
         lead, gs, G, s = shape
         if algo == "grouped" and kind != "k" and gs % 16:
             continue  # grouped N needs a 16-multiple group size (tile covers the rest)
+        if gpu and dtype == torch.float32 and shape != shapes[0]:
+            continue
         yield pytest.param(kind, algo, dtype, shape,
                            id=f"{kind}-{algo}-{str(dtype)[6:]}-M{'x'.join(map(str, lead))}-gs{gs}-G{G}-s{s}")
 
@@ -91,7 +93,7 @@ def test_masked_gemm_cpu_interpreter(kind, algo, dtype, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind,algo,dtype,shape", list(_params(GPU_SHAPES)))
+@pytest.mark.parametrize("kind,algo,dtype,shape", list(_params(GPU_SHAPES, gpu=True)))
 def test_masked_gemm_gpu(kind, algo, dtype, shape):
     lead, gs, G, s = shape
     t = make_inputs(kind, lead, gs, G, s, dtype, "cuda", _case_seed(kind, algo, dtype, shape))

@@ -35,9 +35,10 @@ def kernels():
     torch = _torch()
     if not torch.cuda.is_available() and os.environ.get(INTERPRET_ENV) is None:
         os.environ[INTERPRET_ENV] = "1"
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as the AOT build; silences Triton 3.9's warning
     from wide_export.kernels import sources
 
-    if _is_interpreted(sources.wide_cast_kernel) and not _is_interpreted(_tl_zeros()):
+    if _is_interpreted(sources.wide_cast_kernel) and _is_compiled_mode(_tl_zeros()):
         # triton.language was imported before the variable was set: its own @jit helpers are compiled-mode.
         raise WideError("Triton was imported before the CPU interpreter was switched on",
                         hint=f"set {INTERPRET_ENV}=1 in the environment before starting Python")
@@ -48,6 +49,12 @@ def _tl_zeros():
     import triton.language as tl
 
     return tl.zeros
+
+
+def _is_compiled_mode(fn) -> bool:
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(fn, JITFunction) and not _is_interpreted(fn)
 
 
 def _is_interpreted(fn) -> bool:

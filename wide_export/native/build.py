@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -89,7 +90,8 @@ def configure_command(
 ) -> list[str]:
     """The `cmake -S plugins -B build_dir ...` command line."""
     cmd = [find_cmake(), "-S", str(SOURCE_DIR), "-B", str(build_dir),
-           "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={normalize_archs(cuda_archs)}"]
+           "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={normalize_archs(cuda_archs)}",
+           f"-DWIDE_PYTHON={sys.executable}"]  # runs the Triton AOT step (wide_export/kernels/aot.py)
     if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
         cmd += ["-G", "Ninja"]
     if nvcc:

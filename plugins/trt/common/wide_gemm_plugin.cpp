@@ -109,11 +109,6 @@ wide_gemm_params_t WideGemmPlugin::params(Dims const* in, DataType type) const
     p.K = x.d[x.nbDims - 1];
     p.N = in[1].d[0];
     p.group_size = field("group_size");
-    p.num_groups = (mSpec.groupsAlongK ? p.K : p.N) / p.group_size;
-    p.ldx = p.K;
-    p.ldw = p.K;
-    p.ldmask = p.num_groups;
-    p.ldy = p.N;
     p.dtype = toWideDtype(type);
     p.algo = WIDE_ALGO_AUTO;
     return p;
@@ -139,7 +134,6 @@ void WideGemmPlugin::run(PluginTensorDesc const* inputDesc, PluginTensorDesc con
     p.w2 = mSpec.nbWeights == 2 ? inputs[2] : nullptr;
     p.mask = static_cast<int32_t const*>(inputs[maskIndex()]);
     p.bias = mSpec.hasBias ? inputs[maskIndex() + 1] : nullptr;
-    p.layout = nullptr;
     p.y = output;
     checkKernel(name(), mSpec.kernel(&p, workspace, workspaceSize, stream));
 }

@@ -173,7 +173,12 @@ void checkKernel(std::string const& where, int status)
 {
     if (status != WIDE_OK)
     {
-        throw PluginError(where + ": kernel failed: " + wide_status_string(status));
+        std::string detail = wide_status_string(status);
+        if (status == WIDE_ERR_CUDA || status == WIDE_ERR_NO_KERNEL)
+        {
+            detail += std::string(" (") + wide_last_cuda_error_string() + ")";
+        }
+        throw PluginError(where + ": kernel failed: " + detail);
     }
 }
 

@@ -63,29 +63,30 @@ void RouterPlugin::validateDims(Dims const* in, Dims const& out) const
     check(wc.nbDims == 2 && dimsCompatible(wc.d[1], H), name(), "compressor_weight must be [R, H]");
     int64_t const R = wc.d[0];
     check(bc.nbDims == 1 && dimsCompatible(bc.d[0], R), name(), "compressor_bias must be [R]");
+    check(R <= 256, name(), "router rank R = " + std::to_string(R) + " is above the fused router's limit 256");
     check(wr.nbDims == 2 && dimsCompatible(wr.d[0], 2 * G) && dimsCompatible(wr.d[1], R), name(),
         "router_weight must be [2 * num_groups, R] = [" + std::to_string(2 * G) + ", R]");
     check(br.nbDims == 1 && dimsCompatible(br.d[0], 2 * G), name(), "router_bias must be [2 * num_groups]");
     check(out.nbDims == in[0].nbDims && dimsCompatible(out.d[out.nbDims - 1], G), name(), "mask must be [..., G]");
 }
 
-size_t RouterPlugin::workspaceFor(Dims const* in, DataType /*type*/) const
+size_t RouterPlugin::workspaceFor(Dims const* /*in*/, DataType /*type*/) const
 {
-    return wide_router_workspace_size(leadingRows(in[0]), in[0].d[in[0].nbDims - 1], in[1].d[0], field("num_groups"));
+    return 0; // the fused router keeps the compressor output in registers
 }
 
 void RouterPlugin::run(PluginTensorDesc const* inputDesc, PluginTensorDesc const& /*outputDesc*/,
-    void const* const* inputs, void* output, void* workspace, size_t workspaceSize, cudaStream_t stream) const
+    void const* const* inputs, void* output, void* /*workspace*/, size_t /*workspaceSize*/, cudaStream_t stream) const
 {
     Dims const& x = inputDesc[0].dims;
     int64_t const M = leadingRows(x);
     int64_t const H = x.d[x.nbDims - 1];
     int64_t const R = inputDesc[1].dims.d[0];
     int64_t const G = field("num_groups");
-    int const status = wide_router(inputs[0], H, toWideDtype(inputDesc[0].type), M, H,
+    int const status = wide_router(inputs[0], toWideDtype(inputDesc[0].type), M, H,
         static_cast<float const*>(inputs[1]), static_cast<float const*>(inputs[2]), R,
         static_cast<float const*>(inputs[3]), static_cast<float const*>(inputs[4]), G, static_cast<int32_t*>(output),
-        G, workspace, workspaceSize, stream);
+        stream);
     checkKernel(name(), status);
 }
 

@@ -1,0 +1,531 @@
+// wide_kernels.cpp: the C API of include/wide_kernels.h over the ahead-of-time compiled Triton kernels.
+//
+// The cubins (one per kernel specialization and architecture) are embedded from wide_aot.bin with
+// .incbin; wide_aot_table.inc lists them (see wide_export/kernels/aot.py). This file only validates
+// arguments, picks the algorithm and tile exactly as wide_export/kernels/{launch,configs,policy}.py
+// do, and launches through the CUDA driver API. Modules are loaded once per CUDA context. The driver
+// API is taken from libcuda.so.1 at run time (dlopen), as TensorRT does: the library links no libcuda,
+// so it builds where only the toolkit is installed (CI) and loads wherever a driver is.
+#include "wide_kernels.h"
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---------------------------------------------------------------------------------------------
+// Embedded cubins
+#define WIDE_STR2(x) #x
+#define WIDE_STR(x) WIDE_STR2(x)
+__asm__(".section .rodata\n"
+        ".balign 16\n"
+        "wide_aot_blob:\n"
+        ".incbin \"" WIDE_STR(WIDE_AOT_BLOB) "\"\n"
+        ".previous\n");
+extern "C" const unsigned char wide_aot_blob[];
+
+namespace
+{
+
+struct Cubin
+{
+    char const* key;
+    int arch;
+    size_t offset;
+    size_t size;
+    char const* name;
+    unsigned shared;
+    unsigned warps;
+    int nparams;
+};
+
+Cubin const kCubins[] = {
+#include "wide_aot_table.inc"
+};
+int const kNumCubins = static_cast<int>(sizeof(kCubins) / sizeof(kCubins[0]));
+
+struct Policy
+{
+    int arch; // 0 = default
+    int64_t gemvMaxM, groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
+};
+Policy const kPolicies[] = {
+#include "wide_aot_policy.inc"
+};
+
+// Tiles: keep in step with wide_export/kernels/configs.py (tests/kernels/test_build.py checks them).
+constexpr int kGemvBlockN = 16;
+constexpr int kRouterBlockM = 16;
+constexpr int kRouterBlockRs[] = {16, 32, 64, 128, 256};
+constexpr int kCastBlock = 1024;
+constexpr int kTileBlockM = 64;
+constexpr int kTileBlockN = 64;
+constexpr int kGroupedBlockM = 64;
+constexpr int kGroupedBlockNs[] = {128, 64, 32, 16};
+constexpr int kGroupedKBlockN = 128;
+
+thread_local std::string tLastCudaError;
+
+//! The driver API entry points this file uses, resolved from libcuda.so.1 once.
+struct Driver
+{
+    bool ok = false;
+    decltype(&::cuGetErrorString) getErrorString = nullptr;
+    decltype(&::cuCtxGetDevice) ctxGetDevice = nullptr;
+    decltype(&::cuCtxGetCurrent) ctxGetCurrent = nullptr;
+    decltype(&::cuDeviceGetAttribute) deviceGetAttribute = nullptr;
+    decltype(&::cuModuleLoadData) moduleLoadData = nullptr;
+    decltype(&::cuModuleGetFunction) moduleGetFunction = nullptr;
+    decltype(&::cuFuncSetAttribute) funcSetAttribute = nullptr;
+    decltype(&::cuLaunchKernel) launchKernel = nullptr;
+    decltype(&::cuMemsetD8Async) memsetD8Async = nullptr;
+};
+
+template <typename F>
+bool resolveSym(void* lib, F& fn, char const* name)
+{
+    fn = reinterpret_cast<F>(dlsym(lib, name));
+    return fn != nullptr;
+}
+
+Driver const& driver()
+{
+    static Driver const d = [] {
+        Driver r;
+        void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!lib)
+            return r;
+        // WIDE_STR expands cuda.h's versioning macros (e.g. cuCtxGetDevice -> its current ABI name).
+        r.ok = resolveSym(lib, r.getErrorString, WIDE_STR(cuGetErrorString))
+            && resolveSym(lib, r.ctxGetDevice, WIDE_STR(cuCtxGetDevice))
+            && resolveSym(lib, r.ctxGetCurrent, WIDE_STR(cuCtxGetCurrent))
+            && resolveSym(lib, r.deviceGetAttribute, WIDE_STR(cuDeviceGetAttribute))
+            && resolveSym(lib, r.moduleLoadData, WIDE_STR(cuModuleLoadData))
+            && resolveSym(lib, r.moduleGetFunction, WIDE_STR(cuModuleGetFunction))
+            && resolveSym(lib, r.funcSetAttribute, WIDE_STR(cuFuncSetAttribute))
+            && resolveSym(lib, r.launchKernel, WIDE_STR(cuLaunchKernel))
+            && resolveSym(lib, r.memsetD8Async, WIDE_STR(cuMemsetD8Async));
+        return r;
+    }();
+    return d;
+}
+
+int cudaFail(CUresult r, char const* what)
+{
+    char const* s = nullptr;
+    driver().getErrorString(r, &s);
+    tLastCudaError = std::string(what) + ": " + (s ? s : "unknown CUDA error");
+    return WIDE_ERR_CUDA;
+}
+
+char const* dtypeName(wide_dtype_t d)
+{
+    switch (d)
+    {
+    case WIDE_FLOAT32: return "float32";
+    case WIDE_FLOAT16: return "float16";
+    case WIDE_BFLOAT16: return "bfloat16";
+    }
+    return nullptr;
+}
+
+int deviceArch(int& arch)
+{
+    if (!driver().ok)
+    {
+        tLastCudaError = "libcuda.so.1 (the NVIDIA driver) could not be loaded";
+        return WIDE_ERR_CUDA;
+    }
+    CUdevice dev;
+    CUresult r = driver().ctxGetDevice(&dev);
+    if (r != CUDA_SUCCESS)
+    {
+        cudaFree(nullptr); // make the runtime create and bind its primary context
+        r = driver().ctxGetDevice(&dev);
+    }
+    if (r != CUDA_SUCCESS)
+        return cudaFail(r, "cuCtxGetDevice");
+    int major = 0;
+    int minor = 0;
+    if ((r = driver().deviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) != CUDA_SUCCESS
+        || (r = driver().deviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) != CUDA_SUCCESS)
+        return cudaFail(r, "cuDeviceGetAttribute");
+    arch = major * 10 + minor;
+    return WIDE_OK;
+}
+
+//! The cubin for key on a device of `arch`: same major, highest compiled minor <= the device's.
+int findCubin(std::string const& key, int arch)
+{
+    int best = -1;
+    for (int i = 0; i < kNumCubins; ++i)
+    {
+        Cubin const& c = kCubins[i];
+        if (key == c.key && c.arch / 10 == arch / 10 && c.arch <= arch && (best < 0 || c.arch > kCubins[best].arch))
+            best = i;
+    }
+    return best;
+}
+
+std::mutex gMutex;
+std::map<std::pair<CUcontext, int>, CUfunction> gFunctions;
+
+int function(int index, CUfunction& fn)
+{
+    CUcontext ctx = nullptr;
+    CUresult r = driver().ctxGetCurrent(&ctx);
+    if (r != CUDA_SUCCESS)
+        return cudaFail(r, "cuCtxGetCurrent");
+    std::lock_guard<std::mutex> lock(gMutex);
+    auto it = gFunctions.find({ctx, index});
+    if (it != gFunctions.end())
+    {
+        fn = it->second;
+        return WIDE_OK;
+    }
+    Cubin const& c = kCubins[index];
+    CUmodule mod;
+    if ((r = driver().moduleLoadData(&mod, wide_aot_blob + c.offset)) != CUDA_SUCCESS)
+        return cudaFail(r, "cuModuleLoadData");
+    if ((r = driver().moduleGetFunction(&fn, mod, c.name)) != CUDA_SUCCESS)
+        return cudaFail(r, "cuModuleGetFunction");
+    if (c.shared > 49152
+        && (r = driver().funcSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(c.shared)))
+            != CUDA_SUCCESS)
+        return cudaFail(r, "cuFuncSetAttribute");
+    gFunctions[{ctx, index}] = fn;
+    return WIDE_OK;
+}
+
+//! Kernel arguments in declaration order (pointers and i32 scalars, as the Triton kernel declares them).
+class Args
+{
+public:
+    Args& ptr(void const* p)
+    {
+        mPtrs.push_back(reinterpret_cast<CUdeviceptr>(p));
+        mKinds.push_back(0);
+        return *this;
+    }
+    Args& i32(int64_t v)
+    {
+        mInts.push_back(static_cast<int32_t>(v));
+        mKinds.push_back(1);
+        return *this;
+    }
+    std::vector<void*> build()
+    {
+        std::vector<void*> out;
+        size_t p = 0;
+        size_t i = 0;
+        for (int k : mKinds)
+            out.push_back(k == 0 ? static_cast<void*>(&mPtrs[p++]) : static_cast<void*>(&mInts[i++]));
+        out.push_back(&mScratch[0]); // Triton's global / profile scratch pointers (size 0: aot.py checks)
+        out.push_back(&mScratch[1]);
+        return out;
+    }
+
+private:
+    std::vector<CUdeviceptr> mPtrs;
+    std::vector<int32_t> mInts;
+    std::vector<int> mKinds;
+    CUdeviceptr mScratch[2] = {0, 0};
+};
+
+int launch(std::string const& key, int arch, unsigned gx, unsigned gy, unsigned gz, Args& args, cudaStream_t stream)
+{
+    if (gx == 0 || gy == 0 || gz == 0)
+        return WIDE_OK;
+    int const index = findCubin(key, arch);
+    if (index < 0)
+    {
+        tLastCudaError = "no cubin for " + key + " on sm_" + std::to_string(arch);
+        return WIDE_ERR_NO_KERNEL;
+    }
+    CUfunction fn;
+    if (int s = function(index, fn))
+        return s;
+    std::vector<void*> params = args.build();
+    Cubin const& c = kCubins[index];
+    CUresult r = driver().launchKernel(fn, gx, gy, gz, c.warps * 32, 1, 1, c.shared, reinterpret_cast<CUstream>(stream),
+        params.data(), nullptr);
+    return r == CUDA_SUCCESS ? WIDE_OK : cudaFail(r, key.c_str());
+}
+
+unsigned cdiv(int64_t a, int64_t b)
+{
+    return static_cast<unsigned>((a + b - 1) / b);
+}
+
+size_t align256(size_t v)
+{
+    return (v + 255) / 256 * 256;
+}
+
+Policy policyFor(int arch)
+{
+    Policy p = kPolicies[0];
+    for (Policy const& q : kPolicies)
+    {
+        if (q.arch == 0)
+            p = q;
+    }
+    for (Policy const& q : kPolicies)
+    {
+        if (q.arch == arch)
+            return q;
+    }
+    return p;
+}
+
+int groupedBlockN(int64_t gs)
+{
+    for (int b : kGroupedBlockNs)
+    {
+        if (gs % b == 0)
+            return b;
+    }
+    return 0;
+}
+
+int resolve(wide_gemm_params_t const* p, bool kindK, int arch)
+{
+    bool const fp32 = p->dtype == WIDE_FLOAT32; // no grouped cubins for float32 (aot.specs)
+    if (p->algo != WIDE_ALGO_AUTO)
+        return p->algo;
+    Policy const pol = policyFor(arch);
+    if (p->M <= pol.gemvMaxM)
+        return WIDE_ALGO_GEMV;
+    if (!fp32 && kindK && p->M >= pol.groupedKMinM && p->group_size >= pol.groupedKMinGs)
+        return WIDE_ALGO_GROUPED;
+    if (!fp32 && !kindK && p->M >= pol.groupedNMinM && p->group_size >= pol.groupedNMinGs
+        && groupedBlockN(p->group_size))
+        return WIDE_ALGO_GROUPED;
+    return WIDE_ALGO_TILE; // the plugins' dense path: this library carries no cuBLAS
+}
+
+int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
+{
+    if (!p || !p->x || !p->w || !p->mask || !p->y || p->M < 0 || p->N <= 0 || p->K <= 0 || p->group_size <= 0)
+        return WIDE_ERR_INVALID_ARGUMENT;
+    if (!dtypeName(p->dtype))
+        return WIDE_ERR_UNSUPPORTED_DTYPE;
+    if ((kindK ? p->K : p->N) % p->group_size != 0)
+        return WIDE_ERR_INVALID_ARGUMENT;
+    if (gated != (p->w2 != nullptr) || (kindK && p->bias))
+        return WIDE_ERR_INVALID_ARGUMENT;
+    if (p->algo < WIDE_ALGO_AUTO || p->algo > WIDE_ALGO_TILE)
+        return WIDE_ERR_INVALID_ARGUMENT;
+    if (p->algo == WIDE_ALGO_GROUPED && (p->dtype == WIDE_FLOAT32 || (!kindK && !groupedBlockN(p->group_size))))
+        return WIDE_ERR_INVALID_ARGUMENT;
+    // the kernels index with i32
+    int64_t const lim = int64_t{1} << 31;
+    if (p->M * p->K >= lim || p->M * p->N >= lim || p->N * p->K >= lim)
+        return WIDE_ERR_INVALID_ARGUMENT;
+    return WIDE_OK;
+}
+
+size_t rowsBytes(int64_t M, int64_t G)
+{
+    return align256(static_cast<size_t>(G) * M * 4) + align256(static_cast<size_t>(G) * 4);
+}
+
+int groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws, int arch, cudaStream_t stream)
+{
+    auto* rows = static_cast<int32_t*>(ws);
+    auto* counts = reinterpret_cast<int32_t*>(static_cast<char*>(ws) + align256(static_cast<size_t>(G) * M * 4));
+    Args a;
+    a.ptr(mask).ptr(rows).ptr(counts).i32(M).i32(G);
+    return launch("group_rows", arch, static_cast<unsigned>(G), 1, 1, a, stream);
+}
+
+int gemmN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, cudaStream_t stream)
+{
+    if (int s = validate(p, false, gated))
+        return s;
+    if (p->M == 0)
+        return WIDE_OK;
+    int arch = 0;
+    if (int s = deviceArch(arch))
+        return s;
+    std::string const dt = dtypeName(p->dtype);
+    std::string const var = gated ? "gated" : (p->bias ? "bias" : "plain");
+    int64_t const G = p->N / p->group_size;
+    void const* w2 = gated ? p->w2 : p->w; // never read when the variant does not use it
+    void const* b = p->bias ? p->bias : p->w;
+    int const algo = resolve(p, false, arch);
+    Args a;
+    if (algo == WIDE_ALGO_GEMV)
+    {
+        a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+        return launch("gemv_n/" + dt + "/" + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a,
+            stream);
+    }
+    if (algo == WIDE_ALGO_GROUPED)
+    {
+        if (!ws || wsSize < rowsBytes(p->M, G))
+            return WIDE_ERR_WORKSPACE_TOO_SMALL;
+        if (int s = groupRows(p->mask, p->M, G, ws, arch, stream))
+            return s;
+        int const bn = groupedBlockN(p->group_size);
+        auto* rows = static_cast<int32_t*>(ws);
+        auto* counts = reinterpret_cast<int32_t*>(static_cast<char*>(ws) + align256(static_cast<size_t>(G) * p->M * 4));
+        a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(rows).ptr(counts).ptr(p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
+        return launch("grouped_n/" + dt + "/" + var + "/bn" + std::to_string(bn), arch, cdiv(p->M, kGroupedBlockM),
+            static_cast<unsigned>(p->N / bn), 1, a, stream);
+    }
+    a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
+    a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+    return launch("tile_n/" + dt + "/" + var, arch, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, a, stream);
+}
+
+} // namespace
+
+extern "C" {
+
+char const* wide_status_string(int status)
+{
+    switch (status)
+    {
+    case WIDE_OK: return "ok";
+    case WIDE_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case WIDE_ERR_UNSUPPORTED_DTYPE: return "unsupported dtype";
+    case WIDE_ERR_WORKSPACE_TOO_SMALL: return "workspace too small";
+    case WIDE_ERR_CUDA: return "CUDA error";
+    case WIDE_ERR_NO_KERNEL: return "no compiled kernel for this GPU architecture";
+    }
+    return "unknown status";
+}
+
+int wide_kernels_api_version(void)
+{
+    return WIDE_KERNELS_API_VERSION;
+}
+
+char const* wide_last_cuda_error_string(void)
+{
+    return tLastCudaError.c_str();
+}
+
+int wide_kernels_cubin_count(void)
+{
+    return kNumCubins;
+}
+
+int wide_kernels_has_cubin(char const* key, int arch)
+{
+    return key && findCubin(key, arch) >= 0 ? 1 : 0;
+}
+
+size_t wide_gemm_params_sizeof(void)
+{
+    return sizeof(wide_gemm_params_t);
+}
+
+int wide_router(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, float const* wc, float const* bc, int64_t R,
+    float const* wr, float const* br, int64_t G, int32_t* mask, cudaStream_t stream)
+{
+    if (!x || !wc || !bc || !wr || !br || !mask || M < 0 || H <= 0 || R <= 0 || G <= 0)
+        return WIDE_ERR_INVALID_ARGUMENT;
+    if (!dtypeName(dtype))
+        return WIDE_ERR_UNSUPPORTED_DTYPE;
+    int blockR = 0;
+    for (int b : kRouterBlockRs)
+    {
+        if (R <= b)
+        {
+            blockR = b;
+            break;
+        }
+    }
+    if (!blockR || M * H >= (int64_t{1} << 31))
+        return WIDE_ERR_INVALID_ARGUMENT;
+    if (M == 0)
+        return WIDE_OK;
+    int arch = 0;
+    if (int s = deviceArch(arch))
+        return s;
+    Args a;
+    a.ptr(x).ptr(wc).ptr(bc).ptr(wr).ptr(br).ptr(mask).i32(M).i32(H).i32(R).i32(G).i32(H);
+    return launch(std::string("router/") + dtypeName(dtype) + "/r" + std::to_string(blockR), arch,
+        cdiv(M, kRouterBlockM), 1, 1, a, stream);
+}
+
+size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
+{
+    if (!p || p->group_size <= 0 || p->M < 0 || p->N < 0 || p->K < 0)
+        return 0;
+    // Sized for the grouped algorithm whatever AUTO picks at run time (monotonic in M): row lists for
+    // the groups along N or K, plus the float32 accumulator of the K-pruned scatter-add.
+    int64_t const G = (p->N > p->K ? p->N : p->K) / p->group_size;
+    return rowsBytes(p->M, G) + align256(static_cast<size_t>(p->M) * p->N * 4);
+}
+
+int wide_gemm_resolve_algo(wide_gemm_params_t const* p, int kind_k, int arch)
+{
+    return p ? resolve(p, kind_k != 0, arch) : -1;
+}
+
+int wide_gemm_n(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
+{
+    return gemmN(p, false, workspace, workspace_size, stream);
+}
+
+int wide_gemm_n_gated(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
+{
+    return gemmN(p, true, workspace, workspace_size, stream);
+}
+
+int wide_gemm_k(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
+{
+    if (int s = validate(p, true, false))
+        return s;
+    if (p->M == 0)
+        return WIDE_OK;
+    int arch = 0;
+    if (int s = deviceArch(arch))
+        return s;
+    std::string const dt = dtypeName(p->dtype);
+    int64_t const G = p->K / p->group_size;
+    int const algo = resolve(p, true, arch);
+    Args a;
+    if (algo == WIDE_ALGO_GEMV)
+    {
+        a.ptr(p->x).ptr(p->w).ptr(p->mask).ptr(p->y).i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+        return launch("gemv_k/" + dt, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a, stream);
+    }
+    if (algo == WIDE_ALGO_GROUPED)
+    {
+        size_t const rb = rowsBytes(p->M, G);
+        size_t const accBytes = static_cast<size_t>(p->M) * p->N * 4;
+        if (!workspace || workspace_size < rb + align256(accBytes))
+            return WIDE_ERR_WORKSPACE_TOO_SMALL;
+        if (int s = groupRows(p->mask, p->M, G, workspace, arch, stream))
+            return s;
+        auto* rows = static_cast<int32_t*>(workspace);
+        auto* counts
+            = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + align256(static_cast<size_t>(G) * p->M * 4));
+        void* acc = static_cast<char*>(workspace) + rb;
+        CUresult r
+            = driver().memsetD8Async(reinterpret_cast<CUdeviceptr>(acc), 0, accBytes, reinterpret_cast<CUstream>(stream));
+        if (r != CUDA_SUCCESS)
+            return cudaFail(r, "cuMemsetD8Async");
+        a.ptr(p->x).ptr(p->w).ptr(rows).ptr(counts).ptr(acc).i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
+        if (int s = launch("grouped_k/" + dt, arch, cdiv(p->M, kGroupedBlockM), cdiv(p->N, kGroupedKBlockN),
+                static_cast<unsigned>(G), a, stream))
+            return s;
+        Args c;
+        c.ptr(acc).ptr(p->y).i32(p->M * p->N);
+        return launch("cast/" + dt, arch, cdiv(p->M * p->N, kCastBlock), 1, 1, c, stream);
+    }
+    a.ptr(p->x).ptr(p->w).ptr(p->mask).ptr(p->y).i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+    return launch("tile_k/" + dt, arch, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, a, stream);
+}
+
+} // extern "C"

@@ -1,0 +1,209 @@
+"""Ahead-of-time build of the Triton kernels for the TensorRT plugins.
+
+    python -m wide_export.kernels.aot --out DIR --archs "80;90" [--jobs N]
+
+compiles every specialization the plugins launch (``specs()``: kernel x dtype
+x variant x tile, the tiles of ``configs.py``) with ``triton.compile`` for each
+architecture, no GPU needed, and writes into DIR:
+
+- ``wide_aot.bin``: all cubins back to back;
+- ``wide_aot_table.inc``: one C++ initializer per cubin (key, arch, offset,
+  size, kernel name, shared memory, warps), included by
+  ``plugins/kernels/src/wide_kernels.cpp``, which embeds the blob with
+  ``.incbin`` and launches through the CUDA driver API;
+- ``wide_aot_policy.inc``: the ``policy.json`` thresholds as C++ constants.
+
+Why not ``triton.tools.compile``'s C launcher: its template calls ``exit()``
+on any CUDA error (fatal inside TensorRT), loads modules for one context
+only, and emits one 100 KB hex array per variant; the table + blob keeps
+one source of tile shapes and a per-context module cache in our runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wide_export.kernels import configs as cfg
+from wide_export.kernels.policy import POLICY_FILE
+
+_TRITON_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One compiled specialization: ``key`` is what the C++ runtime looks up."""
+
+    key: str
+    kernel: str
+    ptr_types: tuple  # (arg name, triton pointer type) for every pointer argument
+    constexprs: tuple  # (name, value)
+    num_warps: int
+    num_stages: int = cfg.STAGES
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+def _ptrs(dt: str, *names: str, **special: str) -> tuple:
+    return tuple((n, special.get(n, f"*{dt}")) for n in names)
+
+
+def specs() -> list[Spec]:
+    """Every specialization the plugins need (fp32: no grouped kernels, prefill runs the tile kernels)."""
+    out = [Spec("group_rows", "wide_group_rows_kernel", (("mask_ptr", "*i32"), ("rows_ptr", "*i32"),
+                                                           ("counts_ptr", "*i32")),
+                (("BLOCK", cfg.GROUP_ROWS_BLOCK),), 4)]
+    variants = {"plain": (False, False), "bias": (True, False), "gated": (False, True)}
+    for dtype in cfg.DTYPES:
+        dt = _TRITON_DTYPE[dtype]
+        precise = dtype == "float32"
+        for br in cfg.ROUTER_BLOCK_RS:
+            out.append(Spec(f"router/{dtype}/r{br}", "wide_router_kernel",
+                            _ptrs("fp32", "x_ptr", "wc_ptr", "bc_ptr", "wr_ptr", "br_ptr", "mask_ptr",
+                                  x_ptr=f"*{dt}", mask_ptr="*i32"),
+                            (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_H", cfg.ROUTER_BLOCK_H),
+                             ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)), cfg.ROUTER_WARPS))
+        gemm_n_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
+        grouped_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "rows_ptr", "counts_ptr", "y_ptr",
+                             rows_ptr="*i32", counts_ptr="*i32")
+        tile = cfg.tile_tile()
+        for var, (has_bias, gated) in variants.items():
+            flags = (("HAS_BIAS", has_bias), ("GATED", gated))
+            out.append(Spec(f"gemv_n/{dtype}/{var}", "wide_gemv_n_kernel", gemm_n_ptrs,
+                            flags + (("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)), cfg.GEMV_WARPS))
+            out.append(Spec(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
+                            flags + (("PRECISE", precise), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
+                                     ("BLOCK_K", tile.block_k)), tile.num_warps))
+            if not precise:
+                for bn in cfg.GROUPED_BLOCK_NS:
+                    t = cfg.grouped_n_tile(bn)
+                    out.append(Spec(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
+                                    flags + (("PRECISE", False), ("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
+                                             ("BLOCK_K", t.block_k)), t.num_warps))
+        out.append(Spec(f"gemv_k/{dtype}", "wide_gemv_k_kernel", _ptrs(dt, "x_ptr", "w_ptr", "mask_ptr", "y_ptr",
+                                                                        mask_ptr="*i32"),
+                        (("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)), cfg.GEMV_WARPS))
+        out.append(Spec(f"tile_k/{dtype}", "wide_tile_gemm_k_kernel", _ptrs(dt, "x_ptr", "w_ptr", "mask_ptr", "y_ptr",
+                                                                             mask_ptr="*i32"),
+                        (("PRECISE", precise), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
+                         ("BLOCK_K", tile.block_k)), tile.num_warps))
+        if not precise:
+            t = cfg.grouped_k_tile()
+            out.append(Spec(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
+                            _ptrs(dt, "x_ptr", "w_ptr", "rows_ptr", "counts_ptr", "acc_ptr", rows_ptr="*i32",
+                                  counts_ptr="*i32", acc_ptr="*fp32"),
+                            (("PRECISE", False), ("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
+                             ("BLOCK_K", t.block_k)), t.num_warps))
+            out.append(Spec(f"cast/{dtype}", "wide_cast_kernel", (("src_ptr", "*fp32"), ("dst_ptr", f"*{dt}")),
+                            (("BLOCK", cfg.CAST_BLOCK),), 4))
+    return out
+
+
+def _compile(spec: Spec, arch: int):
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 3.6 fuses by default
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from wide_export.kernels import sources
+
+    fn = getattr(sources, spec.kernel)
+    consts = dict(spec.constexprs)
+    ptrs = dict(spec.ptr_types)
+    signature = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in ptrs}
+    target = GPUTarget("cuda", arch, 32)
+    options = triton.compiler.make_backend(target).parse_options(
+        {"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    return fn, consts, triton.compile(src, target=target, options=options.__dict__)
+
+
+def compile_spec_ptx(spec: Spec, arch: int) -> str:
+    """The PTX of one specialization (tests look for wgmma on sm_90)."""
+    return _compile(spec, arch)[2].asm["ptx"]
+
+
+def compile_spec(spec: Spec, arch: int) -> dict:
+    """triton.compile one specialization for sm_<arch>; returns the cubin and its launch facts."""
+    fn, consts, compiled = _compile(spec, arch)
+    md = compiled.metadata
+    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+        raise RuntimeError(f"{spec.key} sm_{arch} needs scratch memory, which the plugin runtime does not provide")
+    params = [n for n in fn.arg_names if n not in consts]
+    return {"key": spec.key, "arch": arch, "name": md.name, "shared": int(md.shared), "num_warps": spec.num_warps,
+            "nparams": len(params), "cubin": compiled.asm["cubin"]}
+
+
+def _policy_inc() -> str:
+    table = json.loads(POLICY_FILE.read_text())
+    lines = ["// generated by wide_export/kernels/aot.py from policy.json: do not edit"]
+    for arch, p in table.items():
+        if arch.startswith("_") or arch == "interpreter":
+            continue
+        num = 0 if arch == "default" else int(arch.split("_")[1])
+        lines.append(f"{{{num}, {p['gemv_max_m']}, {p['grouped_n_min_m']}, {p['grouped_n_min_group_size']}, "
+                     f"{p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}}},")
+    return "\n".join(lines) + "\n"
+
+
+def build(out_dir: Path, archs: list[int], jobs: int = 0, log=print) -> list[dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = [(s, a) for a in archs for s in specs()]
+    jobs = jobs or max(1, min(len(work), os.cpu_count() or 1))
+    t0 = time.time()
+    log(f"aot: compiling {len(work)} Triton kernel specializations for sm_{', sm_'.join(map(str, archs))} "
+        f"({jobs} processes)")
+    results: list[dict] = []
+    with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(compile_spec, s, a) for s, a in work]
+        for i, fut in enumerate(cf.as_completed(futures), 1):
+            results.append(fut.result())
+            if i % 20 == 0 or i == len(work):
+                log(f"aot: {i}/{len(work)} compiled ({time.time() - t0:.0f} s)")
+    results.sort(key=lambda r: (r["key"], r["arch"]))
+    blob, rows, offset = bytearray(), [], 0
+    for r in results:
+        while len(blob) % 16:
+            blob.append(0)
+        offset = len(blob)
+        blob += r["cubin"]
+        rows.append(f'{{"{r["key"]}", {r["arch"]}, {offset}, {len(r["cubin"])}, "{r["name"]}", {r["shared"]}, '
+                    f'{r["num_warps"]}, {r["nparams"]}}},')
+    _write(out_dir / "wide_aot.bin", bytes(blob))
+    _write(out_dir / "wide_aot_table.inc",
+           "// generated by wide_export/kernels/aot.py: do not edit\n" + "\n".join(rows) + "\n")
+    _write(out_dir / "wide_aot_policy.inc", _policy_inc())
+    log(f"aot: {len(results)} cubins, {len(blob) / 1e6:.1f} MB, in {time.time() - t0:.0f} s")
+    return [{k: v for k, v in r.items() if k != "cubin"} for r in results]
+
+
+def _write(path: Path, data) -> None:
+    """Write only when the content changed (keeps CMake's incremental build incremental)."""
+    data = data.encode() if isinstance(data, str) else data
+    if path.exists() and path.read_bytes() == data:
+        return
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--archs", default="80;90", help='";"-separated compute capabilities, e.g. "80;90"')
+    ap.add_argument("--jobs", type=int, default=0)
+    args = ap.parse_args(argv)
+    archs = sorted({int(a.strip().lower().removeprefix("sm_").split("-")[0].rstrip("a"))
+                    for a in args.archs.replace(",", ";").split(";") if a.strip()})
+    build(args.out, archs, args.jobs, log=lambda m: print(m, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
