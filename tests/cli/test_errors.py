@@ -180,3 +180,9 @@ def test_interrupt_leaves_nothing(tmp_path, monkeypatch):
     result = runner.invoke(get_app(), ["onnx", "-o", str(tmp_path / "o"), "--no-verify"])
     assert result.exit_code == 130
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("make", [lambda p: p / "nope", lambda p: (p / "empty").mkdir() or p / "empty"],
+                         ids=["missing", "empty"])
+def test_verify_of_a_folder_that_is_not_an_export(tmp_path, make):
+    run_fails(["verify", "--onnx", str(make(tmp_path))], "is not a wide-export ONNX folder")
