@@ -24,7 +24,7 @@ from typing import Any, Optional
 from wide_export.errors import WideError
 from wide_export.outdir import atomic_output_dir, check_output_dir
 from wide_export.signals import check_interrupted, interrupt_on_signals
-from wide_export.trt.backend import Backend, has_gpu, needs_child, rtx_child_env, select_backend
+from wide_export.trt.backend import needs_child, rtx_child_env, select_backend
 from wide_export.trt.plugins import PLUGIN_LIB_NAME, PluginLibrary, load_plugin_library
 from wide_export.trt.profiles import build_profiles
 from wide_export.trt.recipes import ProfileLimits, Recipe, check_group_sizes, load_recipe
@@ -36,8 +36,6 @@ ENGINE_FILE = "wide.engine"
 MANIFEST = "wide_engine.json"
 TIMING_CACHE = "timing.cache"
 MANIFEST_FORMAT = "wide-engine/1"
-# TensorRT-RTX without a GPU cannot query one: build for this compute capability.
-RTX_DEFAULT_CC = "SM89"
 
 _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
 
@@ -79,24 +77,6 @@ def _graph_precision(model, config: dict[str, Any]) -> str:
         if value.name.startswith("past_key_values."):
             return _ONNX_DTYPES.get(value.type.tensor_type.elem_type, "float32")
     return "float32"
-
-
-def _configure(backend: Backend, builder, limits_profiles, compute_capability: Optional[str]):
-    trt = backend.trt
-    config = builder.create_builder_config()
-    if backend.is_rtx:
-        cc = compute_capability or ("CURRENT" if has_gpu() else RTX_DEFAULT_CC)
-        if not hasattr(trt.ComputeCapability, cc):
-            raise WideError(f"unknown compute capability {cc!r}",
-                            hint="one of " + ", ".join(trt.ComputeCapability.__members__))
-        config.num_compute_capabilities = 1
-        config.set_compute_capability(getattr(trt.ComputeCapability, cc), 0)
-    for prof in limits_profiles:
-        p = builder.create_optimization_profile()
-        for name, (lo, opt, hi) in prof.shapes.items():
-            p.set_shape(name, lo, opt, hi)
-        config.add_optimization_profile(p)
-    return config
 
 
 def _tensors(trt, network, inputs: bool) -> list[dict[str, Any]]:
@@ -148,46 +128,14 @@ def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, 
             shutil.copyfile(src, staging / name)
 
 
-# The parser names inlined function-body nodes after their outputs, which repeat in every
-# instance of a `wide` op; it warns once per node. Those warnings say nothing to the user.
-_NOISE = "already exists, the output tensors of this new instance will not be queryable"
-
-
-def _quiet_logger(trt):
-    """A WARNING-level TensorRT logger that drops the duplicate-node-name noise of inlined bodies."""
-
-    class Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.WARNING and _NOISE not in msg:
-                print(f"[TRT] [{str(severity).rsplit('.', 1)[-1][0]}] {msg}", file=sys.stderr)
-
-    return Logger()
-
-
-def _parse(be: Backend, onnx_file: Path, model, lib: Optional[PluginLibrary], require_plugin_layers: bool):
-    """Parse into a strongly typed network: (builder, network, parser, plugin-layer report, strongly typed?).
-    Keep the parser alive until the build: it owns the weights the network points at."""
-    trt = be.trt
-    logger = _quiet_logger(trt)
-    builder = trt.Builder(logger)
-    flags = 0
-    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_file)):
-        errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
-        raise WideError(f"{be.flavour} could not parse {onnx_file}: {errors}",
-                        hint="a `wide` node without a registered plugin needs its function body in the model")
+def _check_plugin_layers(model, network, trt, lib: Optional[PluginLibrary], required: bool) -> PluginReport:
+    """Which `wide` nodes became plugin layers; with a library loaded (and `required`) all of them must."""
     report = plugin_report(wide_nodes(model.graph), plugin_layer_names(network, trt))
-    if lib is not None and require_plugin_layers and report.inlined:
+    if lib is not None and required and report.inlined:
         names = ", ".join(n.name for n in report.inlined[:3])
         raise WideError(f"{len(report.inlined)} wide node(s) were inlined although {lib.path.name} is loaded: {names}",
                         hint="the library lacks a creator for their op_type/version/namespace")
-    return builder, network, parser, report, bool(flags)
+    return report
 
 
 def build_engine_here(
@@ -251,36 +199,33 @@ def _build(onnx_path: Path, graph_dir: Path, out: Path, model, config: dict[str,
     trt = be.trt
     lib: Optional[PluginLibrary] = load_plugin_library(be, Path(plugins)) if plugins else None
 
-    builder, network, _parser, report, strongly_typed = _parse(be, graph_dir / ONNX_FILE, model, lib,
-                                                               require_plugin_layers)
+    from wide_export.trt import loaders  # Polygraphy's loader chain (loaders.py says what stays ours)
+    from wide_export.trt.progress import progress_monitor
 
+    cc = loaders.rtx_target(be, compute_capability)  # a bad name fails before the parse
+    loaders.use_flavour(be)
+    builder, network, parser = loaders.parse_network(be, str(graph_dir / ONNX_FILE))
+    report = _check_plugin_layers(model, network, trt, lib, require_plugin_layers)
     masks = _mark_mask_outputs(network, config) if mask_outputs else []
     inputs = [(t["name"], t["shape"]) for t in _tensors(trt, network, inputs=True)]
     profiles = build_profiles(inputs, lim)
-    cfg = _configure(be, builder, profiles, compute_capability)
     cache_path = Path(timing_cache) if timing_cache else out / TIMING_CACHE
     cache_bytes = cache_path.read_bytes() if cache_path.is_file() else b""
-    cfg.set_timing_cache(cfg.create_timing_cache(cache_bytes), ignore_mismatch=True)
-
-    from wide_export.trt.progress import progress_monitor
-
-    with progress_monitor(trt, enabled=progress) as monitor:
-        if monitor is not None:
-            cfg.progress_monitor = monitor
-        plan = builder.build_serialized_network(network, cfg)
+    with progress_monitor(trt, enabled=progress) as monitor, tempfile.TemporaryDirectory(prefix="wide-cache-") as tmp:
+        cache_file = Path(tmp) / TIMING_CACHE
+        cache_file.write_bytes(cache_bytes)
+        create_config = loaders.create_config(be, profiles, str(cache_file) if cache_bytes else None, cc, monitor)
+        engine = loaders.build_bytes(be, (builder, network, parser), create_config, str(cache_file))
+        cache = cache_file.read_bytes()
     check_interrupted()  # a Ctrl-C/SIGTERM during the build is swallowed by TensorRT's callbacks
-    if plan is None:
-        raise WideError(f"{be.flavour} failed to build the engine", hint="see the TensorRT errors above")
-    engine = bytes(plan)
-    cache = bytes(cfg.get_timing_cache().serialize())
 
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "tensorrt": {"package": be.package, "flavour": be.flavour, "version": be.version},
-        "compute_capability": (compute_capability or ("CURRENT" if has_gpu() else RTX_DEFAULT_CC))
-        if be.is_rtx else None,
+        "compute_capability": cc,
         "precision": precision,
-        "strongly_typed": strongly_typed,
+        "strongly_typed": True,  # NetworkFromOnnxPath(strongly_typed=True) fails where unsupported
+        "builder": loaders.chain_record(be),
         "plugins": [PLUGIN_LIB_NAME] if lib else [],
         "plugin_library": {"file": PLUGIN_LIB_NAME, "source": str(lib.path), "sha256": lib.sha256,
                            "creators": list(lib.creators), "load_with": "IPluginRegistry.loadLibrary"}

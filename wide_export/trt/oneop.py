@@ -9,6 +9,7 @@ run the engine against wide_export.ops.reference; the CPU tests only build.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -75,7 +76,7 @@ def one_op_model(op: str, *, dtype: str = "float32", k: int = 64, n: int = 48, g
 def build_one_op_engine_here(onnx_path: str, engine_path: str, plugins: Optional[str] = None,
                              backend: Optional[str] = None, compute_capability: Optional[str] = None) -> dict:
     """Parse + build one one-op graph in this process; returns {"layers": [...], "plugin_layers": n}."""
-    from wide_export.trt.build import _configure
+    from wide_export.trt import loaders
     from wide_export.trt.plugins import load_plugin_library
     from wide_export.trt.profiles import Profile
     from wide_export.trt.report import plugin_layer_names
@@ -84,22 +85,18 @@ def build_one_op_engine_here(onnx_path: str, engine_path: str, plugins: Optional
     trt = be.trt
     if plugins:
         load_plugin_library(be, Path(plugins))
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(onnx_path):
-        raise WideError("; ".join(parser.get_error(i).desc() for i in range(parser.num_errors)))
+    cc = loaders.rtx_target(be, compute_capability)
+    loaders.use_flavour(be)
+    builder, network, parser = loaders.parse_network(be, onnx_path)
     shapes = {}
     for i in range(network.num_inputs):
         t = network.get_input(i)
         last = int(t.shape[-1])
         shapes[t.name] = ((1, 1, last), (2, 4, last), (MAX_BATCH, MAX_TOKENS, last))
-    cfg = _configure(be, builder, [Profile("all", shapes)], compute_capability)
-    plan = builder.build_serialized_network(network, cfg)
-    if plan is None:
-        raise WideError(f"{be.flavour} failed to build {onnx_path}")
-    Path(engine_path).write_bytes(bytes(plan))
+    with tempfile.TemporaryDirectory(prefix="wide-cache-") as tmp:
+        config = loaders.create_config(be, [Profile("all", shapes)], None, cc)
+        plan = loaders.build_bytes(be, (builder, network, parser), config, str(Path(tmp) / "timing.cache"))
+    Path(engine_path).write_bytes(plan)
     layers = [str(network.get_layer(i).type).split(".")[-1] for i in range(network.num_layers)]
     return {"layers": layers, "plugin_layers": len(plugin_layer_names(network, trt))}
 
