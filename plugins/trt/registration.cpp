@@ -3,7 +3,12 @@
 // Two ways, pick ONE per process:
 //  1. dlopen the library (Polygraphy --plugins, trtexec --staticPlugins,
 //     Triton's LD_PRELOAD / --backend-config=tensorrt,plugins): static
-//     registration through REGISTER_TENSORRT_PLUGIN runs when it is loaded.
+//     registration runs when it is loaded, into the TensorRT runtime already in
+//     the process. The library never references getPluginRegistry /
+//     getInferLibVersion at link time: it looks them up when it is loaded
+//     (dlsym in the global scope, else in an already loaded libnvinfer /
+//     libtensorrt_rtx found with RTLD_NOLOAD, which is how Triton's TensorRT
+//     backend holds it), so it loads with or without libnvinfer linked.
 //  2. IPluginRegistry::loadLibrary(path): TensorRT calls the exported
 //     getCreators() / setLoggerFinder() and owns the registration (needed for
 //     version-compatible / lean-runtime engines and for TensorRT-RTX).
@@ -17,6 +22,7 @@
 #include "masked_gemm_n_plugin.h"
 #include "router_plugin.h"
 
+#include <dlfcn.h>
 #include <mutex>
 
 // TENSORRTAPI only exports when TensorRT itself is being built; the library is
@@ -51,23 +57,67 @@ bool isOurs(nvinfer1::IPluginCreatorInterface* c)
         || dynamic_cast<MaskedGatedMlpCreator*>(c) != nullptr || dynamic_cast<MaskedGemmKCreator*>(c) != nullptr;
 }
 
-#if WIDE_TRT_STATIC_REGISTRATION && NV_TENSORRT_MAJOR < 11
-//! Built against 10.x headers: the IPluginRegistry vtable of TensorRT 11 and
-//! TensorRT-RTX differs (the V2 overloads are gone), so registering into them
-//! through 10.x headers crashes. Register statically only into a 10.x runtime;
-//! elsewhere IPluginRegistry::loadLibrary (getCreators) is the way in.
+#if WIDE_TRT_STATIC_REGISTRATION
+#define WIDE_TRT_STR2(x) #x
+#define WIDE_TRT_STR(x) WIDE_TRT_STR2(x)
+
+//! getPluginRegistry / getInferLibVersion of the TensorRT runtime already loaded in this process, if any.
+struct Runtime
+{
+    using RegistryFn = nvinfer1::IPluginRegistry* (*) ();
+    using VersionFn = int32_t (*)();
+    RegistryFn registry{nullptr};
+    VersionFn version{nullptr};
+};
+
+Runtime const& runtime()
+{
+    static Runtime const rt = [] {
+        Runtime r;
+        r.registry = reinterpret_cast<Runtime::RegistryFn>(dlsym(RTLD_DEFAULT, "getPluginRegistry"));
+        r.version = reinterpret_cast<Runtime::VersionFn>(dlsym(RTLD_DEFAULT, "getInferLibVersion"));
+        // A runtime loaded RTLD_LOCAL (Triton's TensorRT backend): find it without loading anything new.
+        for (char const* lib : {"libnvinfer.so." WIDE_TRT_STR(NV_TENSORRT_MAJOR), "libnvinfer.so", "libtensorrt_rtx.so.1",
+                 "libtensorrt_rtx.so"})
+        {
+            if (r.registry != nullptr)
+            {
+                break;
+            }
+            if (void* h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD))
+            {
+                r.registry = reinterpret_cast<Runtime::RegistryFn>(dlsym(h, "getPluginRegistry"));
+                r.version = reinterpret_cast<Runtime::VersionFn>(dlsym(h, "getInferLibVersion"));
+            }
+        }
+        return r;
+    }();
+    return rt;
+}
+
 bool gStaticallyRegistered{false};
 
+//! REGISTER_TENSORRT_PLUGIN without the link-time reference to getPluginRegistry. Built against 10.x
+//! headers it registers only into a 10.x runtime: the IPluginRegistry vtable of TensorRT 11 and
+//! TensorRT-RTX differs (the V2 overloads are gone), and IPluginRegistry::loadLibrary (getCreators)
+//! is the way in there.
 template <typename C>
-struct VersionCheckedRegistrar
+struct Registrar
 {
-    VersionCheckedRegistrar()
+    Registrar()
     {
-        if (getInferLibVersion() / 10000 == NV_TENSORRT_MAJOR)
+        Runtime const& rt = runtime();
+        if (rt.registry == nullptr)
         {
-            gStaticallyRegistered = getPluginRegistry()->registerCreator(instance, kPluginNamespace)
-                || gStaticallyRegistered;
+            return; // no TensorRT in the process yet: IPluginRegistry::loadLibrary is the way in
         }
+#if NV_TENSORRT_MAJOR < 11
+        if (rt.version == nullptr || rt.version() / 10000 != NV_TENSORRT_MAJOR)
+        {
+            return;
+        }
+#endif
+        gStaticallyRegistered = rt.registry()->registerCreator(instance, kPluginNamespace) || gStaticallyRegistered;
     }
     C instance{};
 };
@@ -78,15 +128,13 @@ struct VersionCheckedRegistrar
 void takeBackStaticRegistration()
 {
 #if WIDE_TRT_STATIC_REGISTRATION
-#if NV_TENSORRT_MAJOR < 11
     if (!gStaticallyRegistered)
     {
         return; // nothing registered (or a runtime whose registry these headers cannot call)
     }
-#endif
     static std::mutex mutex;
     std::lock_guard<std::mutex> lock(mutex);
-    nvinfer1::IPluginRegistry* registry = getPluginRegistry();
+    nvinfer1::IPluginRegistry* registry = runtime().registry();
     for (char const* name : {RouterPlugin::kName, MaskedGemmNPlugin::kName, MaskedGatedMlpPlugin::kName,
              MaskedGemmKPlugin::kName})
     {
@@ -108,20 +156,13 @@ namespace wide
 {
 namespace trt
 {
-#if NV_TENSORRT_MAJOR >= 11
-REGISTER_TENSORRT_PLUGIN(RouterCreator);
-REGISTER_TENSORRT_PLUGIN(MaskedGemmNCreator);
-REGISTER_TENSORRT_PLUGIN(MaskedGatedMlpCreator);
-REGISTER_TENSORRT_PLUGIN(MaskedGemmKCreator);
-#else
 namespace
 {
-VersionCheckedRegistrar<RouterCreator> gRouterRegistrar;
-VersionCheckedRegistrar<MaskedGemmNCreator> gGemmNRegistrar;
-VersionCheckedRegistrar<MaskedGatedMlpCreator> gGatedMlpRegistrar;
-VersionCheckedRegistrar<MaskedGemmKCreator> gGemmKRegistrar;
+Registrar<RouterCreator> gRouterRegistrar;
+Registrar<MaskedGemmNCreator> gGemmNRegistrar;
+Registrar<MaskedGatedMlpCreator> gGatedMlpRegistrar;
+Registrar<MaskedGemmKCreator> gGemmKRegistrar;
 } // namespace
-#endif
 } // namespace trt
 } // namespace wide
 #endif
