@@ -27,8 +27,9 @@ def test_triton_force_replaces_an_existing_repository(demo_onnx, tmp_path):
     args = ["triton", "--onnx", str(demo_onnx), "--output", str(out), "--max-batch", "2"]
     assert runner.invoke(_app(), args).exit_code == 0
     (out / "stale.txt").write_text("from an earlier run")
-    refused = runner.invoke(_app(), args)  # without --force: refused, untouched
-    assert refused.exit_code == 2 and (out / "stale.txt").exists()
+    line = _one_error_line(runner.invoke(_app(), args))  # without --force: refused, untouched
+    assert "exists and is not empty" in line and "pass --force to replace it" in line
+    assert (out / "stale.txt").exists()
     forced = runner.invoke(_app(), [*args, "--force"])
     assert forced.exit_code == 0, forced.output
     assert not (out / "stale.txt").exists() and (out / "wide_llm" / "config.pbtxt").is_file()

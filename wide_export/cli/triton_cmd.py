@@ -45,6 +45,11 @@ def triton(
     def write(target: Path) -> Path:
         return generate_repository(target, onnx=onnx, engines=engines, backend=backend, options=options)
 
+    if not force and output.is_dir() and any(output.iterdir()):  # as `onnx`/`trt`: say how to replace it
+        from wide_export.errors import WideError
+
+        raise WideError(f"{output} exists and is not empty", hint="pass --force to replace it, or choose a new "
+                        "--output folder")
     if force and output.exists():  # as `onnx --force`: the old folder goes once the new one is complete
         from wide_export.outdir import atomic_output_dir, check_output_dir
 
