@@ -11,6 +11,8 @@ left-padded batch, in prefill and in decode with the KV cache.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -81,19 +83,41 @@ def check_mixed(masks: dict, margins: dict, real: torch.Tensor, expect: set) -> 
         assert margins[key][real].abs().min() > MIN_MARGIN, (key, float(margins[key][real].abs().min()))
 
 
-def run_hf(hf, ids, mask, pos):
-    """Prefill + DECODE greedy steps through the routed transformers model; per step logits, masks, margins."""
-    steps = []
-    out = hf(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    steps.append((out.logits, dict(hf.masks), dict(hf.margins), mask.bool()))
-    cache = out.past_key_values
-    for _ in range(DECODE):
-        nxt = out.logits[:, -1:].argmax(-1)
-        mask = torch.cat([mask, torch.ones(BATCH, 1, dtype=torch.long)], 1)
-        pos = pos[:, -1:] + 1
-        out = hf(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+@dataclass
+class HFStep:
+    """One step of the routed transformers run: its inputs and what the oracle computed."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor  # attention mask over past + new tokens
+    pos: torch.Tensor
+    logits: torch.Tensor
+    masks: dict  # (layer, kind) -> bool [B, T, G]
+    margins: dict
+    real: torch.Tensor  # [B, T] positions whose outputs mean something (not left padding)
+
+
+def run_hf(hf, ids, mask, pos) -> list[HFStep]:
+    """Prefill + DECODE greedy steps through the routed transformers model with its KV cache."""
+    steps, cache = [], None
+    for k in range(1 + DECODE):
+        if k:
+            ids = steps[-1].logits[:, -1:].argmax(-1)
+            mask = torch.cat([mask, torch.ones(BATCH, 1, dtype=torch.long)], 1)
+            pos = pos[:, -1:] + 1
+        out = hf(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
         cache = out.past_key_values
-        steps.append((out.logits, dict(hf.masks), dict(hf.margins), torch.ones(BATCH, 1, dtype=torch.bool)))
+        real = mask[:, -ids.shape[1]:].bool()
+        steps.append(HFStep(ids, mask, pos, out.logits, dict(hf.masks), dict(hf.margins), real))
+        for key, margin in hf.margins.items():  # no decision within rounding of a tie, in any step
+            assert margin[real].abs().min() > MIN_MARGIN, (k, key, float(margin[real].abs().min()))
+    return steps
+
+
+def routed_steps(folder: Path, target: str, lora: Path | None = None) -> list[HFStep]:
+    hf = load_routed_hf(folder, lora=lora)
+    steps = run_hf(hf, *prompt())
+    check_mixed(steps[0].masks, steps[0].margins, steps[0].real,
+                {"attention", "ffn"} if target == "all" else {target})
     return steps
 
 
@@ -109,31 +133,19 @@ def test_masks_are_mixed_and_routing_matters(tmp_path):
     assert (routed - dense)[mask.bool()].abs().max() > 0.1
 
 
-def _compare_reference(folder: Path, target: str, lora: Path | None = None) -> list:
-    hf = load_routed_hf(folder, lora=lora)
-    ids, mask, pos = prompt()
-    steps = run_hf(hf, ids, mask, pos)
-    expect = {"attention", "ffn"} if target == "all" else {target}
-    check_mixed(steps[0][1], steps[0][2], steps[0][3], expect)
-
-    loaded = load_wide_model(folder, lora=lora)
-    ours = loaded.model
+def _compare_reference(folder: Path, target: str, lora: Path | None = None) -> None:
+    steps = routed_steps(folder, target, lora)
+    ours = load_wide_model(folder, lora=lora).model
     past = ours.empty_cache(BATCH)
-    step_ids, step_mask, step_pos = ids, mask, pos
     with torch.no_grad():
-        for k, (want, masks, margins, real) in enumerate(steps):
-            if k:
-                step_ids = steps[k - 1][0][:, -1:].argmax(-1)
-                step_mask = torch.cat([step_mask, torch.ones(BATCH, 1, dtype=torch.long)], 1)
-                step_pos = step_pos[:, -1:] + 1
+        for k, step in enumerate(steps):
             collect = Collector()
-            logits, past = ours(step_ids, step_mask, step_pos, past, collect)
-            for (layer, kind), m in masks.items():
+            logits, past = ours(step.ids, step.mask, step.pos, past, collect)
+            assert {(i, kind) for i, d in enumerate(collect.masks) for kind in d} == set(step.masks)
+            for (layer, kind), want in step.masks.items():
                 got = collect.masks[layer][kind].bool()
-                assert torch.equal(got[real], m[real]), f"step {k} layer {layer} {kind}: decisions differ"
-            assert {(i, kind) for i, d in enumerate(collect.masks) for kind in d} == set(masks)
-            torch.testing.assert_close(logits[real], want[real], rtol=1e-4, atol=1e-4)
-    return steps
+                assert torch.equal(got[step.real], want[step.real]), f"step {k} layer {layer} {kind}: decisions differ"
+            torch.testing.assert_close(logits[step.real], step.logits[step.real], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -147,47 +159,59 @@ def test_reference_with_lora_matches_hand_merged_transformers(tmp_path):
     _compare_reference(folder, "all", lora=folder / "lora.pth")
 
 
-def _onnx_logits(folder: Path, out: Path, steps, ids, mask, pos, lora: Path | None = None) -> None:
+def _session_with_router_outputs(path: Path):
+    """ORT session of the exported graph with every WideRouter's mask also a graph output.
+
+    Returns (session, {output name: (layer, kind)}), layer and kind read from the node names,
+    which follow the module tree (/model/layers.{i}/router_{kind}/...).
+    """
+    import onnx
     import onnxruntime as ort
 
+    model = onnx.load(str(path))
+    routers = {}
+    for node in model.graph.node:
+        if node.op_type == "WideRouter":
+            m = re.match(r"/model/layers\.(\d+)/router_(attention|ffn)/", node.name)
+            assert m, node.name
+            routers[node.output[0]] = (int(m.group(1)), m.group(2))
+            model.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.INT32, None))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess, routers
+
+
+def _compare_onnx(folder: Path, out: Path, target: str, lora: Path | None = None) -> None:
+    """Export with the library, run every step in onnxruntime: logits and decisions as the routed HF model."""
     from wide_export.export.onnx_export import export_onnx
 
+    steps = routed_steps(folder, target, lora)
     export_onnx(load_wide_model(folder, lora=lora), out)
-    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    sess, routers = _session_with_router_outputs(out / "model.onnx")
+    assert set(routers.values()) == set(steps[0].masks)
     names = [o.name for o in sess.get_outputs()]
     past = {}
     for i in sess.get_inputs():
         if i.name.startswith("past_key_values."):
             _, heads, _, dim = i.shape
             past[i.name] = np.zeros((BATCH, heads, 0, dim), np.float32)
-    step_ids, step_mask, step_pos = ids, mask, pos
-    for k, (want, _masks, _margins, real) in enumerate(steps):
-        if k:
-            step_ids = steps[k - 1][0][:, -1:].argmax(-1)
-            step_mask = torch.cat([step_mask, torch.ones(BATCH, 1, dtype=torch.long)], 1)
-            step_pos = step_pos[:, -1:] + 1
-        res = dict(zip(names, sess.run(None, {"input_ids": step_ids.numpy(), "attention_mask": step_mask.numpy(),
-                                               "position_ids": step_pos.numpy(), **past})))
+    for k, step in enumerate(steps):
+        feed = {"input_ids": step.ids.numpy(), "attention_mask": step.mask.numpy(), "position_ids": step.pos.numpy()}
+        res = dict(zip(names, sess.run(None, {**feed, **past})))
         past = {name.replace("present.", "past_key_values."): v for name, v in res.items()
                 if name.startswith("present.")}
-        torch.testing.assert_close(torch.from_numpy(res["logits"])[real], want[real], rtol=1e-4, atol=1e-4)
+        for name, key in routers.items():
+            got = torch.from_numpy(res[name]).bool()
+            assert torch.equal(got[step.real], step.masks[key][step.real]), f"step {k} {key}: ONNX decisions differ"
+        torch.testing.assert_close(torch.from_numpy(res["logits"])[step.real], step.logits[step.real],
+                                   rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("arch", list(ARCH))
 def test_onnx_matches_routed_transformers(tmp_path, arch, target):
-    folder = checkpoint(tmp_path, arch, target)
-    hf = load_routed_hf(folder)
-    ids, mask, pos = prompt()
-    steps = run_hf(hf, ids, mask, pos)
-    check_mixed(steps[0][1], steps[0][2], steps[0][3], {"attention", "ffn"} if target == "all" else {target})
-    _onnx_logits(folder, tmp_path / "onnx", steps, ids, mask, pos)
+    _compare_onnx(checkpoint(tmp_path, arch, target), tmp_path / "onnx", target)
 
 
 def test_onnx_with_lora_matches_hand_merged_transformers(tmp_path):
     folder = checkpoint(tmp_path, "qwen2", "all", lora=True)
-    lora = folder / "lora.pth"
-    hf = load_routed_hf(folder, lora=lora)
-    ids, mask, pos = prompt()
-    steps = run_hf(hf, ids, mask, pos)
-    _onnx_logits(folder, tmp_path / "onnx", steps, ids, mask, pos, lora=lora)
+    _compare_onnx(folder, tmp_path / "onnx", "all", lora=folder / "lora.pth")
