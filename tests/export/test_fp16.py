@@ -44,6 +44,27 @@ def _types(folder):
 
 
 def test_converted_graph_has_the_types_of_the_fp16_export(converted, fp16_export):
+    _assert_same_types(converted, fp16_export)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])  # q/k/v biases; per-head q_norm/k_norm
+def test_other_architectures_convert_like_their_fp16_export(arch, tmp_path):
+    from tests.helpers import make_checkpoint
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.export.onnx_export import export_onnx
+    from wide_export.verify.onnx_verify import verify_onnx
+
+    folder = make_checkpoint(tmp_path / "ckpt", arch=arch, head_dim=16 if arch == "qwen3" else None)
+    export_onnx(load_wide_model(folder, dtype="float32"), tmp_path / "f32")
+    export_onnx(load_wide_model(folder, dtype="float16"), tmp_path / "f16")
+    (tmp_path / "conv").mkdir()
+    convert_export(tmp_path / "f32", tmp_path / "conv")
+    _assert_same_types(tmp_path / "conv", tmp_path / "f16")
+    report = verify_onnx(tmp_path / "conv", steps=2)
+    assert report.dtype == "float16" and report.passed, report.to_dict()
+
+
+def _assert_same_types(converted, fp16_export):
     got_nodes, got_io, got_fp32, got_wide = _types(converted)
     want_nodes, want_io, want_fp32, want_wide = _types(fp16_export)
     assert got_io == want_io  # KV cache float16, logits float32, ids int64
@@ -53,7 +74,7 @@ def test_converted_graph_has_the_types_of_the_fp16_export(converted, fp16_export
     # Node by node (the names follow the module tree in both): same input and output types.
     # Cast nodes are where the two graphs legitimately differ (and their names collide).
     common = [n for n in set(got_nodes) & set(want_nodes) if not n.rsplit("/", 1)[-1].startswith("Cast")]
-    assert len(common) > 200
+    assert len(common) > 0.8 * len(want_nodes)
     differ = {n: (got_nodes[n], want_nodes[n]) for n in common if got_nodes[n] != want_nodes[n]}
     assert not differ
 
