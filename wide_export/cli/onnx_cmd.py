@@ -41,9 +41,10 @@ def onnx(
     Routers and masked projections become `wide` custom ops (docs/opset.md) that
     carry standard-op function bodies, so any ONNX runtime runs the file.
 
-    Exit codes: 0 exported (and verified); 1 exported but verification failed (OUTPUT and
-    OUTPUT/verify_report.json are kept to inspect); 2 bad input, nothing written; 130
-    Ctrl-C or SIGTERM, nothing written (an export interrupted while verifying is removed).
+    Exit codes: 0 exported (and verified); 1 exported, but the verification
+    failed: OUTPUT and OUTPUT/verify_report.json stay for inspection; 2 bad
+    input, nothing written; 130 Ctrl-C or SIGTERM, nothing written (an export
+    interrupted while it is verified is removed).
     """
     from wide_export.errors import WideError
     from wide_export.export.onnx_export import DTYPES
