@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +37,8 @@ def reference_for(config: dict[str, Any], loaded=None, **load_kwargs):
                            checksums=False).model
 
 
-def debug_model_with_masks(onnx_dir: Path, config: dict[str, Any], workdir: Path) -> Path:
-    """A copy of model.onnx whose router masks are extra graph outputs (weights linked, not copied)."""
+def debug_model_with_masks(onnx_dir: Path, config: dict[str, Any]) -> bytes:
+    """model.onnx (without its weights) with the router masks as extra graph outputs, serialized."""
     import onnx
 
     proto = onnx.load(str(onnx_dir / config["files"]["model"]), load_external_data=False)
@@ -50,18 +48,25 @@ def debug_model_with_masks(onnx_dir: Path, config: dict[str, Any], workdir: Path
             if layer[kind] and layer[kind]["mask"] not in known:
                 proto.graph.output.append(onnx.helper.make_tensor_value_info(layer[kind]["mask"],
                                                                              onnx.TensorProto.INT32, None))
-    data = config["files"].get("external_data")
-    if data:
-        os.symlink((onnx_dir / data).resolve(), workdir / data)
-    path = workdir / "model.onnx"
-    onnx.save(proto, str(path))
-    return path
+    return proto.SerializeToString()
+
+
+def debug_session(onnx_dir: Path, config: dict[str, Any]):
+    """An ONNX Runtime CPU session of debug_model_with_masks. External weights are read from the export
+    folder itself (a copy or link of them elsewhere is refused by ONNX Runtime as a path escape)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     str(Path(onnx_dir).resolve()))
+    return ort.InferenceSession(debug_model_with_masks(onnx_dir, config), options,
+                                providers=["CPUExecutionProvider"])
 
 
 def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None, stages=None,
                 load_kwargs: dict | None = None, **settings) -> VerifyReport:
     """Compare ONNX Runtime (CPU) with the reference over a prefill and decode steps."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from polygraphy.backend.onnxrt import OnnxrtRunner
 
     from wide_export.export.onnx_export import read_wide_config
     from wide_export.progress import Stages
@@ -77,9 +82,8 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
         model = reference_for(config, loaded, **(load_kwargs or {}))
         _check_same_model(model, config)
         steps = reference_steps(model, kv_dtype=dtype, **settings)
-    with stages.stage("onnxrt"), tempfile.TemporaryDirectory(prefix="wide-verify-") as tmp:
-        path = debug_model_with_masks(onnx_dir, config, Path(tmp))
-        runner = OnnxrtRunner(SessionFromOnnx(str(path), providers=["CPUExecutionProvider"]), name="onnxrt")
+    with stages.stage("onnxrt"):
+        runner = OnnxrtRunner(debug_session(onnx_dir, config), name="onnxrt")
         outs = run_steps(runner, steps, config["num_layers"])
     report = VerifyReport("onnxruntime", dtype, tol.to_dict(), settings)
     compare(steps, outs, tol, report, "onnxrt")
