@@ -95,7 +95,7 @@ def serve(
     console.print(f"[green]ready[/]  HTTP {ends.http}  gRPC {ends.grpc}"
                   + (f"  metrics {ends.metrics}" if ends.metrics else ""))
     console.print("Ctrl-C to stop")
-    server.serve_until_signal()
+    server.serve_until_signal(report=lambda line: console.print(line, markup=False))  # reloads dead models
     console.print("stopped")
 
 

@@ -9,7 +9,9 @@ site-packages, as pytriton itself does.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,7 +26,7 @@ import urllib.request
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from wide_export.errors import WideError
 
@@ -35,6 +37,40 @@ _HARMLESS = ("CudaDriverHelper has not been initialized", "CUDA driver version i
 
 # No proxies: readiness polls go straight to the server we started.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+STUB_NAME = "triton_python_backend_stub"
+SHM_DIR = Path("/dev/shm")
+# The python backend launches its stub through `bash -c` with the model path unquoted: a
+# path with anything but these characters breaks the stub (`std::invalid_argument: stol`).
+_STUB_SAFE_PATH = re.compile(r"[A-Za-z0-9_./+@%:,=-]+")
+
+
+@dataclass(frozen=True)
+class Stub:
+    """One python-backend stub process of our server (one per model instance)."""
+
+    pid: int
+    model: str  # repository/<model>/<version>/model.py -> <model>
+    instance: str  # e.g. wide_llm_0_0
+    shm_region: str  # its /dev/shm/triton_python_backend_shm_region_* name
+
+
+def python_stubs(server_pid: int) -> dict[int, Stub]:
+    """The live (not zombie) python-backend stubs whose parent is `server_pid` (Linux /proc)."""
+    stubs: dict[int, Stub] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != server_pid or fields[0] in "ZX":
+                continue
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")]
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if len(argv) > 8 and Path(argv[0]).name == STUB_NAME:
+            stubs[int(entry.name)] = Stub(int(entry.name), Path(argv[1]).parent.parent.name, argv[8], argv[2])
+    return stubs
 
 
 @dataclass(frozen=True)
@@ -141,6 +177,8 @@ class TritonServer:
         log_verbose: int = 0,
         exit_timeout: int = 5,
         extra_args: Sequence[str] = (),
+        max_reloads: int = 5,
+        reload_window: float = 600.0,
     ):
         self.repository = Path(repository).resolve()
         for flag, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
@@ -154,10 +192,18 @@ class TritonServer:
         self.log_verbose = log_verbose
         self.exit_timeout = exit_timeout  # seconds the server waits for open connections on SIGTERM
         self.extra_args = list(extra_args)
+        # A model whose python-backend stub dies is reloaded (explicit model control), at most
+        # max_reloads times per reload_window seconds; beyond that serve_until_signal gives up.
+        self.max_reloads = max_reloads
+        self.reload_window = reload_window
+        self.reloads: list[float] = []  # monotonic times of the reloads done
+        self._stubs: dict[int, Stub] = {}
+        self._shm_regions: set[str] = set()  # our stubs' shared-memory regions, removed at stop()
         self.process: Optional[subprocess.Popen] = None
         self._workdir: Optional[tempfile.TemporaryDirectory] = None
         self.log_path: Optional[Path] = None
         self._final_log = ""
+        self._served_repository: Optional[Path] = None
 
     @property
     def endpoints(self) -> Endpoints:
@@ -171,12 +217,15 @@ class TritonServer:
         """The tritonserver command line (loopback addresses, strict config)."""
         cmd = [
             str(binary.path),
-            f"--model-repository={self.repository}",
+            f"--model-repository={self._served_repository or self.repository}",
             f"--http-address={self.address}", f"--http-port={self.http_port}",
             f"--grpc-address={self.address}", f"--grpc-port={self.grpc_port}",
             "--disable-auto-complete-config",
             f"--exit-timeout-secs={self.exit_timeout}",
             f"--log-verbose={self.log_verbose}",
+            # Explicit model control: every model is loaded at start, and one whose backend
+            # died can be unloaded and loaded again (see watch_models).
+            "--model-control-mode=explicit", "--load-model=*",
         ]
         if self.metrics_port:
             cmd += ["--allow-metrics=true", f"--metrics-address={self.address}", f"--metrics-port={self.metrics_port}"]
@@ -215,7 +264,13 @@ class TritonServer:
     def _start_once(self, binary: ServerBinary, timeout: float) -> "TritonServer":
         self._workdir = tempfile.TemporaryDirectory(prefix="wide-triton-")
         work = Path(self._workdir.name)
+        self._served_repository = None
+        self._check_workdir(str(work))
         backends = _prepare_backends(binary, work) if binary.bundled else None
+        if not _STUB_SAFE_PATH.fullmatch(str(self.repository)):
+            # Serve it through a link with a plain name: the stub gets paths it can parse.
+            self._served_repository = work / "repository"
+            self._served_repository.symlink_to(self.repository, target_is_directory=True)
         self.log_path = work / "tritonserver.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -227,7 +282,69 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self._stubs = self._current_stubs()
         return self
+
+    @staticmethod
+    def _check_workdir(path: str) -> None:
+        if not _STUB_SAFE_PATH.fullmatch(path):
+            raise WideError(f"the temp folder {path!r} has characters the python backend cannot pass to its stub",
+                            hint="set TMPDIR to a folder whose path has no spaces or special characters")
+
+    def _current_stubs(self) -> dict[int, Stub]:
+        if self.process is None:
+            return {}
+        stubs = python_stubs(self.process.pid)
+        self._shm_regions.update(s.shm_region for s in stubs.values())
+        return stubs
+
+    def _post(self, path: str, timeout: float) -> tuple[int, str]:
+        request = urllib.request.Request(f"http://{self.address}:{self.http_port}{path}", data=b"{}",
+                                         method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with _DIRECT.open(request, timeout=timeout) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as err:
+            return 0, str(err)
+
+    def reload_model(self, model: str, timeout: float = 120.0) -> None:
+        """Unload then load `model` (explicit model control); WideError if it does not come back."""
+        code, body = self._post(f"/v2/repository/models/{model}/unload", timeout)
+        if code == 200:
+            code, body = self._post(f"/v2/repository/models/{model}/load", timeout)
+        if code != 200:
+            try:
+                body = json.loads(body).get("error", body)
+            except (ValueError, AttributeError):
+                pass
+            raise WideError(f"model {model} could not be reloaded: {' '.join(str(body).split())}",
+                            hint="read the server log; restart `wide-export serve`")
+
+    def watch_models(self, report: Callable[[str], None] = print) -> list[str]:
+        """One check: a model whose python-backend stub died is reloaded. Returns the models reloaded.
+
+        Triton itself never restarts a dead stub and keeps answering ready, so this is what
+        keeps health honest. WideError when a reload fails or models keep dying.
+        """
+        current = self._current_stubs()
+        dead = [stub for pid, stub in self._stubs.items() if pid not in current]
+        models = sorted({stub.model for stub in dead})
+        for model in models:
+            now = time.monotonic()
+            self.reloads = [t for t in self.reloads if now - t < self.reload_window] + [now]
+            names = ", ".join(f"{s.instance} (pid {s.pid})" for s in dead if s.model == model)
+            if len(self.reloads) > self.max_reloads:
+                raise WideError(f"model {model}: its backend process {names} died, the {len(self.reloads)}th "
+                                f"time in {self.reload_window:.0f} s; giving up",
+                                hint="read the server log; a supervisor should restart `wide-export serve`")
+            report(f"model {model}: backend process {names} died; reloading it")
+            started = time.monotonic()
+            self.reload_model(model)
+            report(f"model {model}: reloaded in {time.monotonic() - started:.1f} s")
+        self._stubs = self._current_stubs() if models else current
+        return models
 
     def is_ready(self) -> bool:
         """True when /v2/health/ready answers 200."""
@@ -280,6 +397,13 @@ class TritonServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            # A stub that crashed (or was killed) leaves its shared-memory region behind.
+            for name in sorted(self._shm_regions):
+                try:
+                    (SHM_DIR / name).unlink(missing_ok=True)
+                except OSError:
+                    pass
+            self._shm_regions.clear()
         if self._workdir is not None:
             self._keep_log()
             self._workdir.cleanup()
@@ -292,8 +416,12 @@ class TritonServer:
             self._final_log = self.log_path.read_text(errors="replace")
             self.log_path = None
 
-    def serve_until_signal(self, poll: float = 0.5) -> None:
-        """Block until SIGINT/SIGTERM (then stop cleanly) or until the server dies (WideError)."""
+    def serve_until_signal(self, poll: float = 0.5, report: Callable[[str], None] = print) -> None:
+        """Block until SIGINT/SIGTERM (then stop cleanly) or until the server dies (WideError).
+
+        Every `poll` seconds the models are watched too: a model whose backend process died is
+        reloaded (watch_models), and a failed reload stops the server with a WideError.
+        """
         stop = threading.Event()
         handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -301,6 +429,7 @@ class TritonServer:
                 if self.process is None or self.process.poll() is not None:
                     code = None if self.process is None else self.process.returncode
                     raise WideError(f"tritonserver exited unexpectedly (code {code}):\n{self.log_tail()}")
+                self.watch_models(report)
         finally:
             try:
                 self.stop()  # still under our handlers: a second Ctrl-C cannot cut the shutdown short
