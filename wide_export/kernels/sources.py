@@ -57,6 +57,32 @@ def _mma(a, b, acc, PRECISE: tl.constexpr):
 
 
 @triton.jit
+def _gemm_rows(x_ptr, w_ptr, w2_ptr, rows, row_ok, rn, n_ok, K, ldx, acc, acc2,
+               GATED: tl.constexpr, PRECISE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc (+ acc2 for the up weight) += x[rows] @ W[rn]^T over all of K; rows may be gathered."""
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        a = tl.load(x_ptr + rows[:, None] * ldx + rk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _mma(a, b, acc, PRECISE)
+        if GATED:
+            b2 = tl.load(w2_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc2 = _mma(a, b2, acc2, PRECISE)
+    return acc, acc2
+
+
+@triton.jit
+def _epilogue_n(acc, acc2, b_ptr, rn, n_ok, keep, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+    """Bias, silu(gate) * up, and exact zeros where `keep` is false."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        acc = acc * tl.sigmoid(acc) * acc2
+    return tl.where(keep, acc, 0.0)
+
+
+@triton.jit
 def wide_router_kernel(x_ptr, wc_ptr, bc_ptr, wr_ptr, br_ptr, mask_ptr, M, H, R, G, ldx,
                        BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_G: tl.constexpr):
@@ -180,20 +206,9 @@ def wide_grouped_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, rows_ptr, counts_ptr
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if pm * BLOCK_M < count:
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = rk < K
-            a = tl.load(x_ptr + rows[:, None] * ldx + rk[None, :], mask=act[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None], other=0.0)
-            acc = _mma(a, b, acc, PRECISE)
-            if GATED:
-                b2 = tl.load(w2_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None], other=0.0)
-                acc2 = _mma(a, b2, acc2, PRECISE)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
-        if GATED:
-            acc = acc * tl.sigmoid(acc) * acc2
-        acc = tl.where(act[:, None], acc, 0.0)
+        acc, acc2 = _gemm_rows(x_ptr, w_ptr, w2_ptr, rows, act, rn, rn < N, K, ldx, acc, acc2,
+                               GATED, PRECISE, BLOCK_K)
+        acc = _epilogue_n(acc, acc2, b_ptr, rn, rn < N, act[:, None], HAS_BIAS, GATED)
     tl.store(y_ptr + rows[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=in_m[:, None])
 
 
@@ -274,18 +289,6 @@ def wide_tile_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if tl.max(tl.max(act.to(tl.int32), axis=1), axis=0) > 0:
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = rk < K
-            a = tl.load(x_ptr + rm[:, None] * ldx + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            acc = _mma(a, b, acc, PRECISE)
-            if GATED:
-                b2 = tl.load(w2_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                acc2 = _mma(a, b2, acc2, PRECISE)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if GATED:
-            acc = acc * tl.sigmoid(acc) * acc2
-        acc = tl.where(act, acc, 0.0)
+        acc, acc2 = _gemm_rows(x_ptr, w_ptr, w2_ptr, rm, m_ok, rn, n_ok, K, ldx, acc, acc2, GATED, PRECISE, BLOCK_K)
+        acc = _epilogue_n(acc, acc2, b_ptr, rn, n_ok, act, HAS_BIAS, GATED)
     tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)

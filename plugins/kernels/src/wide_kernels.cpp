@@ -334,6 +334,18 @@ size_t rowsBytes(int64_t M, int64_t G)
     return align256(static_cast<size_t>(G) * M * 4) + align256(static_cast<size_t>(G) * 4);
 }
 
+//! Validation, the empty problem and the device's architecture: WIDE_OK with arch set means "launch".
+int prologue(wide_gemm_params_t const* p, bool kindK, bool gated, int& arch, bool& done)
+{
+    done = true;
+    if (int s = validate(p, kindK, gated))
+        return s;
+    if (p->M == 0)
+        return WIDE_OK;
+    done = false;
+    return deviceArch(arch);
+}
+
 int groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws, int arch, cudaStream_t stream)
 {
     auto* rows = static_cast<int32_t*>(ws);
@@ -345,12 +357,9 @@ int groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws, int arch, cud
 
 int gemmN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, cudaStream_t stream)
 {
-    if (int s = validate(p, false, gated))
-        return s;
-    if (p->M == 0)
-        return WIDE_OK;
     int arch = 0;
-    if (int s = deviceArch(arch))
+    bool done = false;
+    if (int s = prologue(p, false, gated, arch, done); s != WIDE_OK || done)
         return s;
     std::string const dt = dtypeName(p->dtype);
     std::string const var = gated ? "gated" : (p->bias ? "bias" : "plain");
@@ -484,12 +493,9 @@ int wide_gemm_n_gated(wide_gemm_params_t const* p, void* workspace, size_t works
 
 int wide_gemm_k(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
-    if (int s = validate(p, true, false))
-        return s;
-    if (p->M == 0)
-        return WIDE_OK;
     int arch = 0;
-    if (int s = deviceArch(arch))
+    bool done = false;
+    if (int s = prologue(p, true, false, arch, done); s != WIDE_OK || done)
         return s;
     std::string const dt = dtypeName(p->dtype);
     int64_t const G = p->K / p->group_size;
