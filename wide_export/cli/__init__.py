@@ -25,6 +25,8 @@ COMMAND_MODULES = [
     "wide_export.cli.triton_cmd",  # triton + serve
     "wide_export.cli.bench_cmd",
     "wide_export.cli.bench_kernels_cmd",
+    "wide_export.cli.bench_e2e_cmd",
+    "wide_export.cli.analyze_cmd",
 ]
 
 

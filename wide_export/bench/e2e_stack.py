@@ -1,0 +1,228 @@
+"""The decoder-layer stack `bench e2e` times: one set of random weights, run dense or WIDE.
+
+A Llama layer reduced to what costs time: RMSNorm, q/k/v/o, a simple RoPE,
+causal SDPA (PyTorch's, on both sides), SiLU-gated MLP. The dense side is the
+dense model as a serving engine would run it: fused [q; k; v] and [gate; up]
+weights through cuBLAS (F.linear). The WIDE side routes every sublayer and runs
+`wide_export.kernels`: masked q (gemm_n), dense [k; v], masked o (gemm_k), masked
+gate+up (gated), masked down (gemm_k). Router biases are calibrated so that
+each group executes for a fraction 1 - sparsity of tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class StackShape:
+    name: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    heads_per_group: int      # query heads per attention group
+    ffn_group_size: int       # FFN channels per group
+    router_rank: int
+    model_layers: int         # layers of the full model: per-layer figures scale to it
+
+    @property
+    def attn_group_size(self) -> int:
+        """q output channels (= o input channels) per attention group."""
+        return self.heads_per_group * self.head_dim
+
+
+# Llama-3.1-8B (recipes/llama-3.1-8b.json: 4 heads = one GQA group per attention group, 128 FFN channels).
+LLAMA_8B = StackShape("llama-3.1-8b", 4096, 32, 8, 128, 14336, 4, 128, 64, 32)
+TINY = StackShape("tiny", 64, 8, 2, 8, 128, 2, 16, 16, 2)
+
+
+@dataclass
+class Layer:
+    ln1: Any
+    ln2: Any
+    wq: Any
+    wkv: Any
+    wo: Any
+    wg: Any
+    wu: Any
+    wd: Any
+    wqkv: Any                 # dense side: [wq; wkv]
+    wgu: Any                  # dense side: [wg; wu]
+    router_attn: list = field(default_factory=list)   # [wc, bc, wr, br] float32
+    router_ffn: list = field(default_factory=list)
+
+
+def random_stack(shape: StackShape, layers: int, dtype, device, generator) -> list[Layer]:
+    """Random weights, std 1/sqrt(fan_in) (activations stay O(1)); routers float32 with zero router bias."""
+    import torch
+
+    def w(n, k, dt=dtype):
+        return (torch.randn(n, k, generator=generator, device=device) / k**0.5).to(dt)
+
+    def router(groups):
+        R = shape.router_rank
+        return [w(R, shape.hidden, torch.float32), 0.1 * torch.randn(R, generator=generator, device=device),
+                w(2 * groups, R, torch.float32), torch.zeros(2 * groups, device=device)]
+
+    q, kv, H, I = shape.heads * shape.head_dim, 2 * shape.kv_heads * shape.head_dim, shape.hidden, shape.intermediate
+    out = []
+    for _ in range(layers):
+        norm = lambda: (1 + 0.1 * torch.randn(H, generator=generator, device=device)).to(dtype)  # noqa: E731
+        wq, wkv, wg, wu = w(q, H), w(kv, H), w(I, H), w(I, H)
+        out.append(Layer(norm(), norm(), wq, wkv, w(H, q), wg, wu, w(H, I), torch.cat([wq, wkv]),
+                         torch.cat([wg, wu]), router(shape.heads // shape.heads_per_group),
+                         router(I // shape.ffn_group_size)))
+    return out
+
+
+def rope(positions, head_dim: int, dtype, theta: float = 500000.0):
+    """(cos, sin) [T, D] of the plain (non-scaled) rotary embedding."""
+    import torch
+
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    f = positions.float()[:, None] * inv
+    emb = torch.cat([f, f], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x, cos, sin):
+    import torch
+
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _rms(x, weight, eps: float = 1e-5):
+    import torch
+
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _sdpa(q, k, v, causal: bool):
+    """PyTorch SDPA on [B, heads, T, D]; GQA through enable_gqa (repeat_interleave on older torch)."""
+    import torch.nn.functional as F
+
+    try:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    except TypeError:
+        rep = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                              is_causal=causal)
+
+
+def _attention(shape: StackShape, q, kv, rotary, cache):
+    """q [B, T, Hq*D], kv [B, T, 2*Hkv*D] -> o [B, T, Hq*D]. cache: None (prefill) or (k, v, pos) static tensors."""
+    B, T, _ = q.shape
+    D = shape.head_dim
+    cos, sin = rotary
+    q = _rotate(q.view(B, T, shape.heads, D).transpose(1, 2), cos, sin)
+    k, v = kv.view(B, T, 2, shape.kv_heads, D).permute(2, 0, 3, 1, 4)
+    k = _rotate(k, cos, sin)
+    if cache is not None:  # decode: write this step's k/v at `pos`, attend to the whole cache
+        kc, vc, pos = cache
+        kc[:, :, pos:pos + T].copy_(k)
+        vc[:, :, pos:pos + T].copy_(v)
+        k, v = kc[:, :, :pos + T], vc[:, :, :pos + T]
+    o = _sdpa(q, k, v, causal=cache is None)
+    return o.transpose(1, 2).reshape(B, T, shape.heads * D)
+
+
+def dense_layer(shape: StackShape, L: Layer, h, rotary, cache=None):
+    """The dense model's layer: fused cuBLAS GEMMs (F.linear)."""
+    import torch.nn.functional as F
+
+    qd = shape.heads * shape.head_dim
+    qkv = F.linear(_rms(h, L.ln1), L.wqkv)
+    h = h + F.linear(_attention(shape, qkv[..., :qd], qkv[..., qd:], rotary, cache), L.wo)
+    g, u = F.linear(_rms(h, L.ln2), L.wgu).chunk(2, dim=-1)
+    return h + F.linear(F.silu(g) * u, L.wd)
+
+
+def kernel_ops(algo: str = "auto") -> SimpleNamespace:
+    """The WIDE side's ops: `wide_export.kernels` (Triton)."""
+    import functools
+
+    from wide_export import kernels
+
+    return SimpleNamespace(algo=algo, router=kernels.router,
+                           gemm_n=functools.partial(kernels.masked_gemm_n, algo=algo),
+                           gated=functools.partial(kernels.masked_gated_mlp, algo=algo),
+                           gemm_k=functools.partial(kernels.masked_gemm_k, algo=algo))
+
+
+def reference_ops() -> SimpleNamespace:
+    """The same ops from the PyTorch oracles (wide_export.ops.reference), for the correctness check."""
+    from wide_export.ops import reference as ref
+
+    return SimpleNamespace(router=ref.wide_router, gemm_n=ref.masked_gemm_n, gated=ref.masked_gated_mlp,
+                           gemm_k=ref.masked_gemm_k)
+
+
+def _wide_attention(shape: StackShape, L: Layer, h, rotary, ops, cache=None):
+    ma = ops.router(h, *L.router_attn)
+    x = _rms(h, L.ln1)
+    q = ops.gemm_n(x, L.wq, ma, shape.attn_group_size)
+    o = _attention(shape, q, _linear(x, L.wkv), rotary, cache)
+    return h + ops.gemm_k(o, L.wo, ma, shape.attn_group_size), ma
+
+
+def _wide_ffn(shape: StackShape, L: Layer, h, ops):
+    mf = ops.router(h, *L.router_ffn)
+    y = ops.gated(_rms(h, L.ln2), L.wg, L.wu, mf, shape.ffn_group_size)
+    return h + ops.gemm_k(y, L.wd, mf, shape.ffn_group_size), mf
+
+
+def _linear(x, w):
+    import torch.nn.functional as F
+
+    return F.linear(x, w)
+
+
+def wide_layer(shape: StackShape, L: Layer, h, rotary, ops, cache=None, masks: Optional[list] = None):
+    """The WIDE layer through `ops`; appends (attention mask, ffn mask) to `masks` when given."""
+    h, ma = _wide_attention(shape, L, h, rotary, ops, cache)
+    h, mf = _wide_ffn(shape, L, h, ops)
+    if masks is not None:
+        masks.append((ma, mf))
+    return h
+
+
+def set_sparsity(router: list, h, sparsity: float) -> None:
+    """Bias the execute logits so each group skips a fraction `sparsity` of the tokens in h.
+
+    Group g executes iff margin_g = l[g, 0] - l[g, 1] >= 0; adding -quantile(margin_g, sparsity)
+    to the execute logit's bias puts that quantile at 0.
+    """
+    import torch
+
+    from wide_export.ops.reference import router_logits
+
+    router[3].zero_()
+    logits = router_logits(h.reshape(-1, h.shape[-1]), *router)  # [T, G, 2]
+    margin = logits[..., 0] - logits[..., 1]
+    q = torch.tensor(min(max(sparsity, 0.0), 1.0), dtype=torch.float32, device=h.device)
+    shift = -torch.quantile(margin, q, dim=0)
+    if sparsity <= 0:
+        shift = shift + 1e4  # every group executes
+    elif sparsity >= 1:
+        shift = shift - 1e4  # none does
+    router[3][0::2] = shift
+
+
+def calibrate(shape: StackShape, layers: list[Layer], h, sparsity: float) -> None:
+    """Set every router's bias (set_sparsity) on the calibration tokens h [1, T, H], layer by layer,
+    on the hidden states the already-calibrated WIDE stack produces (PyTorch reference ops)."""
+    import torch
+
+    ops = reference_ops()
+    rotary = rope(torch.arange(h.shape[1], device=h.device), shape.head_dim, h.dtype)
+    for L in layers:
+        set_sparsity(L.router_attn, h, sparsity)
+        h, _ = _wide_attention(shape, L, h, rotary, ops)
+        set_sparsity(L.router_ffn, h, sparsity)
+        h, _ = _wide_ffn(shape, L, h, ops)
