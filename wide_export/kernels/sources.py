@@ -235,7 +235,7 @@ def wide_grouped_gemm_k_kernel(x_ptr, w_ptr, rows_ptr, counts_ptr, acc_ptr, M, N
             a = tl.load(x_ptr + rows[:, None] * ldx + rk[None, :], mask=act[:, None] & j_ok[None, :], other=0.0)
             b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mma(a, b, acc, PRECISE)
-        tl.atomic_add(acc_ptr + rows[:, None] * N + rn[None, :], acc, mask=act[:, None] & n_ok[None, :])
+        tl.atomic_add(acc_ptr + rows[:, None] * N + rn[None, :], acc, mask=act[:, None] & n_ok[None, :], sem="relaxed")
 
 
 @triton.jit
