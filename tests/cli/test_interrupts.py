@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -23,37 +24,57 @@ def _app():
 
 
 def _start_and_signal(args, ready, sig, timeout=240.0):
-    """Start `wide-export *args`, send `sig` as soon as `ready()` is true; (returncode, stderr)."""
-    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Start `wide-export *args`, send `sig` as soon as `ready(stderr so far)` is true; (returncode, stderr)."""
+    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
     deadline = time.monotonic() + timeout
     try:
-        while not ready():
-            assert proc.poll() is None, f"finished before the signal: {proc.communicate()}"
+        while not ready("".join(lines)):
+            assert proc.poll() is None, f"finished before the signal: {''.join(lines)}"
             assert time.monotonic() < deadline, "never got ready"
-            time.sleep(0.02)
+            time.sleep(0.01)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return proc.returncode, err
+    return proc.returncode, "".join(lines)
+
+
+def _verifying(err: str) -> bool:
+    """The export is complete (its `save` stage is done): verification runs next."""
+    return "✓ save" in err
 
 
 def test_ctrl_c_while_verifying_removes_the_fresh_export(tmp_path):
     out = tmp_path / "out"
-    # the export is renamed into place, then verified (many steps: a wide window for the signal)
-    code, err = _start_and_signal(["onnx", "--output", str(out), "--steps", "60"],
-                                  lambda: (out / "model.onnx").exists(), signal.SIGINT)
+    # many decode steps: a wide window for the signal
+    code, err = _start_and_signal(["onnx", "--output", str(out), "--steps", "60"], _verifying,
+                                  signal.SIGINT)
     assert code == 130, err
     assert "interrupted; nothing was written" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []  # neither OUT nor a hidden temp folder
 
 
+def test_ctrl_c_while_verifying_a_forced_export_keeps_the_old_one(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "earlier.txt").write_text("the previous export")
+    code, err = _start_and_signal(["onnx", "--output", str(out), "--force", "--steps", "60"], _verifying,
+                                  signal.SIGINT)
+    assert code == 130, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in out.iterdir()) == ["earlier.txt"]
+
+
 def test_sigterm_while_exporting_leaves_no_temp_folder(tmp_path):
     out = tmp_path / "out"
     code, err = _start_and_signal(["onnx", "--output", str(out), "--no-verify"],
-                                  lambda: any(tmp_path.glob(".out.tmp-*")), signal.SIGTERM)
+                                  lambda err: any(tmp_path.glob(".out.tmp-*")), signal.SIGTERM)
     assert code == 130, err
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []

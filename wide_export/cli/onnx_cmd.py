@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -43,8 +42,8 @@ def onnx(
 
     Exit codes: 0 exported (and verified); 1 exported, but the verification
     failed: OUTPUT and OUTPUT/verify_report.json stay for inspection; 2 bad
-    input, nothing written; 130 Ctrl-C or SIGTERM, nothing written (an export
-    interrupted while it is verified is removed).
+    input, nothing written; 130 Ctrl-C or SIGTERM, also while verifying:
+    nothing written, an OUTPUT that --force was replacing left as it was.
     """
     from wide_export.errors import WideError
     from wide_export.export.onnx_export import DTYPES
@@ -74,22 +73,27 @@ def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_
         loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale,
                                  attn_group_size=attn_group_size, ffn_group_size=ffn_group_size,
                                  dtype=dtype, progress=stages.update)
-    result = export_onnx(loaded, output, opset=opset, force=force, stages=stages)
-    counts = ", ".join(f"{n} {op}" for op, n in result.wide_nodes.items())
-    stages.note(f"wrote {result.output}/model.onnx ({counts})")
-    if verify:
-        from wide_export.cli.verify_cmd import finish_verification
-        from wide_export.verify.onnx_verify import REPORT_NAME, verify_onnx
+    from wide_export.outdir import atomic_output_dir
+    from wide_export.verify.onnx_verify import REPORT_NAME
 
-        ref = loaded if dtype == "float32" else None
-        try:
-            report = verify_onnx(result.output, loaded=ref, stages=stages, steps=steps, seed=seed,
-                                 report_path=result.output / REPORT_NAME,
+    report = None
+    # Export and verify in a hidden folder beside OUTPUT, renamed to OUTPUT at the end: Ctrl-C or SIGTERM,
+    # also while verifying, leaves no new export and an OUTPUT replaced with --force as it was.
+    with atomic_output_dir(output, force) as staging:
+        result = export_onnx(loaded, staging, opset=opset, force=True, stages=stages)
+        if verify:
+            from wide_export.verify.onnx_verify import verify_onnx
+
+            ref = loaded if dtype == "float32" else None
+            report = verify_onnx(staging, loaded=ref, stages=stages, steps=steps, seed=seed,
+                                 report_path=staging / REPORT_NAME,
                                  load_kwargs=_reload_kwargs(model, router, lora, lora_scale))
-        except KeyboardInterrupt:  # an unverified export is not a result: remove it
-            shutil.rmtree(result.output, ignore_errors=True)
-            raise
-        finish_verification(report, result.output / REPORT_NAME)  # a failed check keeps OUTPUT, exits 1
+    counts = ", ".join(f"{n} {op}" for op, n in result.wide_nodes.items())
+    stages.note(f"wrote {output}/model.onnx ({counts})")
+    if report is not None:
+        from wide_export.cli.verify_cmd import finish_verification
+
+        finish_verification(report, output / REPORT_NAME)  # a failed check keeps OUTPUT, exits 1
 
 
 def _reload_kwargs(model, router, lora, lora_scale) -> dict:
