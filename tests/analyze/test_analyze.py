@@ -96,10 +96,15 @@ def _hand_counts(folder, text_path):
             math.exp(nll["wide"] / n), sum(map(len, chunks)))
 
 
-def test_sparsity_and_perplexity_match_an_independent_count(ckpt):
+@pytest.fixture(scope="module")
+def hand(ckpt):
+    return _hand_counts(*ckpt)
+
+
+def test_sparsity_and_perplexity_match_an_independent_count(ckpt, hand):
     folder, text = ckpt
     report = analyze_text(folder, text, window=WINDOW)
-    skipped, ppl_dense, ppl_wide, tokens = _hand_counts(folder, text)
+    skipped, ppl_dense, ppl_wide, tokens = hand
     assert report.tokens == tokens
     for row in report.layers:
         for kind in ("attention", "ffn"):
@@ -186,3 +191,62 @@ def test_a_file_that_is_not_a_kernel_benchmark_is_one_clear_error(ckpt, tmp_path
     bad.write_text(json.dumps({"rows": [{"kernel": "n"}]}))
     line = assert_one_line_error(_cli("--model", folder, "--text", text, "--kernels-json", bad))
     assert "kernel benchmark" in line
+
+
+@pytest.fixture(scope="module")
+def export(ckpt, tmp_path_factory):
+    """The checkpoint exported by the real `wide-export onnx` command (float32, no verification)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("onnx") / "export"
+    done = subprocess.run([sys.executable, "-m", "wide_export", "onnx", "--model", str(ckpt[0]), "--output", str(out),
+                           "--no-verify"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_onnx_export_perplexity_and_router_agreement(ckpt, hand, export, tmp_path):
+    folder, text = ckpt
+    report = analyze_text(folder, text, window=WINDOW, onnx_dir=export)
+    assert report.onnx["ppl"] == pytest.approx(hand[2], rel=1e-4)  # the routed transformers model's perplexity
+    assert set(report.onnx["agreement"]) == {f"{i}.{k}" for i in (0, 1) for k in ("attention", "ffn")}
+    assert all(a == 1.0 for a in report.onnx["agreement"].values()), report.onnx
+    res = _cli("--model", folder, "--text", text, "--window", WINDOW, "--onnx", export, "--output", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "ONNX export (float32, onnxruntime)" in res.output and "router agreement 100.00%" in res.output
+
+
+def test_onnx_router_agreement_counts_disagreements(ckpt, export):
+    """Reference masks inverted by hand: every decision disagrees."""
+    from tokenizers import Tokenizer
+
+    from wide_export.analyze.onnx_eval import onnx_windows
+    from wide_export.export.onnx_export import read_wide_config
+    from wide_export.verify.onnx_verify import debug_session
+
+    folder, text = ckpt
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text.read_text()).ids[:WINDOW]
+    config = read_wide_config(export)
+    session = debug_session(export, config)
+    routed = load_routed_hf(folder)
+    routed(input_ids=torch.tensor([ids]))
+    inverted = {key: (~m).to(torch.int32).numpy() for key, m in routed.masks.items()}
+    out = onnx_windows(session, config, [ids], [inverted])
+    assert all(a == 0.0 for a in out["agreement"].values()), out
+    half = {key: m if key[1] == "ffn" else (1 - m) for key, m in
+            ((k, v.to(torch.int32).numpy()) for k, v in routed.masks.items())}
+    out = onnx_windows(session, config, [ids], [half])
+    assert {k: a for k, a in out["agreement"].items()} == {"0.attention": 0.0, "0.ffn": 1.0, "1.attention": 0.0,
+                                                           "1.ffn": 1.0}
+
+
+def test_an_export_of_another_model_is_one_clear_error(ckpt, export, tmp_path):
+    folder, text = ckpt
+    other = tmp_path / "other"
+    other.mkdir()
+    config = json.loads((export / "wide_config.json").read_text())
+    (other / "wide_config.json").write_text(json.dumps({**config, "num_layers": 3}))
+    (other / "model.onnx").write_bytes(b"")
+    line = assert_one_line_error(_cli("--model", folder, "--text", text, "--onnx", other))
+    assert "num_layers=3" in line and "export of this --model" in line

@@ -34,6 +34,13 @@ def summary_lines(report) -> list[str]:
     delta = report.ppl_wide / report.ppl_dense - 1
     lines = [f"perplexity: dense {report.ppl_dense:.3f} (routers forced on), WIDE {report.ppl_wide:.3f} "
              f"({delta:+.1%})"]
+    if report.onnx:
+        o = report.onnx
+        worst = min(o["agreement"].items(), key=lambda kv: kv[1]) if o["agreement"] else ("-", 1.0)
+        mean = sum(o["agreement"].values()) / max(1, len(o["agreement"]))
+        lines.append(f"ONNX export ({o['dtype']}, onnxruntime): perplexity {o['ppl']:.3f} "
+                     f"({o['ppl'] / report.ppl_wide - 1:+.2%} vs the reference); router agreement "
+                     f"{mean:.2%} on average, lowest {worst[1]:.2%} (layer {worst[0]})")
     if report.prediction_basis:
         lines.append(f"predicted speed-up: {report.prediction_basis}")
     return lines

@@ -44,6 +44,7 @@ class AnalysisReport:
     layers: list[LayerStats] = field(default_factory=list)
     predicted_total: dict = field(default_factory=dict)
     prediction_basis: str = ""
+    onnx: dict = field(default_factory=dict)  # with --onnx: ppl, dtype, per-router decision agreement
 
 
 def _stats(per_token, groups: int, group_size: int) -> SparsityStats:
@@ -63,7 +64,7 @@ def _nll(logits, ids) -> tuple[float, int]:
 
 def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = None, lora: Optional[Path] = None,
                  lora_scale: float = 2.0, window: int = 512, kernels_json: Optional[Path] = None,
-                 progress: Optional[Callable[[str], None]] = None) -> AnalysisReport:
+                 onnx_dir: Optional[Path] = None, progress: Optional[Callable[[str], None]] = None) -> AnalysisReport:
     """Realized sparsity per layer and perplexity dense vs WIDE of `model_dir` on the text of `text_path`."""
     import torch
 
@@ -96,7 +97,14 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
         raise WideError(f"the tokenizer produced id {max(ids)}, the model's vocabulary has {cfg.vocab_size} entries",
                         "the folder's tokenizer does not belong to this model")
 
+    session = None
+    if onnx_dir is not None:
+        from wide_export.analyze.onnx_eval import open_export
+
+        say("opening the ONNX export")
+        session, onnx_config = open_export(onnx_dir, cfg)
     per_token: dict[tuple[int, str], list] = {}
+    window_masks: list[dict] = []  # per window {(layer, kind): mask numpy}, for --onnx
     nll = {"wide": 0.0, "dense": 0.0}
     count = 0
     with torch.no_grad():
@@ -113,6 +121,9 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
             for i, masks in enumerate(collect.masks):
                 for kind, m in masks.items():  # [1, T, G] int32, 1 = execute
                     per_token.setdefault((i, kind), []).append(1.0 - m[0].double().mean(-1))
+            if session is not None:
+                window_masks.append({(i, kind): m.numpy() for i, masks in enumerate(collect.masks)
+                                     for kind, m in masks.items()})
             model.set_force_execute(True)
             logits, _ = model(*args)
             nll["dense"] += _nll(logits, x)[0]
@@ -129,6 +140,10 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
         if (i, "ffn") in per_token:
             row.ffn = _stats(torch.cat(per_token[i, "ffn"]), r.ffn_groups, cfg.ffn_group_size(i))
         report.layers.append(row)
+    if session is not None:
+        from wide_export.analyze.onnx_eval import onnx_windows
+
+        report.onnx = onnx_windows(session, onnx_config, chunks, window_masks, say)
     if kernels_json is not None:
         from wide_export.analyze.predict import predict
 

@@ -23,6 +23,9 @@ def analyze(
     kernels_json: Annotated[Optional[Path], typer.Option(
         "--kernels-json", help="kernels.json of `wide-export bench kernels`: adds the predicted speed-up per "
                                "layer and in total.", show_default=False)] = None,
+    onnx: Annotated[Optional[Path], typer.Option(
+        "--onnx", help="A `wide-export onnx` folder of this model: adds the export's perplexity and router "
+                       "agreement on the same windows (onnxruntime, CPU).", show_default=False)] = None,
     output: Annotated[Path, typer.Option("--output", help="Folder for analyze.json and analyze.png.")]
     = Path("analyze-results"),
 ) -> None:
@@ -35,7 +38,7 @@ def analyze(
     console = Console(highlight=False, width=max(Console().width, 110))  # the table needs ~100 columns
     with console.status("analyzing") as status:
         report = analyze_text(model, text, router=router, lora=lora, lora_scale=lora_scale, window=window,
-                              kernels_json=kernels_json, progress=status.update)
+                              kernels_json=kernels_json, onnx_dir=onnx, progress=status.update)
     console.print(table(report))
     for line in summary_lines(report):
         console.print(line)
