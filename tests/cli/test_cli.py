@@ -44,7 +44,8 @@ def test_demo_export_end_to_end(tmp_path):
     proc = run("onnx", "--output", str(out))
     assert "embedded demo model" in proc.stderr
     assert "PASSED" in proc.stderr
-    assert {p.name for p in out.iterdir()} == {"model.onnx", "wide_config.json", "verify_report.json"}
+    assert {p.name for p in out.iterdir()} == {"model.onnx", "wide_config.json", "genai_config.json",
+                                            "verify_report.json"}
     report = json.loads((out / "verify_report.json").read_text())
     assert report["passed"] and report["decisions"]
     onnx.checker.check_model(str(out / "model.onnx"), full_check=True)

@@ -1,0 +1,135 @@
+"""genai_config.json beside model.onnx, so onnxruntime-genai loads a wide-export folder as it is.
+
+The graph already follows onnxruntime-genai's decoder contract (io_spec.py):
+input_ids / attention_mask / position_ids / past_key_values.%d.key|value in,
+logits / present.%d.key|value out. This file only states that contract, the
+dimensions, the special token ids and the context length, and copies the
+model folder's tokenizer files (onnxruntime-genai reads tokenizer.json +
+tokenizer_config.json from the same folder).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+GENAI_CONFIG_NAME = "genai_config.json"
+# Files a Hugging Face folder keeps next to its weights that a generator needs (tokenizer + defaults).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+)
+# onnxruntime-genai model types for our architectures (all plain decoder-only LLMs).
+GENAI_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def model_folder(loaded) -> Path | None:
+    """The Hugging Face folder the model was loaded from (None for the in-memory demo model)."""
+    path = loaded.sources.get("config", {}).get("path")
+    return Path(path).parent if path else None
+
+
+def special_tokens(loaded) -> dict[str, Any]:
+    """bos/eos/pad ids: generation_config.json over config.json (as transformers' generate does).
+
+    The demo model has no folder: its ids are those of its transformers config
+    (Llama's defaults: bos 1, eos 2). A missing pad id falls back to the first
+    eos id, as `generate` does.
+    """
+    folder = model_folder(loaded)
+    ids: dict[str, Any] = {k: None for k in TOKEN_KEYS}
+    if folder is None:
+        from wide_export.model.demo import DEMO_SPEC
+
+        hf = DEMO_SPEC.hf_config()
+        ids.update({k: getattr(hf, k, None) for k in TOKEN_KEYS})
+    else:
+        for name in ("config.json", "generation_config.json"):
+            path = folder / name
+            if not path.is_file():
+                continue
+            try:
+                raw = json.loads(path.read_text())
+            except ValueError:
+                continue  # config.json was parsed at load time; a broken generation_config is ignored
+            ids.update({k: raw[k] for k in TOKEN_KEYS if raw.get(k) is not None})
+    if ids["bos_token_id"] is None:
+        ids["bos_token_id"] = 1
+    if ids["eos_token_id"] is None:
+        ids["eos_token_id"] = 2
+    eos = ids["eos_token_id"]
+    if ids["pad_token_id"] is None:
+        ids["pad_token_id"] = eos[0] if isinstance(eos, list) else eos
+    return ids
+
+
+def genai_config(loaded, model_file: str) -> dict[str, Any]:
+    """The genai_config.json dict for an export of `loaded` whose graph file is `model_file`."""
+    cfg = loaded.config
+    tokens = special_tokens(loaded)
+    context = int(cfg.max_position_embeddings)
+    return {
+        "model": {
+            "bos_token_id": tokens["bos_token_id"],
+            "context_length": context,
+            "decoder": {
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "filename": model_file,
+                "head_size": cfg.head_dim,
+                "hidden_size": cfg.hidden_size,
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "attention_mask": "attention_mask",
+                    "position_ids": "position_ids",
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
+                "num_attention_heads": cfg.num_attention_heads,
+                "num_hidden_layers": cfg.num_layers,
+                "num_key_value_heads": cfg.num_key_value_heads,
+            },
+            "eos_token_id": tokens["eos_token_id"],
+            "pad_token_id": tokens["pad_token_id"],
+            "type": GENAI_TYPES.get(cfg.model_type, "llama"),
+            "vocab_size": cfg.vocab_size,
+        },
+        "search": {
+            "diversity_penalty": 0.0,
+            "do_sample": False,
+            "early_stopping": True,
+            "length_penalty": 1.0,
+            "max_length": context,
+            "min_length": 0,
+            "no_repeat_ngram_size": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            # the graph concatenates past + new (present is longer than past): no shared buffer
+            "past_present_share_buffer": False,
+            "repetition_penalty": 1.0,
+            "temperature": 1.0,
+            "top_k": 50,
+            "top_p": 1.0,
+        },
+    }
+
+
+def write_genai_files(loaded, folder: Path, model_file: str) -> list[str]:
+    """Write genai_config.json into `folder` and copy the tokenizer files; returns the copied names."""
+    folder = Path(folder)
+    (folder / GENAI_CONFIG_NAME).write_text(json.dumps(genai_config(loaded, model_file), indent=2) + "\n")
+    src = model_folder(loaded)
+    copied = []
+    if src is not None:
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, folder / name)
+                copied.append(name)
+    return copied
