@@ -4,8 +4,9 @@ Llama-3.1-8B-shaped decoder layers with random weights (`e2e_stack.py`),
 routers biased to a chosen sparsity; attention through PyTorch SDPA on both
 sides, `wide_export.kernels` on the WIDE side, cuBLAS on the dense side.
 Prefill tokens/s at 512 / 2k / 8k tokens (one sequence) and decode tokens/s
-at batch 1 and 4 (one step over a cache of `decode_context` tokens, replayed as
-a CUDA graph). The stack has fewer layers than the model; its time per layer
+at batch 1 and 4 (one step over a cache of `decode_context` tokens). On a GPU
+both sides of every case are captured as CUDA graphs and replayed (no Python
+launch overhead on either side; eager timing, with a note, if capture fails). The stack has fewer layers than the model; its time per layer
 scales to the model's 32 layers (embedding and LM head left out, the same on
 both sides). Before timing, the first layer of the WIDE side is checked
 against the PyTorch oracles (mask agreement, output error) on the same input.
@@ -162,23 +163,23 @@ def _rates(cases_ms: tuple[float, float], tokens: int, layers: int, model_layers
 
 
 def _prefill(shape, stack, ops, T: int, s: float, cfg: E2EPreset, gen, report: E2EReport, cuda: bool) -> Case:
+    """One sequence of T tokens through the stack from an empty cache (causal SDPA)."""
     import torch
 
     from wide_export.bench import e2e_stack as st
-    from wide_export.bench.kernels import _time
 
     dtype = stack[0].wq.dtype
-    xs = [torch.randn(1, T, shape.hidden, generator=gen, device=stack[0].wq.device).to(dtype) for _ in range(2)]
-    rotary = st.rope(torch.arange(T, device=xs[0].device), shape.head_dim, dtype)
+    x = torch.randn(1, T, shape.hidden, generator=gen, device=stack[0].wq.device).to(dtype)
+    rotary = st.rope(torch.arange(T, device=x.device), shape.head_dim, dtype)
 
-    def dense(i):
-        h = xs[i % 2]
+    def dense():
+        h = x
         for L in stack:
             h = st.dense_layer(shape, L, h, rotary)
         return h
 
-    def wide(i, masks=None):
-        h = xs[i % 2]
+    def wide(masks=None):
+        h = x
         for L in stack:
             h = st.wide_layer(shape, L, h, rotary, ops, masks=masks)
         return h
@@ -186,22 +187,20 @@ def _prefill(shape, stack, ops, T: int, s: float, cfg: E2EPreset, gen, report: E
     with torch.no_grad():
         if T == cfg.prefill_tokens[0]:  # realized sparsity on a fresh input (not the calibration tokens)
             masks: list = []
-            wide(0, masks)
+            wide(masks)
             report.realized[str(s)] = {kind: 1.0 - torch.cat([m[j].flatten() for m in masks]).float().mean().item()
                                        for j, kind in enumerate(("attention", "ffn"))}
-        d_ms = _time(dense, cfg.reps, cfg.warmup, cuda)
-        w_ms = _time(wide, cfg.reps, cfg.warmup, cuda)
+    d_ms, w_ms, graphed, note = _time_pair(dense, wide, cfg, cuda)
     d_tps, w_tps = _rates((d_ms, w_ms), T, len(stack), shape.model_layers)
-    return Case(s, "prefill", T, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms,
-                algos=_algos(shape, T, report.algo, xs[0].device))
+    return Case(s, "prefill", T, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed,
+                algos=_algos(shape, T, report.algo, x.device), note=note)
 
 
 def _decode(shape, stack, ops, B: int, s: float, cfg: E2EPreset, gen, model_layers: int, cuda: bool) -> Case:
-    """One decode step over a full cache of `decode_context` tokens; CUDA graphs on a GPU."""
+    """One decode step (one token per sequence) over a full cache of `decode_context` tokens."""
     import torch
 
     from wide_export.bench import e2e_stack as st
-    from wide_export.bench.kernels import _time
 
     dtype, device = stack[0].wq.dtype, stack[0].wq.device
     ctx = cfg.decode_context
@@ -222,6 +221,19 @@ def _decode(shape, stack, ops, B: int, s: float, cfg: E2EPreset, gen, model_laye
             h = st.wide_layer(shape, L, h, rotary, ops, c)
         return h
 
+    d_ms, w_ms, graphed, note = _time_pair(dense, wide, cfg, cuda)
+    d_tps, w_tps = _rates((d_ms, w_ms), B, len(stack), model_layers)
+    return Case(s, "decode", B, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed,
+                algos=_algos(shape, B, ops.algo, device), note=note)
+
+
+def _time_pair(dense, wide, cfg: E2EPreset, cuda: bool):
+    """(dense ms, WIDE ms, as CUDA graphs?, note): on a GPU both sides are captured as CUDA graphs and
+    replayed, so neither side's Python launch overhead is timed; eagerly on CPU or if capture fails."""
+    import torch
+
+    from wide_export.bench.kernels import _time
+
     note, graphed = "", False
     with torch.no_grad():
         fns = [dense, wide]
@@ -233,9 +245,7 @@ def _decode(shape, stack, ops, B: int, s: float, cfg: E2EPreset, gen, model_laye
                 note = f"CUDA graph capture failed ({type(err).__name__}: {str(err)[:120]}); timed eagerly"
                 torch.cuda.synchronize()
         d_ms, w_ms = (_time(lambda _i, f=f: f(), cfg.reps, cfg.warmup, cuda) for f in fns)
-    d_tps, w_tps = _rates((d_ms, w_ms), B, len(stack), model_layers)
-    return Case(s, "decode", B, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed,
-                algos=_algos(shape, B, ops.algo, device), note=note)
+    return d_ms, w_ms, graphed, note
 
 
 def _graph(fn):
@@ -282,8 +292,9 @@ def table(report: E2EReport):
                   f"{c.wide_tokens_per_s:,.0f}",
                   f"[{'green' if c.speedup >= 1 else 'red'}]{c.speedup:.2f}x[/]{paper}",
                   "/".join(a[:2] for a in c.algos.values()))
-    t.caption = ("algos: q/o/gate_up/down (gemv, grouped, tile, dense); decode "
-                 + ("as CUDA graphs" if any(c.cuda_graph for c in report.cases) else "timed eagerly"))
+    graphs = "replayed as CUDA graphs" if all(c.cuda_graph for c in report.cases) else (
+        "partly eager (see notes)" if any(c.cuda_graph for c in report.cases) else "timed eagerly")
+    t.caption = f"algos: q/o/gate_up/down (gemv, grouped, tile, dense); both sides {graphs}"
     return t
 
 
