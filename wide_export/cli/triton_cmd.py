@@ -28,6 +28,9 @@ def triton(
     model_name: Annotated[str, typer.Option("--model-name", help="Name of the generation model.")] = "wide_llm",
     max_batch: Annotated[int, typer.Option("--max-batch", help="Most prompts batched into one generation.")] = 8,
     instances: Annotated[int, typer.Option("--instances", help="Model instances (per model).")] = 1,
+    streaming: Annotated[bool, typer.Option(
+        "--streaming", help="Decoupled generation model: one response per new token "
+                            "(HTTP generate_stream / gRPC stream).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --output folder (never one that is or "
                                                        "holds the --onnx/--engines folder).")] = False,
 ) -> None:
@@ -40,7 +43,7 @@ def triton(
 
     from wide_export.triton.repository import RepoOptions, generate_repository
 
-    options = RepoOptions(model_name=model_name, max_batch=max_batch, instances=instances)
+    options = RepoOptions(model_name=model_name, max_batch=max_batch, instances=instances, streaming=streaming)
 
     def write(target: Path) -> Path:
         return generate_repository(target, onnx=onnx, engines=engines, backend=backend, options=options)
@@ -64,6 +67,9 @@ def triton(
     for path in sorted(repo.glob("*/config.pbtxt")):
         console.print(f"  model {path.parent.name}")
     console.print(f"serve it: wide-export serve --repository {repo}")
+    if streaming:
+        console.print(f"stream:   POST /v2/models/{model_name}/generate_stream "
+                      '{"input_ids": [...], "max_new_tokens": N}')
 
 
 @user_errors

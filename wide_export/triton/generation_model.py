@@ -9,6 +9,11 @@ Interface (one prompt per row; rows of one request share a length):
   output  output_ids INT64 [-1]: the new tokens only.
 Greedy when temperature is absent or 0, else temperature / top-p sampling
 (seeded per request when `seed` is given).
+Streaming (config.pbtxt `model_transaction_policy { decoupled: true }`, from
+`wide-export triton --streaming`): one response per new token, output_ids
+[batch, 1], then a final empty response flagged TRITONSERVER_RESPONSE_COMPLETE_FINAL.
+A request whose client went away (cancelled) gets nothing more; a batch whose
+clients all went away stops decoding.
 
 The settings come from `generation.json` beside this file (written by
 `wide-export triton`). Flavours:
@@ -89,6 +94,9 @@ class Settings:
 
 # A step runs the graph once: (feeds by input name) -> (logits, presents in layer order).
 StepFn = Callable[[dict, str], tuple]
+# Called after every decode step with (step index, that step's token per row [rows]);
+# returning False stops the generation (nobody is listening any more).
+OnStep = Callable[[int, np.ndarray], bool]
 
 
 def validate_row(row: Row, settings: Settings) -> None:
@@ -132,7 +140,8 @@ def choose_tokens(logits: np.ndarray, rows: list[Row], rngs: list[np.random.Gene
     return out
 
 
-def generate(step: StepFn, settings: Settings, rows: list[Row]) -> list[np.ndarray]:
+def generate(step: StepFn, settings: Settings, rows: list[Row],
+             on_step: Optional[OnStep] = None) -> list[np.ndarray]:
     """Prefill all rows together (left-padded), then decode with the KV cache."""
     batch = len(rows)
     longest = max(r.prompt.size for r in rows)
@@ -156,6 +165,8 @@ def generate(step: StepFn, settings: Settings, rows: list[Row]) -> list[np.ndarr
             feeds[k_name], feeds[v_name] = k, v
         logits, past = step(feeds, phase)
         out[:, s] = choose_tokens(logits[:, -1, :], rows, rngs)
+        if on_step is not None and not on_step(s, out[:, s]):
+            break
         if s + 1 == steps:
             break
         phase = "decode"
@@ -181,11 +192,16 @@ def padded_groups(rows: list[Row], max_total_tokens: int) -> list[list[int]]:
     return groups
 
 
-def generate_all(step: StepFn, settings: Settings, rows: list[Row]) -> list[np.ndarray]:
-    """generate() over as few batches as the length limit allows; results in row order."""
+def generate_all(step: StepFn, settings: Settings, rows: list[Row],
+                 on_step: Optional[Callable[[list[int], int, np.ndarray], bool]] = None) -> list[np.ndarray]:
+    """generate() over as few batches as the length limit allows; results in row order.
+
+    `on_step(row indices, step, tokens)` sees each batch's tokens as they are chosen.
+    """
     out: list = [None] * len(rows)
     for group in padded_groups(rows, settings.max_total_tokens):
-        for i, tokens in zip(group, generate(step, settings, [rows[i] for i in group])):
+        watch = None if on_step is None else (lambda s, tokens, group=group: on_step(group, s, tokens))
+        for i, tokens in zip(group, generate(step, settings, [rows[i] for i in group], watch)):
             out[i] = tokens
     return out
 
@@ -277,6 +293,7 @@ class TritonPythonModel:
         folder = os.path.join(args["model_repository"], args["model_version"])
         self.settings = Settings.load(folder)
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.streaming = bool(pb_utils.using_decoupled_model_transaction_policy(config))
         if self.settings.flavour == "onnxruntime":
             self.step = ort_step(folder, self.settings, int(params.get("intra_op_threads", "0")))
         elif self.settings.flavour == "tensorrt":
@@ -284,7 +301,10 @@ class TritonPythonModel:
         else:
             raise ValueError(f"unknown flavour {self.settings.flavour!r} in {SETTINGS_FILE}")
 
-    def execute(self, requests: list) -> list:
+    def execute(self, requests: list) -> Optional[list]:
+        if self.streaming:
+            self._stream(requests)
+            return None
         responses: list = [None] * len(requests)
         parsed: list[tuple[int, list[Row]]] = []
         for i, request in enumerate(requests):
@@ -310,3 +330,86 @@ class TritonPythonModel:
                 start += len(rows)
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("output_ids", block)])
         return responses
+
+    def _stream(self, requests: list) -> None:
+        """Decoupled mode: each request gets one response per new token, then a final empty one."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        streams: list[_Stream] = []
+        all_rows: list[Row] = []
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                rows = rows_from_request(request)
+                for row in rows:
+                    validate_row(row, self.settings)
+            except RequestError as err:
+                _send(sender, pb_utils.InferenceResponse(error=_invalid_argument(str(err))), final)
+                continue
+            streams.append(_Stream(sender, list(range(len(all_rows), len(all_rows) + len(rows))),
+                                   rows[0].max_new_tokens))
+            all_rows.extend(rows)
+        if not streams:
+            return
+        owner = {i: stream for stream in streams for i in stream.rows}
+
+        def on_step(group: list[int], s: int, tokens: np.ndarray) -> bool:
+            # A request's rows share a shape, so they are always generated in the same batch.
+            alive = False
+            for stream in {id(owner[i]): owner[i] for i in group}.values():
+                if stream.gone or s >= stream.max_new_tokens:
+                    continue
+                picked = np.array([[tokens[group.index(i)]] for i in stream.rows], dtype=np.int64)
+                if not _send(stream.sender, pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor("output_ids", picked)])):
+                    stream.gone = True
+                    _log(f"streaming client went away after {s} of {stream.max_new_tokens} tokens; "
+                         "its rows are no longer decoded")
+                    continue
+                alive = alive or s + 1 < stream.max_new_tokens
+            return alive
+
+        failure = None
+        try:
+            generate_all(self.step, self.settings, all_rows, on_step)
+        except Exception as err:  # noqa: BLE001 - report to every client, keep serving
+            failure = pb_utils.TritonError(f"generation failed: {err}")
+        for stream in streams:  # every request is closed, also those whose client left
+            last = None if failure is None or stream.gone else pb_utils.InferenceResponse(error=failure)
+            _send(stream.sender, last, final, even_if_cancelled=True)
+
+
+def _log(message: str) -> None:
+    logger = getattr(pb_utils, "Logger", None)
+    if logger is not None:
+        logger.log_info(message)
+
+
+@dataclass
+class _Stream:
+    """One streaming request: where its responses go and which rows are its own."""
+
+    sender: object
+    rows: list
+    max_new_tokens: int
+    gone: bool = False
+
+
+def _send(sender, response, flags: int = 0, even_if_cancelled: bool = False) -> bool:
+    """Send on a decoupled response sender; False when the client has gone (cancelled or closed).
+
+    A cancelled request gets no more tokens, but still its final flag (`even_if_cancelled`),
+    which releases it in the server.
+    """
+    is_cancelled = getattr(sender, "is_cancelled", None)
+    try:
+        if is_cancelled is not None and is_cancelled():
+            if not even_if_cancelled:
+                return False
+            response = None
+        if response is None:
+            sender.send(flags=flags)
+        else:
+            sender.send(response, flags=flags)
+        return True
+    except Exception:  # noqa: BLE001 - a closed stream must not stop the other requests
+        return False

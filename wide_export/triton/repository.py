@@ -46,6 +46,7 @@ class RepoOptions:
     instances: int = 1
     queue_delay_us: int = 2000
     intra_op_threads: int = 0  # ONNX Runtime threads per instance; 0 = its default
+    streaming: bool = False  # decoupled generation model: one response per new token
 
     def check(self) -> None:
         if not _NAME.match(self.model_name):
@@ -71,6 +72,7 @@ def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, setting
     (folder / "config.pbtxt").write_text(render(
         "generation.pbtxt", flavour=flavour, model_name=opts.model_name, max_batch=settings.pop("_max_batch"),
         instances=opts.instances, queue_delay_us=opts.queue_delay_us, intra_op_threads=opts.intra_op_threads,
+        decoupled="true" if opts.streaming else "false",
     ))
     code = files("wide_export.triton").joinpath("generation_model.py").read_text()
     (version / "model.py").write_text(code)

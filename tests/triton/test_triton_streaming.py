@@ -1,0 +1,202 @@
+"""`wide-export triton --streaming` on a real tritonserver (127.0.0.1): the decoupled
+generation model streams one response per new token through Triton's generate
+extension (HTTP server-sent events) and gRPC streams; streamed tokens equal the
+PyTorch reference's greedy tokens; a client that leaves mid-stream does not
+disturb the server. Every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+MODEL = "wide_llm"
+DEADLINE_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def streaming_repo(demo_onnx, tmp_path_factory):
+    from wide_export.cli import app
+
+    out = tmp_path_factory.mktemp("stream_repo") / "repo"
+    result = CliRunner().invoke(app, ["triton", "--onnx", str(demo_onnx), "--output", str(out), "--streaming"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def streaming_server(streaming_repo):
+    from wide_export.triton import TritonServer
+
+    server = TritonServer(streaming_repo)
+    server.start(timeout=120)
+    yield server
+    code = server.stop()
+    print(server.log_tail(10))
+    assert code == 0, f"tritonserver did not stop cleanly (code {code})"
+
+
+@pytest.fixture(scope="module")
+def vocab(streaming_repo) -> int:
+    return json.loads((streaming_repo / MODEL / "1" / "generation.json").read_text())["vocab_size"]
+
+
+def _post_stream(http_url: str, body: dict, keep: int | None = None) -> list[dict]:
+    """POST /generate_stream and parse the server-sent events (`data: {...}`).
+
+    With `keep`, stop reading after that many events and drop the connection.
+    """
+    host, port = http_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=DEADLINE_S)
+    try:
+        conn.request("POST", f"/v2/models/{MODEL}/generate_stream", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.getheader("Content-Type", "").startswith("text/event-stream")
+        if resp.status != 200:  # a rejected request: 400 and one `error` event
+            assert resp.status == 400
+        events = []
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            line = resp.readline()
+            if not line:
+                break
+            if line.startswith(b"data:"):
+                events.append(json.loads(line[5:]))
+                if keep is not None and len(events) >= keep:
+                    conn.sock.close()  # the client walks away mid-stream
+                    break
+        return events
+    finally:
+        conn.close()
+
+
+def test_streaming_repository_is_decoupled(streaming_repo):
+    config = (streaming_repo / MODEL / "config.pbtxt").read_text()
+    assert "model_transaction_policy { decoupled: true }" in config
+
+
+def test_generate_stream_tokens_equal_the_reference(streaming_server, reference, vocab):
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        prompt = rng.integers(0, vocab, size=int(rng.integers(1, 20))).tolist()
+        n = int(rng.integers(2, 12))
+        events = _post_stream(streaming_server.endpoints.http, {"input_ids": prompt, "max_new_tokens": n})
+        assert all("error" not in e for e in events), events
+        assert len(events) == n  # one event per new token (the final empty response adds none)
+        got = [int(np.asarray(e["output_ids"]).reshape(-1)[0]) for e in events]
+        np.testing.assert_array_equal(got, reference(np.array(prompt), n))
+
+
+def test_generate_stream_reports_bad_requests(streaming_server, vocab):
+    events = _post_stream(streaming_server.endpoints.http, {"input_ids": [1, 2, 3], "max_new_tokens": 0})
+    assert len(events) == 1 and "max_new_tokens must be >= 1" in events[0]["error"]
+    events = _post_stream(streaming_server.endpoints.http, {"input_ids": [vocab], "max_new_tokens": 2})
+    assert len(events) == 1 and "must lie in" in events[0]["error"]
+
+
+def test_grpc_stream_one_response_per_token_then_empty_final(streaming_server, reference, vocab):
+    import tritonclient.grpc as grpcclient
+
+    rng = np.random.default_rng(1)
+    prompts = rng.integers(0, vocab, size=(2, 6), dtype=np.int64)
+    n = 5
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(streaming_server.endpoints.grpc)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    final = False
+    try:
+        ids = grpcclient.InferInput("input_ids", list(prompts.shape), "INT64")
+        ids.set_data_from_numpy(prompts)
+        new = grpcclient.InferInput("max_new_tokens", [2, 1], "INT32")
+        new.set_data_from_numpy(np.full((2, 1), n, np.int32))
+        client.async_stream_infer(MODEL, [ids, new], enable_empty_final_response=True)
+        got = []
+        for _ in range(n + 1):
+            result, error = responses.get(timeout=DEADLINE_S)
+            assert error is None, error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if final:
+                assert result.as_numpy("output_ids") is None  # the last response is empty
+                break
+            got.append(result.as_numpy("output_ids"))
+        assert final and len(got) == n
+        assert all(step.shape == (2, 1) for step in got)
+        tokens = np.concatenate(got, axis=1)
+        for row, prompt in zip(tokens, prompts):
+            np.testing.assert_array_equal(row, reference(prompt, n))
+    finally:
+        client.stop_stream(cancel_requests=not final)  # a stream the server never closed must not hang here
+        client.close()
+
+
+def test_client_leaving_mid_stream_does_not_break_the_server(streaming_server, reference, vocab):
+    rng = np.random.default_rng(2)
+    url = streaming_server.endpoints.http
+    # a long stream abandoned after 2 tokens, twice
+    for _ in range(2):
+        left = _post_stream(url, {"input_ids": rng.integers(0, vocab, size=8).tolist(), "max_new_tokens": 400},
+                            keep=2)
+        assert len(left) == 2 and "error" not in left[0]
+    # the model noticed (request cancelled) and stopped decoding for it, well before 400 tokens
+    deadline = time.monotonic() + 10
+    while streaming_server.log_text().count("streaming client went away") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    gone = re.findall(r"went away after (\d+) of 400 tokens", streaming_server.log_text())
+    assert len(gone) == 2 and all(int(n) < 400 for n in gone), gone
+    # meanwhile and afterwards, concurrent clients are served exactly
+    jobs = [(rng.integers(0, vocab, size=int(rng.integers(1, 16))).tolist(), int(rng.integers(2, 10)))
+            for _ in range(4)]
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            events = _post_stream(url, {"input_ids": jobs[i][0], "max_new_tokens": jobs[i][1]})
+            results[i] = [int(np.asarray(e["output_ids"]).reshape(-1)[0]) for e in events]
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S + 10)
+    assert not any(t.is_alive() for t in threads), "a client thread hung"
+    assert not errors, errors[0]
+    for i, (prompt, n) in enumerate(jobs):
+        np.testing.assert_array_equal(results[i], reference(np.array(prompt), n))
+    assert streaming_server.process.poll() is None and streaming_server.is_ready()
+
+
+def _tokens(events: list[dict]) -> list[int]:
+    assert all("error" not in e for e in events), events
+    return [int(np.asarray(e["output_ids"]).reshape(-1)[0]) for e in events]
+
+
+def test_generate_stream_takes_the_optional_sampling_inputs(streaming_server, reference, vocab):
+    url = streaming_server.endpoints.http
+    prompt = np.random.default_rng(3).integers(0, vocab, size=6).tolist()
+    hot = {"input_ids": prompt, "max_new_tokens": 8, "temperature": 1.5, "top_p": 0.9, "seed": 11}
+    a, b = _tokens(_post_stream(url, hot)), _tokens(_post_stream(url, hot))
+    assert a == b and len(a) == 8  # seeded sampling is reproducible
+    cold = _tokens(_post_stream(url, {**hot, "temperature": 0.0}))
+    np.testing.assert_array_equal(cold, reference(np.array(prompt), 8))  # temperature 0 is greedy
+
+
+def test_plain_infer_is_refused_by_the_streaming_model(streaming_server):
+    from tritonclient.utils import InferenceServerException
+
+    from wide_export.triton.client import GenerationClient
+
+    with GenerationClient(streaming_server.endpoints.http, "http", MODEL) as client:
+        with pytest.raises(InferenceServerException, match="decoupled"):
+            client.generate(np.array([1, 2, 3]), 2)
