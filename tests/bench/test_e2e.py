@@ -52,7 +52,8 @@ def hand_layer(shape, L, h, force_dense=False):
     causal = torch.ones(T, T).tril().bool()
     for j in range(hq):
         kj = j // (hq // hkv)  # GQA: the kv head of query head j
-        qh, kh, vh = _rope(q[:, j * D:(j + 1) * D], pos), _rope(k[:, kj * D:(kj + 1) * D], pos), v[:, kj * D:(kj + 1) * D]
+        qh, kh = _rope(q[:, j * D:(j + 1) * D], pos), _rope(k[:, kj * D:(kj + 1) * D], pos)
+        vh = v[:, kj * D:(kj + 1) * D]
         scores = (qh @ kh.T / D**0.5).masked_fill(~causal, float("-inf"))
         head = torch.softmax(scores, -1) @ vh
         o[:, j * D:(j + 1) * D] = head * ma[0, :, j // shape.heads_per_group, None]  # skipped heads are zero

@@ -6,8 +6,9 @@ sides, `wide_export.kernels` on the WIDE side, cuBLAS on the dense side.
 Prefill tokens/s at 512 / 2k / 8k tokens (one sequence) and decode tokens/s
 at batch 1 and 4 (one step over a cache of `decode_context` tokens). On a GPU
 both sides of every case are captured as CUDA graphs and replayed (no Python
-launch overhead on either side; eager timing, with a note, if capture fails). The stack has fewer layers than the model; its time per layer
-scales to the model's 32 layers (embedding and LM head left out, the same on
+launch overhead on either side; eager timing, with a note, if capture fails).
+The stack has fewer layers than the model; its time per layer scales to the
+model's 32 layers (embedding and LM head left out, the same on
 both sides). Before timing, the first layer of the WIDE side is checked
 against the PyTorch oracles (mask agreement, output error) on the same input.
 """
@@ -282,7 +283,8 @@ def table(report: E2EReport):
 
     from rich import box
 
-    t = Table(box=box.SIMPLE_HEAD, title=f"end to end, {report.shape['name']} layers ({report.layers} timed, tokens/s scaled to "
+    t = Table(box=box.SIMPLE_HEAD,
+              title=f"end to end, {report.shape['name']} layers ({report.layers} timed, tokens/s scaled to "
                     f"{report.model_layers}; {report.device}, {report.dtype})")
     for col in ("sparsity", "case", "dense tok/s", "WIDE tok/s", "speed-up (paper)", "algos"):
         t.add_column(col, justify="right", no_wrap=True)
