@@ -207,7 +207,14 @@ def generate_all(step: StepFn, settings: Settings, rows: list[Row],
 
 
 def ort_step(folder: str, settings: Settings, threads: int = 0) -> StepFn:
-    """A step function running model.onnx in ONNX Runtime (CUDA EP when available)."""
+    """A step function running model.onnx in ONNX Runtime (CUDA EP when available).
+
+    I/O goes through an IOBinding: `present.*` outputs are left where the
+    execution provider wrote them (OrtValues on the GPU with the CUDA EP) and
+    are bound as the next step's `past_key_values.*` inputs, so the KV cache
+    never crosses the PCIe bus. Only input_ids / attention_mask / position_ids
+    go in and `logits` comes back to host memory (the sampler runs in numpy).
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -217,12 +224,23 @@ def ort_step(folder: str, settings: Settings, threads: int = 0) -> StepFn:
     if "CUDAExecutionProvider" in ort.get_available_providers():
         providers.insert(0, "CUDAExecutionProvider")
     session = ort.InferenceSession(os.path.join(folder, settings.onnx_file), options, providers=providers)
-    names = [settings.io["logits"]] + [n for pair in settings.present_names() for n in pair]
+    device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+    present = [n for pair in settings.present_names() for n in pair]
 
     def step(feeds: dict, phase: str) -> tuple:
-        outs = session.run(names, feeds)
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            if isinstance(value, ort.OrtValue):  # a previous step's present, already on the device
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        binding.bind_output(settings.io["logits"], "cpu")
+        for name in present:
+            binding.bind_output(name, device)
+        session.run_with_iobinding(binding)
+        outs = binding.get_outputs()
         presents = [(outs[1 + 2 * i], outs[2 + 2 * i]) for i in range(settings.num_layers)]
-        return outs[0], presents
+        return outs[0].numpy(), presents
 
     return step
 
