@@ -50,8 +50,12 @@ def ckpt(tmp_path_factory):
 
 
 def _cli(*args):
+    import tempfile
+
     from wide_export.cli import app
 
+    if "--output" not in args:  # never the default folder in the working tree, even when a check is broken
+        args = (*args, "--output", tempfile.mkdtemp(prefix="analyze-"))
     return CliRunner().invoke(app, ["analyze", *map(str, args)])
 
 
