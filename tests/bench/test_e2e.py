@@ -132,19 +132,21 @@ def test_bench_e2e_tiny_preset_runs_on_cpu(tmp_path):
     assert (tmp_path / "e2e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_e2e_real_preset_needs_a_gpu():
+def test_bench_e2e_real_preset_needs_a_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     from wide_export.cli import app
 
-    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "e2e", "--preset", "llama-3.1-8b"]))
+    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "e2e", "--preset", "llama-3.1-8b",
+                                                          "--output", str(tmp_path)]))
     assert "needs a CUDA GPU" in line and "--preset tiny" in line
 
 
-def test_bench_e2e_rejects_a_sparsity_out_of_range():
+def test_bench_e2e_rejects_a_sparsity_out_of_range(tmp_path):
     from wide_export.cli import app
 
-    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "e2e", "--preset", "tiny", "--sparsity", "1.5"]))
+    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "e2e", "--preset", "tiny", "--sparsity", "1.5",
+                                                          "--output", str(tmp_path)]))
     assert "sparsities must lie in [0, 1)" in line
 
 
