@@ -125,8 +125,11 @@ def test_genai_tokenizer_and_special_tokens(tmp_path):
     out = tmp_path / "onnx"
     export_onnx(loaded, out)
 
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+    copied = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+    for name in copied:
         assert (out / name).read_bytes() == (folder / name).read_bytes(), name
+    files = json.loads((out / "wide_config.json").read_text())["files"]
+    assert files["genai_config"] == GENAI_CONFIG_NAME and sorted(files["tokenizer"]) == sorted(copied)
     cfg = json.loads((out / GENAI_CONFIG_NAME).read_text())["model"]
     assert cfg["bos_token_id"] == ids["<s>"]
     assert cfg["eos_token_id"] == [ids["</s>"], ids["<|end|>"]]

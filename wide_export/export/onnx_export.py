@@ -14,7 +14,7 @@ from typing import Any
 
 from wide_export import __version__
 from wide_export.errors import WideError
-from wide_export.export.genai_config import write_genai_files
+from wide_export.export.genai_config import GENAI_CONFIG_NAME, write_genai_files
 from wide_export.export.io_spec import axes_of, input_names, mask_output_name, output_names
 from wide_export.ops.spec import DOMAIN, OPS, OPSET_VERSION
 
@@ -54,8 +54,9 @@ def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool
             external = _save(ir_model, tmp, stages)
             _check(tmp / MODEL_NAME)
             config = wide_config(loaded, opset, external, counts)
+            # onnxruntime_genai.Model(output) loads the folder as it is
+            config["files"].update(genai_config=GENAI_CONFIG_NAME, tokenizer=write_genai_files(loaded, tmp, MODEL_NAME))
             (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-            write_genai_files(loaded, tmp, MODEL_NAME)  # onnxruntime_genai.Model(output) loads the folder
     return ExportResult(Path(output), config, counts, dict(stages.times))
 
 
