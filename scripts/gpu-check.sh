@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the one prepared GPU run for the WIDE kernels (fits one 480 s device call).
-#   1. build plugins/kernels for sm_$CUDA_ARCH (Triton AOT cubins + C runtime)      <= 120 s
-#   2. pytest -m gpu tests/kernels: the Triton kernels (JIT) and the C runtime's
-#      AOT cubins (the plugins' path) against the PyTorch references           <= 180 s
-#   3. wide-export bench kernels --preset short (vs cuBLAS; JSON, PNG, policy)   <= 150 s
-#   4. a short pass/fail + speed table, printed last (summary.txt)
+#   1. build plugins/kernels for sm_$CUDA_ARCH (Triton AOT cubins + C runtime)      <=  80 s
+#   2. pytest -m gpu tests/kernels tests/bench: the Triton kernels (JIT), the C
+#      runtime's AOT cubins (the plugins' path) and one Llama layer on the kernels
+#      against the PyTorch references                                          <= 150 s
+#   3. wide-export bench kernels --preset short (vs cuBLAS; JSON, PNG, policy)   <= 120 s
+#   4. wide-export bench e2e --sparsity 0.5 (WIDE vs dense Llama-3.1-8B layers)  <=  90 s
+#   5. a short pass/fail + speed table, printed last (summary.txt)
 # Every stage has its own timeout; the whole run stays under 480 s. Results go to $OUT
-# (the device tool's output folder) or ./gpu-results, at most 8 files:
-#   build.txt gpu-tests.txt gpu-tests.xml bench.txt kernels.json kernels.png policy-sm_XX.json summary.txt
+# (the device tool's output folder) or ./gpu-results, 8 files:
+#   run.log gpu-tests.xml kernels.json kernels.png policy-sm_XX.json e2e.json e2e.png summary.txt
 # Needs: python3 with a CUDA torch, triton (>= 3.6), pytest, rich, typer; cmake (+ninja), nvcc.
 set -uo pipefail
 
@@ -16,7 +18,7 @@ ROOT=$(pwd)
 OUT=${OUT:-$ROOT/gpu-results}
 ARCH=${CUDA_ARCH:-90}
 BUILD=${BUILD_DIR:-$ROOT/build/gpu-check}
-T_BUILD=${T_BUILD:-120} T_TESTS=${T_TESTS:-180} T_BENCH=${T_BENCH:-150}
+T_BUILD=${T_BUILD:-80} T_TESTS=${T_TESTS:-150} T_BENCH=${T_BENCH:-120} T_E2E=${T_E2E:-90}
 mkdir -p "$OUT"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
@@ -25,47 +27,46 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export WIDE_KERNELS_BUILD_DIR="$BUILD" WIDE_KERNELS_TEST_ARCHS="$ARCH" TRITON_DEFAULT_FP_FUSION=1
 unset TRITON_INTERPRET
 
-build_status=skipped tests_status=skipped bench_status=skipped
-step() { printf '\n=== %s (%s) ===\n' "$1" "$(date -u +%H:%M:%S)"; }
+LOG="$OUT/run.log"
+: > "$LOG"
+build_status=skipped tests_status=skipped bench_status=skipped e2e_status=skipped
+step() { printf '\n=== %s (%s) ===\n' "$1" "$(date -u +%H:%M:%S)" | tee -a "$LOG"; }
+# run NAME TIMEOUT CMD...: the command's output appended to run.log, its tail shown
+run() {
+  local name=$1 t=$2; shift 2
+  local start=$(wc -l < "$LOG")
+  if timeout "$t" "$@" >> "$LOG" 2>&1; then eval "${name}_status=ok"; else eval "${name}_status=FAILED"; fi
+  tail -n +"$((start + 1))" "$LOG" | tail -n 30
+}
 
 step "environment + build (sm_$ARCH)"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
-  "$PYTHON" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available(), 'triton', triton.__version__)" 2>&1 || true
-  timeout "$T_BUILD" "$PYTHON" -c "
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$LOG" 2>&1 || true
+"$PYTHON" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available(), 'triton', triton.__version__)" >> "$LOG" 2>&1 || true
+run build "$T_BUILD" "$PYTHON" -c "
 import time
 from wide_export.native.build import build_native
 t = time.time()
 r = build_native(build_dir='$BUILD', cuda_archs='$ARCH', targets=('wide_kernels', 'wide_kernels_static'))
 print('built in %.0f s:' % (time.time() - t), *r.libraries, sep='\n  ')
 "
-} > "$OUT/build.txt" 2>&1 && build_status=ok || build_status=FAILED
-tail -n 20 "$OUT/build.txt"
 
 step "gpu tests"
-# The Triton-JIT tests need no build; the C-runtime tests skip themselves when the build failed.
-if timeout "$T_TESTS" "$PYTHON" -m pytest -q -m gpu tests/kernels -p no:cacheprovider --maxfail=20 \
-    --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.txt" 2>&1; then
-  tests_status=ok
-else
-  tests_status=FAILED
-fi
-tail -n 25 "$OUT/gpu-tests.txt"
+# The Triton-JIT tests need no build; the C-runtime tests rebuild incrementally (a no-op after step 1).
+run tests "$T_TESTS" "$PYTHON" -m pytest -q -m gpu tests/kernels tests/bench -p no:cacheprovider --maxfail=20 \
+    --junitxml="$OUT/gpu-tests.xml"
 
-step "benchmark (short preset)"
-if timeout "$T_BENCH" "$PYTHON" -c "from wide_export.cli import main; main()" bench kernels --preset short \
-    --output "$OUT" > "$OUT/bench.txt" 2>&1; then
-  bench_status=ok
-else
-  bench_status=FAILED
-fi
-tail -n 40 "$OUT/bench.txt"
+step "benchmark: kernels (short preset)"
+run bench "$T_BENCH" "$PYTHON" -c "from wide_export.cli import main; main()" bench kernels --preset short --output "$OUT"
+
+step "benchmark: end to end (Llama-3.1-8B layers, 50 %)"
+run e2e "$T_E2E" "$PYTHON" -c "from wide_export.cli import main; main()" bench e2e --preset llama-3.1-8b \
+    --sparsity 0.5 --output "$OUT"
 
 step "summary"
-"$PYTHON" - "$OUT" "$build_status" "$tests_status" "$bench_status" <<'PY' | tee "$OUT/summary.txt"
+"$PYTHON" - "$OUT" "$build_status" "$tests_status" "$bench_status" "$e2e_status" <<'PY' | tee "$OUT/summary.txt"
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, build, tests, bench = Path(sys.argv[1]), *sys.argv[2:]
+out, build, tests, bench, e2e = Path(sys.argv[1]), *sys.argv[2:]
 rows = [("build", build, "")]
 xml = out / "gpu-tests.xml"
 if xml.exists():
@@ -94,8 +95,19 @@ if js.exists():
                              f"{algos}{bw}"))
 else:
     rows.append(("bench", bench, "no kernels.json"))
+ej = out / "e2e.json"
+if ej.exists():
+    data = json.loads(ej.read_text())
+    rows.append(("e2e", e2e, f"{data.get('device', '')} {data.get('layers')} layers -> {data.get('model_layers')}"))
+    for c in data.get("cases", []):
+        paper = data.get("paper", {}).get(c["phase"])
+        rows.append((f"  {c['phase']} {c['tokens']}", f"{c['speedup']:.2f}x",
+                     f"dense {c['dense_tokens_per_s']:.0f} tok/s, WIDE {c['wide_tokens_per_s']:.0f} tok/s"
+                     + (f" (paper {paper}x)" if paper else "") + (" graph" if c.get("cuda_graph") else "")))
+else:
+    rows.append(("e2e", e2e, "no e2e.json"))
 w = max(len(a) for a, _, _ in rows)
 for a, b, c in rows:
     print(f"{a:<{w}}  {b:<8}  {c}")
 PY
-[ "$build_status" = ok ] && [ "$tests_status" = ok ] && [ "$bench_status" = ok ]
+[ "$build_status" = ok ] && [ "$tests_status" = ok ] && [ "$bench_status" = ok ] && [ "$e2e_status" = ok ]
