@@ -153,6 +153,17 @@ def test_serve_gives_up_when_a_model_keeps_dying(tiny, tmp_path):
     model_py = repo / "wide_llm" / "1" / "model.py"
     server = TritonServer(repo, max_reloads=1).start(timeout=60)
     try:
+        # Model control is ours alone: an unload from anyone else is refused, the model stays.
+        import urllib.error
+        import urllib.request
+
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        base = f"http://{server.endpoints.http}"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            direct.open(urllib.request.Request(f"{base}/v2/repository/models/wide_llm/unload", data=b"{}",
+                                               method="POST"), timeout=10)
+        assert refused.value.code in (401, 403), refused.value.code
+        assert direct.open(f"{base}/v2/models/wide_llm/ready", timeout=10).status == 200
         events: list[str] = []
         pid, _ = _wait_stub(model_py)
         os.kill(pid, signal.SIGKILL)

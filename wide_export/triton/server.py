@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -42,6 +43,7 @@ STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
 # The python backend launches its stub through `bash -c` with the model path unquoted: a
 # path with anything but these characters breaks the stub (`std::invalid_argument: stol`).
+_CONTROL_HEADER = "wide-export-control"
 _STUB_SAFE_PATH = re.compile(r"[A-Za-z0-9_./+@%:,=-]+")
 
 
@@ -204,6 +206,7 @@ class TritonServer:
         self.log_path: Optional[Path] = None
         self._final_log = ""
         self._served_repository: Optional[Path] = None
+        self._control_key = secrets.token_hex(16)
 
     @property
     def endpoints(self) -> Endpoints:
@@ -226,6 +229,9 @@ class TritonServer:
             # Explicit model control: every model is loaded at start, and one whose backend
             # died can be unloaded and loaded again (see watch_models).
             "--model-control-mode=explicit", "--load-model=*",
+            # ... and only we may: load/unload need a header with a secret of this run.
+            f"--http-restricted-api=model-repository:{_CONTROL_HEADER}={self._control_key}",
+            f"--grpc-restricted-protocol=model-repository:{_CONTROL_HEADER}={self._control_key}",
         ]
         if self.metrics_port:
             cmd += ["--allow-metrics=true", f"--metrics-address={self.address}", f"--metrics-port={self.metrics_port}"]
@@ -300,7 +306,8 @@ class TritonServer:
 
     def _post(self, path: str, timeout: float) -> tuple[int, str]:
         request = urllib.request.Request(f"http://{self.address}:{self.http_port}{path}", data=b"{}",
-                                         method="POST", headers={"Content-Type": "application/json"})
+                                         method="POST", headers={"Content-Type": "application/json",
+                                                                 _CONTROL_HEADER: self._control_key})
         try:
             with _DIRECT.open(request, timeout=timeout) as resp:
                 return resp.status, resp.read().decode(errors="replace")
