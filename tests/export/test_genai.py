@@ -51,7 +51,7 @@ def _genai_greedy(model, prompt: list[int]) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module", params=["float32", "float16"])
+@pytest.fixture(scope="module", params=["float32", "float16", "float32-external-data"])
 def demo_export(request, tmp_path_factory):
     dtype = request.param
     out = tmp_path_factory.mktemp(f"genai-{dtype}") / "onnx"
@@ -60,6 +60,14 @@ def demo_export(request, tmp_path_factory):
 
         export_onnx_cli(out)
         loaded = load_wide_model(None)
+    elif dtype == "float32-external-data":  # as every real model (> 1 GiB): weights in model.onnx.data
+        import wide_export.export.onnx_export as onnx_export
+
+        loaded = load_wide_model(None)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)
+            export_onnx(loaded, out)
+        assert (out / "model.onnx.data").is_file()
     else:
         loaded = load_wide_model(None, dtype=dtype)
         export_onnx(loaded, out)
