@@ -62,6 +62,17 @@ def _start_serve(repo: Path) -> tuple[subprocess.Popen, str, list[str]]:
     raise AssertionError("serve did not get ready:\n" + "".join(lines) + proc.stdout.read())
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM first: `serve` then stops its tritonserver (a SIGKILL would orphan it)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def _wait_stub(model_py: Path, not_pid: int | None = None, timeout: float = 30.0) -> tuple[int, list[str]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -116,9 +127,7 @@ def test_a_killed_stub_is_reloaded_within_30_s_and_its_shared_memory_removed(tin
         left = [r for r in regions if (Path("/dev/shm") / r).exists()]
         assert not left, f"shared memory left behind: {left}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc)
 
 
 def test_a_model_that_cannot_come_back_stops_serve_with_one_line(tiny, tmp_path):
@@ -140,9 +149,7 @@ def test_a_model_that_cannot_come_back_stops_serve_with_one_line(tiny, tmp_path)
         assert len(errors) == 1 and "wide_llm" in errors[0] and "hint:" in errors[0], out
         assert "Traceback" not in out
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc)
 
 
 def test_serve_gives_up_when_a_model_keeps_dying(tiny, tmp_path):
@@ -195,5 +202,26 @@ def test_repository_paths_with_spaces_and_non_ascii_are_served(tiny, tmp_path, r
     assert result.exit_code == 0, result.output
     prompt = rng.integers(0, tiny_llm.VOCAB, size=4)
     with TritonServer(repo).start(timeout=30) as server:
+        with GenerationClient(server.endpoints.grpc, "grpc") as client:
+            np.testing.assert_array_equal(client.generate(prompt, 3), tiny_llm.reference_greedy(tiny[1], prompt, 3))
+
+
+def test_a_stub_that_died_before_the_first_look_is_noticed_too(tiny, tmp_path, rng):
+    from wide_export.triton import TritonServer
+    from wide_export.triton.client import GenerationClient
+
+    repo = _repo(tiny, tmp_path)
+    model_py = repo / "wide_llm" / "1" / "model.py"
+    with TritonServer(repo).start(timeout=60) as server:
+        pid, _ = _wait_stub(model_py)
+        os.kill(pid, signal.SIGKILL)
+        server._stubs = {}  # as if it had died between the load and the first snapshot
+        events: list[str] = []
+        deadline = time.monotonic() + DETECT_LIMIT_S
+        while not events and time.monotonic() < deadline:
+            server.watch_models(events.append)
+            time.sleep(0.1)
+        assert any("reloaded" in e for e in events), events
+        prompt = rng.integers(0, tiny_llm.VOCAB, size=4)
         with GenerationClient(server.endpoints.grpc, "grpc") as client:
             np.testing.assert_array_equal(client.generate(prompt, 3), tiny_llm.reference_greedy(tiny[1], prompt, 3))

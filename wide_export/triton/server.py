@@ -207,6 +207,7 @@ class TritonServer:
         self._final_log = ""
         self._served_repository: Optional[Path] = None
         self._control_key = secrets.token_hex(16)
+        self._python_models: Optional[set[str]] = None
 
     @property
     def endpoints(self) -> Endpoints:
@@ -329,6 +330,14 @@ class TritonServer:
             raise WideError(f"model {model} could not be reloaded: {' '.join(str(body).split())}",
                             hint="read the server log; restart `wide-export serve`")
 
+    def python_models(self) -> set[str]:
+        """Names of the repository's python-backend models (each runs at least one stub)."""
+        if self._python_models is None:
+            self._python_models = {
+                cfg.parent.name for cfg in self.repository.glob("*/config.pbtxt")
+                if re.search(r'^\s*backend\s*:\s*"python"', cfg.read_text(errors="replace"), re.MULTILINE)}
+        return self._python_models
+
     def watch_models(self, report: Callable[[str], None] = print) -> list[str]:
         """One check: a model whose python-backend stub died is reloaded. Returns the models reloaded.
 
@@ -337,11 +346,13 @@ class TritonServer:
         """
         current = self._current_stubs()
         dead = [stub for pid, stub in self._stubs.items() if pid not in current]
-        models = sorted({stub.model for stub in dead})
+        # A python model without any stub lost it before we first looked (e.g. during the start).
+        orphans = self.python_models() - {stub.model for stub in current.values()}
+        models = sorted({stub.model for stub in dead} | orphans)
         for model in models:
             now = time.monotonic()
             self.reloads = [t for t in self.reloads if now - t < self.reload_window] + [now]
-            names = ", ".join(f"{s.instance} (pid {s.pid})" for s in dead if s.model == model)
+            names = ", ".join(f"{s.instance} (pid {s.pid})" for s in dead if s.model == model) or "(all stubs)"
             if len(self.reloads) > self.max_reloads:
                 raise WideError(f"model {model}: its backend process {names} died, the {len(self.reloads)}th "
                                 f"time in {self.reload_window:.0f} s; giving up",
@@ -445,6 +456,8 @@ class TritonServer:
                     signal.signal(sig, handler)
 
     def __enter__(self) -> "TritonServer":
+        if self.process is not None and self.process.poll() is None:
+            return self  # `with TritonServer(...).start() as server:` must not start a second one
         return self.start()
 
     def __exit__(self, *exc) -> None:
