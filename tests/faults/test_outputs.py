@@ -168,3 +168,17 @@ def test_force_when_the_old_output_cannot_be_moved_at_publish(tmp_path, monkeypa
             (tmp / "new.txt").write_text("new")
     assert "\n" not in str(err.value)
     assert _tree(out) == {"old.txt": b"old"} and _leftovers(out) == []
+
+
+@pytest.mark.slow
+def test_two_concurrent_onnx_exports_to_one_output(tmp_path):
+    """The real race: both runs pass the up-front check, the later publisher must not replace."""
+    out = tmp_path / "out"
+    procs = [subprocess.Popen(CLI + ["onnx", "-o", str(out), "--no-verify"], text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=dict(os.environ, COLUMNS="400")) for _ in range(2)]
+    done = [(p, *p.communicate(timeout=900)) for p in procs]
+    results = [subprocess.CompletedProcess(p.args, p.returncode, o, e) for p, o, e in done]
+    assert sorted(r.returncode for r in results) == [0, 2], [(r.returncode, r.stderr[-500:]) for r in results]
+    line = _one_error_line(next(r for r in results if r.returncode == 2))
+    assert "appeared while this run was writing it" in line or "already exists" in line, line
+    assert (out / "model.onnx").is_file() and _leftovers(out) == []
