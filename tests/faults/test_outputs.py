@@ -122,6 +122,25 @@ def test_disk_full_during_onnx_is_one_line_and_leaves_nothing(tmp_path):
     assert not out.exists() and _leftovers(out) == []
 
 
+def test_disk_full_during_triton_is_one_line_and_leaves_nothing(tmp_path):
+    from tests.triton import tiny_llm
+
+    onnx = tmp_path / "onnx"
+    onnx.mkdir()
+    tiny_llm.write_tiny_model(onnx, 0)
+    out = tmp_path / "repo"
+    limit = 4096  # bytes per file: the generation model's model.py is larger
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    result = subprocess.run(CLI + ["triton", "--onnx", str(onnx), "--output", str(out)], preexec_fn=small_files,
+                            capture_output=True, text=True, timeout=300, env=dict(os.environ, COLUMNS="400"))
+    line = _one_error_line(result)
+    assert "disk full while writing" in line, line
+    assert not out.exists() and _leftovers(out) == []
+
+
 def _immutable(path: Path) -> None:
     if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i is not possible here (needs root and a file system with inode flags)")
