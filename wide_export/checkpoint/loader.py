@@ -21,6 +21,7 @@ class LoadedModel:
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> {path, sha256, bytes}
     lora_pairs: int = 0
     lora_scale: float | None = None
+    weights: Any = None  # lazy.WeightSource when `model` holds placeholders (load_wide_model(lazy=True))
 
     @property
     def config(self):
@@ -38,8 +39,12 @@ def load_wide_model(
     dtype: str = "float32",
     progress: Progress | None = None,
     checksums: bool = True,
+    lazy: bool = False,
 ) -> LoadedModel:
-    """Load base weights, routers and (optionally) merge LoRA; the demo model when model_dir is None."""
+    """Load base weights, routers and (optionally) merge LoRA; the demo model when model_dir is None.
+
+    lazy=True reads no weights: the model holds placeholders and `.weights` produces each tensor on
+    demand (checkpoint/lazy.py), with the same checks; the demo model is always built in memory."""
     import torch
 
     say = progress or (lambda _msg: None)
@@ -72,10 +77,17 @@ def load_wide_model(
                         "pass --router PATH (the WIDE trainer's router.pth) or put router.pth in the model folder")
     say(f"reading routers from {router.name}")
     routers = read_routers(router, cfg, attn_group_size, ffn_group_size)
-    say(f"loading {len(shards)} safetensors shard(s)")
-    model = build_model(hf, cfg, iter_tensors(shards), routers, torch_dtype)
-    pairs = 0
-    if lora:
+    if lazy:
+        say(f"indexing {len(shards)} safetensors shard(s)")
+        from wide_export.checkpoint.lazy import open_lazy
+
+        model, weights = open_lazy(hf, cfg, shards, routers, torch_dtype, lora, lora_scale)
+        pairs = len(weights.lora)
+    else:
+        say(f"loading {len(shards)} safetensors shard(s)")
+        model, weights = build_model(hf, cfg, iter_tensors(shards), routers, torch_dtype), None
+        pairs = 0
+    if lora and not lazy:
         say(f"merging LoRA from {Path(lora).name} (scale {lora_scale})")
         from wide_export.checkpoint.lora import merge_lora
 
@@ -87,7 +99,7 @@ def load_wide_model(
     sources = {role: _describe(p, checksums) for role, p in files.items()}
     model.eval()
     return LoadedModel(model, is_demo=False, sources=sources, lora_pairs=pairs,
-                       lora_scale=lora_scale if lora else None)
+                       lora_scale=lora_scale if lora else None, weights=weights)
 
 
 def _describe(path: Path, checksum: bool) -> dict[str, Any]:

@@ -15,6 +15,20 @@ def merge_lora(model, path: Path, scale: float) -> int:
     """Merge every LoRA pair of `path` into `model` in place; return the number merged."""
     import torch
 
+    params = dict(model.named_parameters())
+    pairs = lora_pairs(model, path)
+    for name, (a, b) in pairs.items():
+        weight = params[name]
+        with torch.no_grad():
+            weight.copy_((weight.float() + (b.float() @ a.float()) * scale).to(weight.dtype))
+    return len(pairs)
+
+
+def lora_pairs(model, path: Path) -> dict:
+    """{weight parameter name: (A, B)} for every LoRA pair of `path`, checked against `model`'s shapes
+    (the model may hold placeholder weights: only shapes are read)."""
+    import torch
+
     pairs: dict[tuple[int, str, str], dict[str, torch.Tensor]] = {}
     for (layer, rest), tensor in strip_to_layer_keys(load_tensor_dict(path, "LoRA")).items():
         m = LORA_KEY.match(rest)
@@ -24,6 +38,7 @@ def merge_lora(model, path: Path, scale: float) -> int:
         raise WideError(f"no LoRA tensors in {path}",
                         "expected keys like model.layers.0.self_attn.q_proj.lora_A.weight")
     layers = model.model.layers
+    out = {}
     for (layer, block, proj), ab in sorted(pairs.items()):
         where = f"{Path(path).name}: layer {layer} {block}.{proj}"
         if set(ab) != {"A", "B"}:
@@ -31,10 +46,9 @@ def merge_lora(model, path: Path, scale: float) -> int:
         if layer >= len(layers) or not hasattr(getattr(layers[layer], block), proj):
             raise WideError(f"{where}: no such projection in this model", "pass the LoRA trained for this model")
         weight = getattr(getattr(layers[layer], block), proj).weight
-        a, b = ab["A"].float(), ab["B"].float()
+        a, b = ab["A"], ab["B"]
         if a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != tuple(weight.shape):
             raise WideError(f"{where}: A {list(a.shape)} and B {list(b.shape)} do not fit weight "
                             f"{list(weight.shape)}", "pass the LoRA trained for this model")
-        with torch.no_grad():
-            weight.copy_((weight.float() + (b @ a) * scale).to(weight.dtype))
-    return len(pairs)
+        out[f"model.layers.{layer}.{block}.{proj}.weight"] = (a, b)
+    return out

@@ -44,9 +44,15 @@ def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool
     if opset < 18:
         raise WideError(f"--opset {opset} is too old", "use opset 18 or newer (the function bodies need it)")
     model = loaded.model
+    streamed = loaded.weights is not None  # placeholders traced, weights read while saving (streaming.py)
     with atomic_output_dir(output, force) as tmp:
         with stages.stage("trace"):
-            program = _trace(model, opset)
+            program = _trace(model, opset, optimize=not streamed)
+            if streamed:
+                from wide_export.export.streaming import attach_weights
+
+                attach_weights(program.model, loaded.weights)
+                program.optimize()  # what optimize=True runs, now on the real (lazy) small weights
         with stages.stage("rewrite"):
             ir_model = program.model
             counts = _postprocess(ir_model, loaded)
@@ -75,7 +81,7 @@ def example_inputs(model, batch: int = 2, new: int = 3, past: int = 4):
     return ids, mask, pos, kv
 
 
-def _trace(model, opset: int):
+def _trace(model, opset: int, optimize: bool = True):
     import torch
 
     n = model.config.num_layers
@@ -90,7 +96,7 @@ def _trace(model, opset: int):
         try:
             return torch.onnx.export(
                 model, example_inputs(model), dynamo=True, dynamic_shapes=shapes, opset_version=opset,
-                input_names=input_names(n), output_names=output_names(n), optimize=True, verbose=False,
+                input_names=input_names(n), output_names=output_names(n), optimize=optimize, verbose=False,
                 report=False,
             )
         except Exception as err:  # the exporter wraps everything; keep the traceback, it is a bug

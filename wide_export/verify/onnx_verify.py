@@ -18,7 +18,7 @@ def reference_for(config: dict[str, Any], loaded=None, **load_kwargs):
     """The float32 reference model for an export: the given one, the demo, or the recorded sources."""
     from wide_export.checkpoint import load_wide_model
 
-    if loaded is not None and str(loaded.model.dtype) == "torch.float32":
+    if loaded is not None and loaded.weights is None and str(loaded.model.dtype) == "torch.float32":
         return loaded.model
     if load_kwargs.get("model_dir") is not None or config.get("demo"):
         return load_wide_model(dtype="float32", checksums=False, **load_kwargs).model
