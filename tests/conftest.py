@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import wide_export  # noqa: F401  (first: without a GPU it switches Triton's interpreter on before anything imports triton)
+
 
 @functools.lru_cache(maxsize=None)
 def _has_gpu() -> tuple[bool, str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -124,9 +125,20 @@ def _compile(spec: Spec, arch: int):
     return fn, consts, triton.compile(src, target=target, options=options.__dict__)
 
 
-def compile_spec_ptx(spec: Spec, arch: int) -> str:
-    """The PTX of one specialization (tests look for wgmma on sm_90)."""
-    return _compile(spec, arch)[2].asm["ptx"]
+def compile_spec_ptx(key: str, arch: int) -> str:
+    """The PTX of the specialization `key` for sm_<arch>, compiled in a fresh process.
+
+    A fresh process because Triton fixes interpreter vs compiled mode when it is first imported: a
+    process that already ran the kernels on CPU tensors cannot compile them.
+    """
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "wide_export.kernels.aot", "--print-ptx", key, "--archs", str(arch)],
+                          capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"PTX of {key} for sm_{arch} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout
 
 
 def compile_spec(spec: Spec, arch: int) -> dict:
@@ -160,7 +172,8 @@ def build(out_dir: Path, archs: list[int], jobs: int = 0, log=print) -> list[dic
     log(f"aot: compiling {len(work)} Triton kernel specializations for sm_{', sm_'.join(map(str, archs))} "
         f"({jobs} processes)")
     results: list[dict] = []
-    with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+    # spawn, not fork: a child must import Triton fresh, in compiled mode, whatever this process did.
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(compile_spec, s, a) for s, a in work]
         for i, fut in enumerate(cf.as_completed(futures), 1):
             results.append(fut.result())
@@ -195,12 +208,21 @@ def _write(path: Path, data) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="output folder (required unless --print-ptx)")
     ap.add_argument("--archs", default="80;90", help='";"-separated compute capabilities, e.g. "80;90"')
     ap.add_argument("--jobs", type=int, default=0)
+    ap.add_argument("--print-ptx", metavar="KEY", help="print the PTX of one specialization (first arch) and exit")
     args = ap.parse_args(argv)
     archs = sorted({int(a.strip().lower().removeprefix("sm_").split("-")[0].rstrip("a"))
                     for a in args.archs.replace(",", ";").split(";") if a.strip()})
+    if args.print_ptx:
+        spec = next((s for s in specs() if s.key == args.print_ptx), None)
+        if spec is None:
+            ap.error(f"no specialization {args.print_ptx!r}")
+        print(_compile(spec, archs[0])[2].asm["ptx"])
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
     build(args.out, archs, args.jobs, log=lambda m: print(m, flush=True))
     return 0
 
