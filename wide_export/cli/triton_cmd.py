@@ -31,6 +31,10 @@ def triton(
     streaming: Annotated[bool, typer.Option(
         "--streaming", help="Decoupled generation model: one response per new token "
                             "(HTTP generate_stream / gRPC stream).")] = False,
+    batching: Annotated[Optional[str], typer.Option(
+        "--batching", help="Streaming only: inflight (requests join the running batch at the next decode "
+                           "step and leave when done; the default) or static (each batch runs start to end). "
+                           "--batching inflight implies --streaming.", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --output folder (never one that is or "
                                                        "holds the --onnx/--engines folder).")] = False,
 ) -> None:
@@ -43,7 +47,15 @@ def triton(
 
     from wide_export.triton.repository import RepoOptions, generate_repository
 
-    options = RepoOptions(model_name=model_name, max_batch=max_batch, instances=instances, streaming=streaming)
+    if batching == "inflight":
+        streaming = True
+    elif batching == "static" and not streaming:
+        from wide_export.errors import WideError
+
+        raise WideError("--batching static is for --streaming repositories",
+                        hint="a non-streaming repository always batches statically (Triton's dynamic batcher)")
+    options = RepoOptions(model_name=model_name, max_batch=max_batch, instances=instances, streaming=streaming,
+                          batching=batching or "inflight")
 
     def write(target: Path) -> Path:
         return generate_repository(target, onnx=onnx, engines=engines, backend=backend, options=options)

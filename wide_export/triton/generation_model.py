@@ -14,6 +14,11 @@ Streaming (config.pbtxt `model_transaction_policy { decoupled: true }`, from
 [batch, 1], then a final empty response flagged TRITONSERVER_RESPONSE_COMPLETE_FINAL.
 A request whose client went away (cancelled) gets nothing more; a batch whose
 clients all went away stops decoding.
+In-flight batching (config parameter `batching: inflight`, the default of
+`--streaming`): execute() hands requests to a scheduler thread (inflight.py
+beside this file) whose running batch new requests join at the next step and
+finished ones leave; `batching: static` generates each execute()'s requests
+together, start to end.
 
 The settings come from `generation.json` beside this file (written by
 `wide-export triton`). Flavours:
@@ -27,8 +32,10 @@ cumsum(attention_mask) - 1 clipped at 0.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -268,6 +275,18 @@ def bls_step(settings: Settings) -> StepFn:
     return step
 
 
+def load_inflight():
+    """The in-flight batching module (inflight.py beside this file, in the package and in a repository)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inflight.py")
+    name = f"wide_inflight_{abs(hash(path))}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file executes
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def _optional_scalar(request, name: str, default):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
@@ -318,8 +337,20 @@ class TritonPythonModel:
             self.step = bls_step(self.settings)
         else:
             raise ValueError(f"unknown flavour {self.settings.flavour!r} in {SETTINGS_FILE}")
+        self.scheduler = None
+        if self.streaming and params.get("batching", "static") == "inflight":
+            inflight = load_inflight()
+            batch = inflight.Batch(self.step, self.settings, choose_tokens, max(1, int(config["max_batch_size"])))
+            self.scheduler = inflight.Scheduler(batch, _log).start()
+
+    def finalize(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()
 
     def execute(self, requests: list) -> Optional[list]:
+        if self.scheduler is not None:
+            self._submit(requests)
+            return None
         if self.streaming:
             self._stream(requests)
             return None
@@ -348,6 +379,29 @@ class TritonPythonModel:
                 start += len(rows)
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("output_ids", block)])
         return responses
+
+    def _submit(self, requests: list) -> None:
+        """In-flight batching: valid requests go to the scheduler thread, which streams their tokens."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                rows = rows_from_request(request)
+                for row in rows:
+                    validate_row(row, self.settings)
+            except RequestError as err:
+                _send(sender, pb_utils.InferenceResponse(error=_invalid_argument(str(err))), final)
+                continue
+
+            def emit(tokens: np.ndarray, sender=sender) -> bool:
+                return _send(sender, pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor("output_ids", tokens.reshape(-1, 1).astype(np.int64))]))
+
+            def finish(error: Optional[str], sender=sender) -> None:
+                last = None if error is None else pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+                _send(sender, last, final, even_if_cancelled=True)
+
+            self.scheduler.submit(load_inflight().Job(rows=rows, emit=emit, finish=finish))
 
     def _stream(self, requests: list) -> None:
         """Decoupled mode: each request gets one response per new token, then a final empty one."""

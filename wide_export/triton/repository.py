@@ -4,6 +4,7 @@ Layout (standard Triton):
     REPO/README.md
     REPO/<model>/config.pbtxt            generation model (Python backend)
     REPO/<model>/1/model.py              = wide_export/triton/generation_model.py
+    REPO/<model>/1/inflight.py           = wide_export/triton/inflight.py (in-flight batching)
     REPO/<model>/1/generation.json       settings read by model.py
     REPO/<model>/1/model.onnx(.data)     onnxruntime flavour
     REPO/<model>_<phase>/config.pbtxt    tensorrt flavour: one tensorrt_plan model per
@@ -31,6 +32,7 @@ from wide_export.triton.sources import OnnxSource, read_onnx_folder
 from wide_export.triton.templates import render
 
 BACKENDS = ("onnxruntime", "tensorrt")
+BATCHING = ("inflight", "static")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _TYPE_TO_KV = {"TYPE_FP32": "float32", "TYPE_FP16": "float16"}
 _RTX_NOTE = ("TensorRT-RTX engines need a TensorRT-RTX runtime; Triton's `tensorrt` backend links\n"
@@ -47,8 +49,13 @@ class RepoOptions:
     queue_delay_us: int = 2000
     intra_op_threads: int = 0  # ONNX Runtime threads per instance; 0 = its default
     streaming: bool = False  # decoupled generation model: one response per new token
+    # Streaming only: "inflight" (requests join / leave the running batch at every step)
+    # or "static" (each execute()'s requests generated together, start to end).
+    batching: str = "inflight"
 
     def check(self) -> None:
+        if self.batching not in BATCHING:
+            raise WideError(f"unknown batching {self.batching!r}", hint=f"choose one of {', '.join(BATCHING)}")
         if not _NAME.match(self.model_name):
             raise WideError(f"model name {self.model_name!r} is not a valid Triton model name",
                             hint="use letters, digits, '_', '-', '.'")
@@ -72,10 +79,11 @@ def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, setting
     (folder / "config.pbtxt").write_text(render(
         "generation.pbtxt", flavour=flavour, model_name=opts.model_name, max_batch=settings.pop("_max_batch"),
         instances=opts.instances, queue_delay_us=opts.queue_delay_us, intra_op_threads=opts.intra_op_threads,
-        decoupled="true" if opts.streaming else "false",
+        decoupled="true" if opts.streaming else "false", batching=opts.batching if opts.streaming else "static",
     ))
-    code = files("wide_export.triton").joinpath("generation_model.py").read_text()
-    (version / "model.py").write_text(code)
+    package = files("wide_export.triton")
+    (version / "model.py").write_text(package.joinpath("generation_model.py").read_text())
+    (version / "inflight.py").write_text(package.joinpath("inflight.py").read_text())
     (version / "generation.json").write_text(json.dumps({"flavour": flavour, **settings}, indent=2) + "\n")
     return version
 
@@ -211,4 +219,4 @@ def generate_repository(
     return output
 
 
-__all__ = ["BACKENDS", "RepoOptions", "generate_repository"]
+__all__ = ["BACKENDS", "BATCHING", "RepoOptions", "generate_repository"]

@@ -1,0 +1,258 @@
+"""In-flight batching for the streaming generation model (copied as `<model>/1/inflight.py`).
+
+Self-contained (numpy only) like model.py, which loads it from its own folder.
+
+`Batch` holds the running sequences' KV cache as one left-padded batch: a
+sequence joins after its prefill (its cache and the batch's are left-padded to
+a common width, the attention mask marks the padding, positions stay per
+sequence) and leaves when it is done or its client went away (its rows are
+dropped and columns of padding shared by every remaining row are cut). While
+nobody joins or leaves, each step's presents are bound unchanged as the next
+step's past (OrtValues with ONNX Runtime): the cache is copied through host
+memory only when the batch changes.
+
+`Scheduler` runs a `Batch` on its own thread: requests submitted while others
+decode are prefilled together at the next step and join; finished ones leave
+at once instead of waiting for the whole batch (TensorRT-LLM calls this
+in-flight batching).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+# (feeds by input name, phase) -> (logits [B, T, V], presents [(key, value)] per layer)
+StepFn = Callable[[dict, str], tuple]
+# (last-position logits [B, V], rows, per-row generators) -> next token per row [B]
+ChooseFn = Callable[[np.ndarray, list, list], np.ndarray]
+
+
+def _host(value) -> np.ndarray:
+    """A cache tensor as a numpy array (OrtValues are copied to host memory)."""
+    return value if isinstance(value, np.ndarray) else value.numpy()
+
+
+def _left_pad(array: np.ndarray, width: int, axis: int) -> np.ndarray:
+    missing = width - array.shape[axis]
+    if missing == 0:
+        return array
+    pad = [(0, 0)] * array.ndim
+    pad[axis] = (missing, 0)
+    return np.pad(array, pad)
+
+
+@dataclass(eq=False)  # identity: rows hold numpy prompts
+class Active:
+    """One row in the running batch."""
+
+    row: object  # generation_model.Row: prompt, max_new_tokens, temperature, top_p, seed
+    rng: np.random.Generator
+    tokens: list = field(default_factory=list)  # chosen so far; the last one is not in the cache yet
+
+    @property
+    def remaining(self) -> int:
+        """Decode steps this row still needs."""
+        return self.row.max_new_tokens - len(self.tokens)
+
+
+class Batch:
+    """The running batch: its rows, their left-padded KV cache and attention mask."""
+
+    def __init__(self, step: StepFn, settings, choose: ChooseFn, max_rows: int):
+        self.step, self.settings, self.choose, self.max_rows = step, settings, choose, max_rows
+        self.rows: list[Active] = []
+        self.mask = np.zeros((0, 0), dtype=np.int64)  # [B, W]: 1 where the cache holds a real token
+        self.past: list = []  # per layer (key, value) [B, H, W, D]
+        self.rebuilds = 0  # how often the cache went through host memory (joins + leaves)
+
+    @property
+    def width(self) -> int:
+        return self.mask.shape[1]
+
+    def fits(self, rows: list) -> bool:
+        """Whether `rows` can join now (row count).
+
+        The padded width needs no check: rows are right-aligned, every step adds one
+        column to all and `leave` cuts the columns no remaining row uses, so the width is
+        always the longest row's own length (prompt + tokens), which validate_row bounded.
+        """
+        return len(self.rows) + len(rows) <= self.max_rows
+
+    def prefill(self, rows: list) -> list[Active]:
+        """Run the prompts of `rows` together (left-padded), choose their first tokens and join them."""
+        batch, longest = len(rows), max(r.prompt.size for r in rows)
+        ids = np.zeros((batch, longest), dtype=np.int64)
+        mask = np.zeros((batch, longest), dtype=np.int64)
+        for b, row in enumerate(rows):
+            ids[b, longest - row.prompt.size:] = row.prompt
+            mask[b, longest - row.prompt.size:] = 1
+        s = self.settings
+        empty = np.zeros((batch, s.num_kv_heads, 0, s.head_dim), dtype=np.dtype(s.kv_dtype))
+        feeds = {s.io["input_ids"]: ids, s.io["attention_mask"]: mask,
+                 s.io["position_ids"]: np.clip(np.cumsum(mask, axis=1) - 1, 0, None)}
+        for k_name, v_name in s.past_names():
+            feeds[k_name], feeds[v_name] = empty, empty
+        logits, presents = self.step(feeds, "prefill")
+        joined = [Active(row, np.random.default_rng(row.seed)) for row in rows]
+        for active, token in zip(joined, self.choose(logits[:, -1, :], rows, [a.rng for a in joined])):
+            active.tokens.append(int(token))
+        self._join(joined, mask, presents)
+        return joined
+
+    def decode(self) -> np.ndarray:
+        """One step for every row: feed each row's last token, choose the next."""
+        s = self.settings
+        mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
+        feeds = {s.io["input_ids"]: np.array([[a.tokens[-1]] for a in self.rows], dtype=np.int64),
+                 s.io["attention_mask"]: mask,
+                 s.io["position_ids"]: self.mask.sum(axis=1, keepdims=True)}  # real tokens before this one
+        for (k_name, v_name), (k, v) in zip(s.past_names(), self.past):
+            feeds[k_name], feeds[v_name] = k, v
+        logits, self.past = self.step(feeds, "decode")
+        self.mask = mask
+        tokens = self.choose(logits[:, -1, :], [a.row for a in self.rows], [a.rng for a in self.rows])
+        for active, token in zip(self.rows, tokens):
+            active.tokens.append(int(token))
+        return tokens
+
+    def _join(self, joined: list[Active], mask: np.ndarray, presents: list) -> None:
+        if not self.rows:
+            self.rows, self.mask, self.past = list(joined), mask, list(presents)
+            return
+        width = max(self.width, mask.shape[1])
+        self.mask = np.concatenate([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)], axis=0)
+        self.past = [tuple(np.concatenate([_left_pad(_host(old), width, 2), _left_pad(_host(new), width, 2)], axis=0)
+                           for old, new in zip(pair_old, pair_new))
+                     for pair_old, pair_new in zip(self.past, presents)]
+        self.rows.extend(joined)
+        self.rebuilds += 1
+
+    def leave(self, leaving: list[Active]) -> None:
+        """Drop rows; cut the columns that are padding in every remaining row."""
+        gone = {id(a) for a in leaving}
+        keep = [i for i, a in enumerate(self.rows) if id(a) not in gone]
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self.rows, self.mask, self.past = [], np.zeros((0, 0), dtype=np.int64), []
+            return
+        mask = self.mask[keep]
+        start = int(np.argmax(mask.any(axis=0)))  # first column holding a real token for some row
+        self.mask = np.ascontiguousarray(mask[:, start:])
+        self.past = [tuple(np.ascontiguousarray(_host(t)[keep][:, :, start:]) for t in pair) for pair in self.past]
+        self.rows = [self.rows[i] for i in keep]
+        self.rebuilds += 1
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: its rows decode in lock-step; `emit(tokens [b])` returns False when the
+    client has gone; `finish(error or None)` sends the final response (always called once)."""
+
+    rows: list
+    emit: Callable[[np.ndarray], bool]
+    finish: Callable[[Optional[str]], None]
+    actives: list = field(default_factory=list)
+    gone: bool = False
+
+
+class Scheduler:
+    """A thread that admits submitted jobs into a running `Batch` at every step."""
+
+    def __init__(self, batch: Batch, log: Callable[[str], None] = lambda message: None):
+        self.batch, self.log = batch, log
+        self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self.steps = 0  # graph calls so far (prefill + decode)
+        self.max_rows_seen = 0
+        self._thread = threading.Thread(target=self._loop, name="wide-inflight", daemon=True)
+
+    def start(self) -> "Scheduler":
+        self._thread.start()
+        return self
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                job.finish("the model is shutting down")
+                return
+            self._waiting.append(job)
+            self._cond.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the current step; jobs not done get an error and their final response."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        for job in list(self._running) + list(self._waiting):
+            job.finish("the model is shutting down")
+        self._running, self._waiting = [], deque()
+
+    def _admit(self) -> list[Job]:
+        admitted: list[Job] = []
+        rows: list = []
+        with self._cond:
+            # First come, first served; into an empty batch the first job always fits alone
+            # (Triton's max_batch_size bounds its rows).
+            while self._waiting and (self.batch.fits(rows + self._waiting[0].rows)
+                                     or not (admitted or self.batch.rows)):
+                job = self._waiting.popleft()
+                admitted.append(job)
+                rows += job.rows
+        return admitted
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+            try:
+                self._iterate()
+            except Exception as err:  # noqa: BLE001 - fail the jobs in the batch, keep serving
+                for job in self._running:
+                    job.finish(f"generation failed: {err}")
+                self._running = []
+                self.batch.leave(list(self.batch.rows))
+
+    def _iterate(self) -> None:
+        admitted = self._admit()
+        if admitted:  # newcomers are prefilled together, then join the running batch
+            actives = self.batch.prefill([row for job in admitted for row in job.rows])
+            self.steps += 1
+            start = 0
+            for job in admitted:
+                job.actives = actives[start:start + len(job.rows)]
+                start += len(job.rows)
+            self._running.extend(admitted)
+            self._deliver(admitted)
+        if self._running:  # one decode step for everyone in the batch
+            self.max_rows_seen = max(self.max_rows_seen, len(self.batch.rows))
+            self.batch.decode()
+            self.steps += 1
+            self._deliver(list(self._running))
+
+    def _deliver(self, jobs: list[Job]) -> None:
+        """Send each job's newest token; jobs that are done or whose client left leave the batch."""
+        leaving: list[Active] = []
+        for job in jobs:
+            sent = len(job.actives[0].tokens)
+            if not job.emit(np.array([a.tokens[-1] for a in job.actives], dtype=np.int64)):
+                job.gone = True
+                self.log(f"streaming client went away after {sent - 1} of {job.rows[0].max_new_tokens} tokens; "
+                         "its rows left the batch")
+            if job.gone or sent >= job.rows[0].max_new_tokens:
+                leaving += job.actives
+                self._running.remove(job)
+                job.finish(None)
+        self.batch.leave(leaving)
