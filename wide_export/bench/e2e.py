@@ -233,7 +233,7 @@ def _time_pair(dense, wide, cfg: E2EPreset, cuda: bool):
     replayed, so neither side's Python launch overhead is timed; eagerly on CPU or if capture fails."""
     import torch
 
-    from wide_export.bench.kernels import _time
+    from wide_export.bench.kernels import time_ms
 
     note, graphed = "", False
     with torch.no_grad():
@@ -245,7 +245,7 @@ def _time_pair(dense, wide, cfg: E2EPreset, cuda: bool):
             except Exception as err:  # noqa: BLE001 - report and time eagerly rather than give no number
                 note = f"CUDA graph capture failed ({type(err).__name__}: {str(err)[:120]}); timed eagerly"
                 torch.cuda.synchronize()
-        d_ms, w_ms = (_time(lambda _i, f=f: f(), cfg.reps, cfg.warmup, cuda) for f in fns)
+        d_ms, w_ms = (time_ms(lambda _i, f=f: f(), cfg.reps, cfg.warmup, cuda) for f in fns)
     return d_ms, w_ms, graphed, note
 
 

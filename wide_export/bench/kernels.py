@@ -111,7 +111,7 @@ def make_mask(tokens: int, groups: int, sparsity: float, kind: str, generator, d
     raise ValueError(f"unknown mask kind {kind!r}")
 
 
-def _time(fn: Callable[[int], object], reps: int, warmup: int, cuda: bool) -> float:
+def time_ms(fn: Callable[[int], object], reps: int, warmup: int, cuda: bool) -> float:
     """Median milliseconds of fn(i); on a GPU the launches are queued behind a sleep."""
     import time
 
@@ -146,7 +146,7 @@ def copy_bandwidth_gbs(cuda: bool, nbytes: int = 1 << 30) -> float:
         nbytes = 1 << 24
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
     dst = torch.empty_like(src)
-    ms = _time(lambda _: dst.copy_(src), reps=10, warmup=3, cuda=cuda)
+    ms = time_ms(lambda _: dst.copy_(src), reps=10, warmup=3, cuda=cuda)
     del src, dst
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
@@ -221,7 +221,7 @@ def _dense_ms(kind: str, xs, weights, ups, cfg: Preset, cuda: bool) -> float:
     else:
         def fn(i):
             return torch.matmul(xs[i % len(xs)], weights[i % len(weights)].t())
-    return _time(fn, cfg.reps, cfg.warmup, cuda)
+    return time_ms(fn, cfg.reps, cfg.warmup, cuda)
 
 
 def _call(kind, algo, x, w, u, m, gs):
@@ -278,7 +278,7 @@ def _measure(kind, shape, N, K, gs, s, mk, T, xs, weights, ups, dense_ms, cfg, g
     for algo in algos:
         got = _call(kind, algo, xs[0], weights[0], ups[0], masks[0], gs).float()
         worst = max(worst, (got - want).abs().max().item() / scale)
-        times[algo] = _time(lambda i, a=algo: _call(kind, a, xs[i % len(xs)], weights[i % n % len(weights)],
+        times[algo] = time_ms(lambda i, a=algo: _call(kind, a, xs[i % len(xs)], weights[i % n % len(weights)],
                                                     ups[i % n % len(ups)], masks[i % len(masks)], gs),
                             cfg.reps, cfg.warmup, cuda)
     active = masks[0].float().mean().item()

@@ -52,6 +52,7 @@ def trt(
     from rich.console import Console
     from rich.table import Table
 
+    from wide_export.names import ENGINE_MANIFEST
     from wide_export.trt.build import build_engine, summary_rows
     from wide_export.trt.plugins import default_plugin_library
 
@@ -76,7 +77,7 @@ def trt(
         console.print("note: no plugin library loaded: every `wide` node runs as its inlined function body")
     for line in limit_lines(manifest, {k for k, v in limits.items() if v is not None}, recipe):
         console.print(line)
-    console.print(f"manifest {output / 'wide_engine.json'}")
+    console.print(f"manifest {output / ENGINE_MANIFEST}")
 
 
 def limit_lines(manifest: dict, flags: set[str], recipe: Optional[str]) -> list[str]:

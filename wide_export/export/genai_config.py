@@ -15,14 +15,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-GENAI_CONFIG_NAME = "genai_config.json"
+from wide_export.model.arch import arch_for
+from wide_export.names import GENAI_CONFIG as GENAI_CONFIG_NAME
+
 # Files a Hugging Face folder keeps next to its weights that a generator needs (tokenizer + defaults).
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
     "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
 )
-# onnxruntime-genai model types for our architectures (all plain decoder-only LLMs).
-GENAI_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
@@ -98,7 +98,7 @@ def genai_config(loaded, model_file: str) -> dict[str, Any]:
             },
             "eos_token_id": tokens["eos_token_id"],
             "pad_token_id": tokens["pad_token_id"],
-            "type": GENAI_TYPES.get(cfg.model_type, "llama"),
+            "type": arch_for(cfg.model_type).genai_type,
             "vocab_size": cfg.vocab_size,
         },
         "search": {

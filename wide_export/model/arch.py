@@ -18,15 +18,38 @@ class ArchSpec:
     qkv_bias: bool | None  # True/False fixed by the family, None: read `attention_bias` from the config
     qk_norm: bool  # per-head RMSNorm on q and k after the projection (Qwen3)
     examples: str
+    hf_prefix: str  # transformers class prefix: {prefix}Config, {prefix}ForCausalLM, {prefix}RotaryEmbedding
+    genai_type: str  # onnxruntime-genai's model.type
+
+    @property
+    def hf_module(self) -> str:
+        return f"transformers.models.{self.model_type}.modeling_{self.model_type}"
+
+    @property
+    def hf_config_class(self) -> str:
+        return f"{self.hf_prefix}Config"
+
+    @property
+    def hf_model_class(self) -> str:
+        return f"{self.hf_prefix}ForCausalLM"
+
+    @property
+    def hf_rotary_class(self) -> str:
+        """The family's own rotary embedding (inv_freq and attention scaling exactly as transformers computes)."""
+        return f"{self.hf_prefix}RotaryEmbedding"
 
 
 ARCHS: dict[str, ArchSpec] = {
     a.model_type: a
     for a in (
-        ArchSpec("llama", qkv_bias=None, qk_norm=False, examples="Llama 2, 3, 3.1, 3.2"),
-        ArchSpec("mistral", qkv_bias=False, qk_norm=False, examples="Mistral 7B"),
-        ArchSpec("qwen2", qkv_bias=True, qk_norm=False, examples="Qwen2, Qwen2.5"),
-        ArchSpec("qwen3", qkv_bias=None, qk_norm=True, examples="Qwen3 dense"),
+        ArchSpec("llama", qkv_bias=None, qk_norm=False, examples="Llama 2, 3, 3.1, 3.2", hf_prefix="Llama",
+                 genai_type="llama"),
+        ArchSpec("mistral", qkv_bias=False, qk_norm=False, examples="Mistral 7B", hf_prefix="Mistral",
+                 genai_type="mistral"),
+        ArchSpec("qwen2", qkv_bias=True, qk_norm=False, examples="Qwen2, Qwen2.5", hf_prefix="Qwen2",
+                 genai_type="qwen2"),
+        ArchSpec("qwen3", qkv_bias=None, qk_norm=True, examples="Qwen3 dense", hf_prefix="Qwen3",
+                 genai_type="qwen3"),
     )
 }
 

@@ -12,10 +12,13 @@ from wide_export.errors import WideError
 
 
 def rope_inv_freq(hf: Any):
-    """inv_freq and attention scaling exactly as transformers computes them for this config."""
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    """inv_freq and attention scaling exactly as the family's transformers rotary embedding computes them."""
+    import importlib
 
-    rope = LlamaRotaryEmbedding(hf)
+    from wide_export.model.arch import arch_for
+
+    spec = arch_for(getattr(hf, "model_type", None))
+    rope = getattr(importlib.import_module(spec.hf_module), spec.hf_rotary_class)(hf)
     return rope.inv_freq.float(), float(rope.attention_scaling)
 
 

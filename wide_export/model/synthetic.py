@@ -10,14 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HF_CONFIGS = {  # model_type -> transformers config class name
-    "llama": "LlamaConfig",
-    "mistral": "MistralConfig",
-    "qwen2": "Qwen2Config",
-    "qwen3": "Qwen3Config",
-}
-HF_MODELS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+from wide_export.model.arch import ARCHS
+
+HF_CONFIGS = {t: a.hf_config_class for t, a in ARCHS.items()}  # model_type -> transformers config class name
+HF_MODELS = {t: a.hf_model_class for t, a in ARCHS.items()}
 
 
 @dataclass

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Optional
 
 from wide_export.errors import WideError
+from wide_export.names import ENGINE_MANIFEST as MANIFEST
+from wide_export.names import WIDE_CONFIG
 from wide_export.triton.sources import (
-    DEFAULT_IO, WIDE_CONFIG, ModelShape, check_io_names, count_layers, parse_model_shape, read_model_shape,
+    DEFAULT_IO, ModelShape, check_io_names, count_layers, parse_model_shape, read_model_shape,
 )
 
-MANIFEST = "wide_engine.json"
 # Engine/ONNX dtype names -> Triton config data types.
 TRITON_TYPES = {
     "float32": "TYPE_FP32", "float": "TYPE_FP32", "fp32": "TYPE_FP32",

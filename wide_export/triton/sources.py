@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wide_export.errors import WideError
+from wide_export.names import ONNX_FILE, WIDE_CONFIG
 
-WIDE_CONFIG = "wide_config.json"
-ONNX_FILE = "model.onnx"
 # The graph contract (Hugging Face / onnxruntime-genai names); {i} is the layer index.
 DEFAULT_IO = {
     "input_ids": "input_ids",

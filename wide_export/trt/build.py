@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from wide_export.errors import WideError
+from wide_export.names import ENGINE_FILE, ONNX_FILE, TIMING_CACHE, WIDE_CONFIG
+from wide_export.names import ENGINE_MANIFEST as MANIFEST
 from wide_export.outdir import atomic_output_dir, check_output_dir
 from wide_export.signals import check_interrupted, interrupt_on_signals
 from wide_export.trt.backend import needs_child, rtx_child_env, select_backend
@@ -30,11 +32,6 @@ from wide_export.trt.profiles import build_profiles
 from wide_export.trt.recipes import ProfileLimits, Recipe, check_group_sizes, load_recipe
 from wide_export.trt.report import PluginReport, plugin_layer_names, plugin_report, wide_nodes
 
-ONNX_FILE = "model.onnx"
-WIDE_CONFIG = "wide_config.json"
-ENGINE_FILE = "wide.engine"
-MANIFEST = "wide_engine.json"
-TIMING_CACHE = "timing.cache"
 MANIFEST_FORMAT = "wide-engine/1"
 
 _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}

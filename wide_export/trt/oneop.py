@@ -16,6 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from wide_export.errors import WideError
+from wide_export.names import TIMING_CACHE
 from wide_export.trt.backend import needs_child, rtx_child_env, select_backend
 
 MAX_BATCH, MAX_TOKENS = 4, 8
@@ -95,7 +96,7 @@ def build_one_op_engine_here(onnx_path: str, engine_path: str, plugins: Optional
         shapes[t.name] = ((1, 1, last), (2, 4, last), (MAX_BATCH, MAX_TOKENS, last))
     with tempfile.TemporaryDirectory(prefix="wide-cache-") as tmp:
         config = loaders.create_config(be, [Profile("all", shapes)], None, cc)
-        plan = loaders.build_bytes(be, (builder, network, parser), config, str(Path(tmp) / "timing.cache"))
+        plan = loaders.build_bytes(be, (builder, network, parser), config, str(Path(tmp) / TIMING_CACHE))
     Path(engine_path).write_bytes(plan)
     layers = [str(network.get_layer(i).type).split(".")[-1] for i in range(network.num_layers)]
     return {"layers": layers, "plugin_layers": len(plugin_layer_names(network, trt))}

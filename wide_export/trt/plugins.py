@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Optional
 
 from wide_export.errors import WideError
+from wide_export.ops.spec import OPS, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from wide_export.trt.backend import Backend
 
 PLUGIN_LIB_ENV = "WIDE_TRT_PLUGIN_LIB"
 PLUGIN_LIB_NAME = "libwide_trt_plugins.so"
-PLUGIN_VERSION = "1"
-# The creators the library registers: docs/opset.md (one per `wide` op).
-PLUGIN_NAMES = ("WideRouter", "WideMaskedGemmN", "WideMaskedGatedMlp", "WideMaskedGemmK")
+# The creators the library registers: one per `wide` op (docs/opset.md).
+PLUGIN_NAMES = tuple(OPS)
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def load_plugin_library(backend: Backend, path: Path) -> PluginLibrary:
             hint="check that it was built against this TensorRT major version and that its "
             "dependencies resolve (ldd); see the TensorRT log above",
         )
-    found = tuple(n for n in PLUGIN_NAMES if registry.get_creator(n, PLUGIN_VERSION, "") is not None)
+    found = tuple(n for n in PLUGIN_NAMES if registry.get_creator(n, PLUGIN_VERSION, PLUGIN_NAMESPACE) is not None)
     if not found:
         raise WideError(f"{path} loaded but registered none of {', '.join(PLUGIN_NAMES)}",
                         hint="is this the wide plugin library (plugins/trt)?")

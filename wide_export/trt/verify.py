@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from wide_export.errors import WideError
+from wide_export.names import ENGINE_MANIFEST as MANIFEST
 from wide_export.trt.backend import has_gpu, needs_child, rtx_child_env, select_backend
 
-MANIFEST = "wide_engine.json"
 DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
 
 
@@ -80,7 +80,7 @@ def verify_engine_here(engine_dir: str, report_path: Optional[str] = None, load_
     from wide_export.trt.plugins import load_plugin_library
     from wide_export.trt.recipes import tolerance_with
     from wide_export.verify.compare import VerifyReport, compare, run_steps
-    from wide_export.verify.onnx_verify import _check_same_model, _quiet_polygraphy, reference_for
+    from wide_export.verify.onnx_verify import check_same_model, quiet_polygraphy, reference_for
     from wide_export.verify.reference import reference_steps
 
     folder = Path(engine_dir)
@@ -99,10 +99,10 @@ def verify_engine_here(engine_dir: str, report_path: Optional[str] = None, load_
     backend = select_backend(manifest["tensorrt"]["package"])
     for lib in manifest.get("plugins", []):
         load_plugin_library(backend, folder / lib)
-    _quiet_polygraphy()
+    quiet_polygraphy()
     paths = {k: (Path(v) if k in ("model_dir", "router", "lora") and v else v) for k, v in (load_kwargs or {}).items()}
     model = reference_for(config, None, **paths)
-    _check_same_model(model, config)
+    check_same_model(model, config)
     steps = reference_steps(model, kv_dtype=dtype, **settings)
     engine = EngineFromBytes(BytesFromPath(str(folder / manifest["engines"][0]["file"])))()
     outs = run_steps(PhaseRunner(engine), steps, config["num_layers"])

@@ -77,10 +77,10 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
     config = read_wide_config(onnx_dir)
     dtype = config["dtype"]
     tol = tolerance_for(dtype)
-    _quiet_polygraphy()
+    quiet_polygraphy()
     with stages.stage("reference"):
         model = reference_for(config, loaded, **(load_kwargs or {}))
-        _check_same_model(model, config)
+        check_same_model(model, config)
         steps = reference_steps(model, kv_dtype=dtype, **settings)
     with stages.stage("onnxrt"):
         runner = OnnxrtRunner(debug_session(onnx_dir, config), name="onnxrt")
@@ -92,7 +92,7 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
     return report
 
 
-def _check_same_model(model, config: dict[str, Any]) -> None:
+def check_same_model(model, config: dict[str, Any]) -> None:
     c = model.config
     for key in ("num_layers", "hidden_size", "vocab_size", "num_key_value_heads", "head_dim"):
         ref = getattr(c, key)
@@ -101,7 +101,7 @@ def _check_same_model(model, config: dict[str, Any]) -> None:
                             "pass the --model/--router the ONNX folder was exported from")
 
 
-def _quiet_polygraphy() -> None:
+def quiet_polygraphy() -> None:
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.ERROR
