@@ -90,16 +90,25 @@ def test_bench_serving_reports_both_paths(tiny, tmp_path):
     out = tmp_path / "serving.json"
     result = CliRunner().invoke(_app(), [
         "bench", "serving", "--onnx", str(tiny[0]), "--requests", "2", "--prompt-len", "4", "--new-tokens", "3",
-        "--protocol", "http", "--output", str(out)])
+        "--protocol", "http", "--output", str(out), "--staggered", "4", "--arrival-ms", "5"])
     assert result.exit_code == 0, result.output
     import json
 
-    rows = json.loads(out.read_text())["results"]
+    from wide_export.bench.serving import ServingBenchConfig, staggered_plan
+
+    report = json.loads(out.read_text())
+    rows = report["results"]
     assert sorted((r["name"], r["clients"]) for r in rows) == [
         ("direct onnxruntime", 1), ("direct onnxruntime", 8), ("triton http", 1), ("triton http", 8)]
     for r in rows:
         assert r["requests"] == 2 * r["clients"] and r["tokens"] == 3 * r["requests"]
         assert 0 < r["p50_ms"] <= r["p99_ms"] and r["tokens_per_s"] > 0
+    plan = staggered_plan(ServingBenchConfig(prompt_len=4, new_tokens=3, staggered=4, arrival_ms=5), 61, 64)
+    assert [r["name"] for r in report["staggered"]] == ["static batching", "inflight batching"]
+    for r in report["staggered"]:
+        assert r["requests"] == 4 and r["tokens"] == sum(n for _, _, n in plan) and r["tokens_per_s"] > 0
+        assert 0 < r["first_token_p50_ms"] <= r["p50_ms"] <= r["p99_ms"]
+    assert "staggered arrivals" in result.output
 
 
 def test_serve_until_sigterm_stops_the_server_cleanly(tiny_repo):

@@ -128,14 +128,19 @@ def bench_serving(
     seed: Annotated[int, typer.Option("--seed", help="Seed for the random prompts.")] = 0,
     output: Annotated[Path, typer.Option("--output", help="Where to write the JSON results.")] = Path(
         "bench-results/serving.json"),
+    staggered: Annotated[int, typer.Option(
+        "--staggered", help="Streaming requests arriving staggered, served with static and with in-flight "
+                            "batching (0 skips this part).")] = 16,
+    arrival_ms: Annotated[float, typer.Option("--arrival-ms", help="Mean gap between staggered arrivals.")] = 10.0,
 ) -> None:
     """Tokens/s and p50/p99 latency of the served onnxruntime flavour, 1 and 8 clients,
-    next to direct ONNX Runtime calls in the same run."""
+    next to direct ONNX Runtime calls in the same run; then staggered streaming requests,
+    static vs in-flight batching."""
     from wide_export.bench.serving import ServingBenchConfig, run_serving_bench
 
     run_serving_bench(ServingBenchConfig(
         onnx=onnx, requests=requests, prompt_len=prompt_len, new_tokens=new_tokens, protocol=protocol,
-        seed=seed, output=output,
+        seed=seed, output=output, staggered=staggered, arrival_ms=arrival_ms,
     ))
 
 
