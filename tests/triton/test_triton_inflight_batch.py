@@ -240,12 +240,13 @@ def test_batched_rows_of_one_request_stream_together(gm, inflight, runner, tiny,
         np.testing.assert_array_equal(tokens, tiny_llm.reference_greedy(tiny[1], row.prompt, 5))
 
 
-def test_a_failing_step_fails_its_jobs_and_the_scheduler_keeps_serving(gm, inflight, runner, tiny, rng):
+@pytest.mark.parametrize("fail_at", [1, 3], ids=["prefill", "decode"])
+def test_a_failing_step_fails_its_jobs_and_the_scheduler_keeps_serving(gm, inflight, runner, tiny, rng, fail_at):
     calls = []
 
     def step(feeds, phase):
         calls.append(phase)
-        if len(calls) == 3:
+        if len(calls) == fail_at:
             raise RuntimeError("device lost")
         return runner[1](feeds, phase)
 
@@ -260,6 +261,7 @@ def test_a_failing_step_fails_its_jobs_and_the_scheduler_keeps_serving(gm, infli
     finally:
         sched.stop()
     assert len(first.final) == 1 and "device lost" in first.final[0]
+    assert calls[fail_at - 1] == ("prefill" if fail_at == 1 else "decode")
     assert second.final == [None]
     np.testing.assert_array_equal(np.concatenate(second.tokens), tiny_llm.reference_greedy(tiny[1], row.prompt, 6))
 

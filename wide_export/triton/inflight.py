@@ -228,13 +228,13 @@ class Scheduler:
     def _iterate(self) -> None:
         admitted = self._admit()
         if admitted:  # newcomers are prefilled together, then join the running batch
+            self._running.extend(admitted)  # from here on a failing step fails them too
             actives = self.batch.prefill([row for job in admitted for row in job.rows])
             self.steps += 1
             start = 0
             for job in admitted:
                 job.actives = actives[start:start + len(job.rows)]
                 start += len(job.rows)
-            self._running.extend(admitted)
             self._deliver(admitted)
         if self._running:  # one decode step for everyone in the batch
             self.max_rows_seen = max(self.max_rows_seen, len(self.batch.rows))
