@@ -176,26 +176,32 @@ def test_16_staggered_clients_get_the_reference_tokens(server, reference, vocab)
 
 
 def test_a_short_request_during_long_streams_finishes_first(server, reference, vocab):
-    """Static batching would start it only after the long ones ended."""
+    """Static batching would start it only after the long ones ended, so it can never pass
+    this; up to 3 tries, as a loaded CPU can delay one request's delivery."""
     rng = np.random.default_rng(11)
-    long_prompts, short_prompt = rng.integers(0, vocab, size=(4, 5)), rng.integers(0, vocab, size=9)
     long_n, short_n = 500, 3
-    longs = [Stream(server.endpoints.http, {"input_ids": p.tolist(), "max_new_tokens": long_n})
-             for p in long_prompts]
-    short = Stream(server.endpoints.http, {"input_ids": short_prompt.tolist(), "max_new_tokens": short_n})
+    outcomes = []
+    for _ in range(3):
+        long_prompts, short_prompt = rng.integers(0, vocab, size=(4, 5)), rng.integers(0, vocab, size=9)
+        longs = [Stream(server.endpoints.http, {"input_ids": p.tolist(), "max_new_tokens": long_n})
+                 for p in long_prompts]
+        short = Stream(server.endpoints.http, {"input_ids": short_prompt.tolist(), "max_new_tokens": short_n})
 
-    def later():
-        deadline = time.monotonic() + DEADLINE_S
-        while min(len(s.events) for s in longs) < 5 and time.monotonic() < deadline:
-            time.sleep(0.002)
-        short.run()
+        def later():
+            deadline = time.monotonic() + DEADLINE_S
+            while min(len(s.events) for s in longs) < 5 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            short.run()
 
-    _run_threads([s.run for s in longs] + [later])
-    assert short.times[-1] < min(s.times[-1] for s in longs)
-    assert short.times[0] > max(s.times[0] for s in longs)  # it did arrive later
-    np.testing.assert_array_equal(short.tokens, reference(short_prompt, short_n))
-    for s, prompt in zip(longs, long_prompts):
-        np.testing.assert_array_equal(s.tokens, reference(prompt, long_n))
+        _run_threads([s.run for s in longs] + [later])
+        np.testing.assert_array_equal(short.tokens, reference(short_prompt, short_n))
+        for s, prompt in zip(longs, long_prompts):
+            np.testing.assert_array_equal(s.tokens, reference(prompt, long_n))
+        assert short.times[0] > max(s.times[0] for s in longs)  # it did arrive later
+        outcomes.append(round(short.times[-1] - min(s.times[-1] for s in longs), 3))
+        if outcomes[-1] < 0:  # its last token came before any long stream's last one
+            return
+    pytest.fail(f"the short request never finished before the long streams: {outcomes} s after them")
 
 
 def test_malformed_requests_while_others_decode(server, reference, vocab):
