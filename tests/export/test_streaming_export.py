@@ -105,3 +105,115 @@ def test_same_refusals_as_the_eager_loader(tmp_path, what):
             load_wide_model(folder, lazy=lazy)
         messages.append(str(err.value))
     assert messages[0] == messages[1]
+
+
+# Shape plumbing a full trace repeats per layer (each layer's past length read off its own input) and the
+# replicated graph shares with layer 1 (all layers' past lengths are equal in any valid call).
+PLUMBING = {"Shape", "Squeeze", "Add", "Concat", "Reshape"}
+
+
+def _graph(folder):
+    import onnx
+
+    return onnx.load(str(folder / "model.onnx"))
+
+
+def test_replicated_layers_match_a_full_trace(tmp_path, monkeypatch):
+    """Four alike layers: two are traced and two copied. Against the eager full trace: the same graph I/O,
+    `wide` nodes (names, inputs, attributes), parameters (bytes) and functions; every node of the copy exists
+    in the full trace and the only nodes missing are dynamic-shape plumbing; ONNX Runtime still agrees with
+    the PyTorch reference."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    import wide_export.export.onnx_export as onnx_export
+    from wide_export.export import replicate
+    from wide_export.verify.onnx_verify import verify_onnx
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)
+    folder = make_checkpoint(tmp_path / "ckpt", arch="llama", num_layers=4, lora=True, tie_word_embeddings=True)
+    copied = []
+    real = replicate.replicate_layers
+    monkeypatch.setattr(replicate, "replicate_layers", lambda m, n: (copied.append(n), real(m, n)))
+    _export(folder, tmp_path / "eager", lazy=False, dtype="float16")
+    _export(folder, tmp_path / "stream", lazy=True, dtype="float16")
+    assert copied == [4]
+    full, rep = _graph(tmp_path / "eager"), _graph(tmp_path / "stream")
+    assert [v.name for v in rep.graph.input] == [v.name for v in full.graph.input]
+    assert [v.name for v in rep.graph.output] == [v.name for v in full.graph.output]
+    assert [f.SerializeToString() for f in rep.functions] == [f.SerializeToString() for f in full.functions]
+
+    def wide(m):
+        return [(n.name, n.op_type, [i for i in n.input if i.startswith(("model.", "lm_head"))],
+                 [a.SerializeToString() for a in n.attribute]) for n in m.graph.node if n.domain == "wide"]
+
+    assert wide(rep) == wide(full) and len(wide(rep)) == 4 * 6
+    names_full = {(n.name, n.op_type) for n in full.graph.node}
+    names_rep = {(n.name, n.op_type) for n in rep.graph.node}
+    assert names_rep <= names_full
+    assert {op for _, op in names_full - names_rep} <= PLUMBING
+
+    def params(m, where):
+        return {t.name: numpy_helper.to_array(t, base_dir=str(where)) for t in m.graph.initializer
+                if t.name.startswith(("model.", "lm_head"))}
+
+    p_full, p_rep = params(full, tmp_path / "eager"), params(rep, tmp_path / "stream")
+    assert p_rep.keys() == p_full.keys() and len(p_rep) > 40
+    for name, value in p_full.items():
+        assert value.dtype == p_rep[name].dtype and np.array_equal(value, p_rep[name]), name
+    report = verify_onnx(tmp_path / "stream", steps=2)
+    assert report.passed, report.to_dict()
+
+
+def test_layers_with_different_routing_are_all_traced(tmp_path, monkeypatch):
+    from wide_export.checkpoint.router import routers_from_state
+    from wide_export.export import replicate
+    from wide_export.model.config import WideConfig
+    from wide_export.model.synthetic import SyntheticSpec, random_router_state
+
+    spec = SyntheticSpec(num_layers=3)
+    cfg = WideConfig.from_hf(spec.hf_config())
+    state = random_router_state(spec)
+    routers_from_state(state, cfg)
+    assert replicate.can_replicate(cfg)
+    cfg = WideConfig.from_hf(spec.hf_config())
+    routers_from_state({k: v for k, v in state.items() if "layers.2.router_ffn" not in k}, cfg)
+    assert not replicate.can_replicate(cfg)  # layer 2's FFN is dense: traced, not copied
+    assert not replicate.can_replicate(WideConfig.from_hf(SyntheticSpec(num_layers=2).hf_config()))
+
+
+def test_sharded_bf16_checkpoint_streams_like_the_eager_export(tmp_path, monkeypatch):
+    """The benchmark's checkpoint writer (bf16 shards + index, as the trainer ships): weights spread over
+    several shards stream to the same bytes as the eager load."""
+    import wide_export.export.onnx_export as onnx_export
+    from wide_export.bench.checkpoint_files import write_sharded_checkpoint
+    from wide_export.model.synthetic import SyntheticSpec
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)
+    folder = write_sharded_checkpoint(tmp_path / "ckpt", SyntheticSpec(num_layers=2), shard_bytes=40_000)
+    assert len(list(folder.glob("model-*-of-*.safetensors"))) >= 3
+    for lazy, name in ((False, "eager"), (True, "stream")):
+        export_onnx(load_wide_model(folder, dtype="float16", lazy=lazy), tmp_path / name)
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (tmp_path / "stream" / name).read_bytes() == (tmp_path / "eager" / name).read_bytes(), name
+
+
+def test_cli_streams_verifies_and_records_checksums(tmp_path):
+    """`wide-export onnx` on a checkpoint (streamed, 3 alike layers so one is copied, fp16, LoRA): the
+    verification against the PyTorch reference passes and wide_config.json carries each source's sha256,
+    computed while tracing."""
+    import hashlib
+    import subprocess
+    import sys
+
+    folder = make_checkpoint(tmp_path / "ckpt", arch="llama", num_layers=3, lora=True)
+    out = tmp_path / "onnx"
+    proc = subprocess.run([sys.executable, "-m", "wide_export", "onnx", "--model", str(folder), "--lora",
+                           str(folder / "lora.pth"), "--dtype", "float16", "--output", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "PASSED" in proc.stderr, proc.stderr[-3000:]
+    sources = json.loads((out / "wide_config.json").read_text())["sources"]
+    assert {"config", "router", "lora", "weights:model.safetensors"} <= set(sources)
+    for info in sources.values():
+        with open(info["path"], "rb") as f:
+            assert info["sha256"] == hashlib.sha256(f.read()).hexdigest(), info["path"]

@@ -3,7 +3,7 @@
 The placeholder model has the real module tree, shapes and dtypes, but every
 parameter is a zero-stride view of one scalar, so it costs no memory and can be
 traced. `WeightSource` then produces each parameter on demand, one tensor at a
-time: read from the memory-mapped safetensors shard, cast to the export dtype and,
+time: read from the safetensors shard, cast to the export dtype and,
 for LoRA-adapted projections, merged -- the same arithmetic, in the same order, as
 the eager loader (loader.load_wide_model + lora.merge_lora), so bytes agree.
 """
@@ -27,6 +27,7 @@ class WeightSource:
     lora: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # param -> (A, B)
     lora_scale: float = 2.0
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    readers: dict[Path, Any] = field(default_factory=dict, repr=False)  # shard -> tensor_reader.ShardReader
 
     def names(self) -> list[str]:
         return [*self.base, *self.routers]
@@ -36,10 +37,11 @@ class WeightSource:
         if name in self.routers:
             return self.routers[name].float()
         shard, key = self.base[name]
-        from safetensors import safe_open
+        if shard not in self.readers:
+            from wide_export.checkpoint.tensor_reader import ShardReader
 
-        with safe_open(str(shard), framework="pt") as st:
-            t = st.get_tensor(key).to(self.dtype)
+            self.readers[shard] = ShardReader(shard)
+        t = self.readers[shard].read(key, self.dtype)  # read and cast chunk by chunk: one copy in memory
         if name in self.lora:
             a, b = self.lora[name]
             t = (t.float() + (b.float() @ a.float()) * self.lora_scale).to(t.dtype)
@@ -58,12 +60,17 @@ def placeholder(shape, dtype):
 
 def skeleton_model(hf: Any, cfg, dtype):
     """WideForCausalLM with placeholder parameters (routing already filled in `cfg`)."""
+    from wide_export.model.build import rope_inv_freq
+
+    return placeholder_model(cfg, *rope_inv_freq(hf), dtype)
+
+
+def placeholder_model(cfg, inv_freq, scaling: float, dtype):
+    """WideForCausalLM of `cfg` with placeholder parameters and the given rotary frequencies."""
     import torch
 
-    from wide_export.model.build import rope_inv_freq
     from wide_export.model.modeling import WideForCausalLM
 
-    inv_freq, scaling = rope_inv_freq(hf)
     with torch.device("meta"):
         model = WideForCausalLM(cfg, torch.zeros_like(inv_freq), scaling)
     model.model.inv_freq = inv_freq

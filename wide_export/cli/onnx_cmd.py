@@ -72,7 +72,8 @@ def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_
     with stages.stage("load"):
         loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale,
                                  attn_group_size=attn_group_size, ffn_group_size=ffn_group_size,
-                                 dtype=dtype, progress=stages.update, lazy=True)  # weights streamed at save
+                                 dtype=dtype, progress=stages.update, lazy=True,  # weights streamed at save
+                                 checksums=False)  # sha256 computed while tracing (export/provenance.py)
     from wide_export.outdir import atomic_output_dir
     from wide_export.verify.onnx_verify import REPORT_NAME
 

@@ -45,20 +45,23 @@ def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool
         raise WideError(f"--opset {opset} is too old", "use opset 18 or newer (the function bodies need it)")
     model = loaded.model
     streamed = loaded.weights is not None  # placeholders traced, weights read while saving (streaming.py)
+    from wide_export.export.provenance import hash_in_background
+
+    hashing = hash_in_background(loaded.sources)  # sources loaded with checksums=False: hashed meanwhile
     with atomic_output_dir(output, force) as tmp:
         with stages.stage("trace"):
-            program = _trace(model, opset, optimize=not streamed)
             if streamed:
-                from wide_export.export.streaming import attach_weights
-
-                attach_weights(program.model, loaded.weights)
-                program.optimize()  # what optimize=True runs, now on the real (lazy) small weights
+                program = _trace_streamed(loaded, opset)
+            else:
+                program = _trace(model, opset)
         with stages.stage("rewrite"):
             ir_model = program.model
             counts = _postprocess(ir_model, loaded)
         with stages.stage("save"):
             external = _save(ir_model, tmp, stages)
             _check(tmp / MODEL_NAME)
+            if hashing is not None:
+                hashing.result()
             config = wide_config(loaded, opset, external, counts)
             # onnxruntime_genai.Model(output) loads the folder as it is
             config["files"].update(genai_config=GENAI_CONFIG_NAME, tokenizer=write_genai_files(loaded, tmp, MODEL_NAME))
@@ -79,6 +82,26 @@ def example_inputs(model, batch: int = 2, new: int = 3, past: int = 4):
         for _ in range(c.num_layers)
     ]
     return ids, mask, pos, kv
+
+
+def _trace_streamed(loaded, opset: int):
+    """Trace the placeholder model -- two layers of it when the layers are alike (replicate.py) -- then
+    point the initializers at the checkpoint (streaming.py) and optimize, as optimize=True would."""
+    from wide_export.checkpoint.lazy import placeholder_model
+    from wide_export.export import replicate
+    from wide_export.export.streaming import attach_weights
+
+    model, cfg = loaded.model, loaded.config
+    if replicate.can_replicate(cfg):
+        short = placeholder_model(replicate.short_config(cfg), model.model.inv_freq, model.model.rope_scaling,
+                                  model.dtype)
+        program = _trace(short, opset, optimize=False)
+        replicate.replicate_layers(program.model, cfg.num_layers)
+    else:
+        program = _trace(model, opset, optimize=False)
+    attach_weights(program.model, loaded.weights)
+    program.optimize()  # what optimize=True runs, now on the real (lazy) small weights
+    return program
 
 
 def _trace(model, opset: int, optimize: bool = True):
