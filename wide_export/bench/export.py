@@ -1,18 +1,27 @@
-"""`wide-export bench export`: export time and peak RSS, WIDE export vs a plain dense export.
+"""`wide-export bench export`: the user's path -- a checkpoint on disk to an ONNX folder -- timed and measured.
 
-Each export runs in its own subprocess so peak RSS (ru_maxrss) belongs to that
-export alone. The dense baseline is the same model without routers, traced by
-the same torch.onnx.export(dynamo=True) and saved as it comes (no `wide` ops,
-no function bodies, no verification).
+For each depth of the sweep, a random-weight checkpoint of that shape is written
+to disk (bfloat16 safetensors shards + router.pth, as the trainer ships them),
+then exported in a fresh process, so that process's peak RSS (wait4's
+ru_maxrss) belongs to that export alone:
+  * wide:  `wide-export onnx --model CKPT --dtype float16 --no-verify`, the real
+    command (streaming weights, routers, `wide` ops, function bodies);
+  * dense: the same checkpoint loaded eagerly without routers and exported as a
+    user would with `torch.onnx.export(dynamo=True)` + `save(external_data=True)`.
+Wall time includes start-up and loading. The table, the JSON and a plot (time
+and peak RSS against weight bytes) show how both grow with the model.
 """
 
 from __future__ import annotations
 
 import json
-import resource
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,94 +34,176 @@ PRESETS = {
     "llama-3.2-1b": SyntheticSpec(arch="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                                   num_layers=16, num_heads=32, num_kv_heads=8, attn_groups=16, ffn_groups=64,
                                   rank=128, tie_word_embeddings=True, max_position_embeddings=131072),
+    # Llama-3.1-8B dimensions (untied, GQA 32/8, head_dim 128): 16 attention groups, 112 FFN groups.
+    "llama-3.1-8b": SyntheticSpec(arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                  num_layers=32, num_heads=32, num_kv_heads=8, attn_groups=16, ffn_groups=112,
+                                  rank=128, tie_word_embeddings=False, max_position_embeddings=131072),
     "tiny": SyntheticSpec(arch="llama", num_layers=3),
 }
+DEFAULT_SWEEP = {"llama-3.2-1b": [4, 8, 16]}  # layers; other presets: their own depth
+KINDS = ("wide", "dense")
+DTYPE = "float16"
 
 
-def _spec(preset: str, layers: int | None) -> SyntheticSpec:
+def spec_for(preset: str, layers: int | None = None) -> SyntheticSpec:
     if preset not in PRESETS:
         raise WideError(f"unknown preset {preset!r}", f"choose one of {', '.join(PRESETS)}")
     spec = PRESETS[preset]
     if layers is not None:
-        spec = SyntheticSpec(**{**spec.__dict__, "num_layers": layers})
+        if layers < 1:
+            raise WideError(f"--layers {layers} must be at least 1", "pass a positive layer count")
+        spec = replace(spec, num_layers=layers)
     return spec
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _run(cmd: list[str]) -> dict[str, Any]:
+    """Run `cmd`: wall seconds and the peak RSS of that process alone (wait4 reaps it before Popen does)."""
+    with tempfile.TemporaryFile("w+") as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        if code:
+            log.seek(0)
+            raise RuntimeError(f"{' '.join(cmd[1:5])} ... failed (exit {code}):\n{log.read()[-3000:]}")
+    return {"seconds": seconds, "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
-def worker(kind: str, preset: str, layers: int | None, out: str) -> dict[str, Any]:
-    """Build the model, export it, return timings and memory (runs in the child process)."""
+def _dense_worker(ckpt: str, out: str) -> None:
+    """The dense baseline (runs in its own process): eager load without routers, torch.onnx.export, save."""
     import torch
 
-    from wide_export.checkpoint.loader import LoadedModel
-    from wide_export.model.build import model_from_states
-    from wide_export.model.synthetic import random_base_state, random_router_state
+    from wide_export.checkpoint.hf import iter_tensors, read_hf_config, safetensors_files
+    from wide_export.export.onnx_export import _trace
+    from wide_export.model.build import build_model
+    from wide_export.model.config import WideConfig
 
-    spec = _spec(preset, layers)
-    t0 = time.perf_counter()
-    routers = random_router_state(spec) if kind == "wide" else {}
-    model = model_from_states(spec.hf_config(), random_base_state(spec), routers)
-    params = sum(p.numel() for p in model.parameters())
-    build_s, rss_model = time.perf_counter() - t0, _rss_mb()
-    t1 = time.perf_counter()
+    hf = read_hf_config(Path(ckpt))
+    cfg = WideConfig.from_hf(hf)
+    model = build_model(hf, cfg, iter_tensors(safetensors_files(Path(ckpt))), {}, torch.float16)
+    program = _trace(model, 20)
+    Path(out).mkdir(parents=True)
+    program.save(str(Path(out) / "model.onnx"), external_data=True)
+
+
+def export_once(kind: str, ckpt: Path, out: Path) -> dict[str, Any]:
     if kind == "wide":
-        from wide_export.export.onnx_export import export_onnx
-
-        export_onnx(LoadedModel(model, is_demo=False), Path(out))
+        cmd = [sys.executable, "-m", "wide_export", "onnx", "--model", str(ckpt), "--output", str(out),
+               "--dtype", DTYPE, "--no-verify"]
     else:
-        from wide_export.export.onnx_export import _trace
-
-        program = _trace(model, 20)
-        Path(out).mkdir(parents=True)
-        program.save(str(Path(out) / "model.onnx"), external_data=True)
-    export_s = time.perf_counter() - t1
-    size = sum(f.stat().st_size for f in Path(out).iterdir())
-    del torch
-    return {"kind": kind, "params": params, "build_s": build_s, "export_s": export_s,
-            "rss_after_build_mb": rss_model, "peak_rss_mb": _rss_mb(), "output_mb": size / 2**20}
+        cmd = [sys.executable, "-m", "wide_export.bench.export", "dense", str(ckpt), str(out)]
+    row = _run(cmd)
+    row["output_mb"] = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    return row
 
 
-def run_export_bench(preset: str = "llama-3.2-1b", layers: int | None = None,
-                     output: Path = Path("bench-results/export.json")) -> list[dict[str, Any]]:
-    """Run the WIDE and the dense export in fresh processes; print a table, write JSON."""
-    import tempfile
+def _weights_mb(ckpt: Path) -> tuple[float, float]:
+    """(all weight bytes, largest single tensor) in MiB, in the export dtype (2 bytes an element)."""
+    from safetensors import safe_open
 
+    total = largest = 0
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                n = 1
+                for d in st.get_slice(key).get_shape():
+                    n *= d
+                total, largest = total + 2 * n, max(largest, 2 * n)
+    return total / 2**20, largest / 2**20
+
+
+def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = None, kinds=KINDS,
+                     output: Path = Path("bench-results/export.json"), work_dir: Path | None = None,
+                     console=None) -> list[dict[str, Any]]:
+    """Write each checkpoint of the sweep, export it with each kind, print a table, write JSON and a plot."""
     from rich.console import Console
-    from rich.table import Table
 
-    _spec(preset, layers)
-    console = Console(stderr=True)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="wide-bench-") as tmp:
-        for kind in ("wide", "dense"):
-            with console.status(f"exporting the {kind} model ({preset}) in a fresh process ..."):
-                cmd = [sys.executable, "-m", "wide_export.bench.export", kind, preset, str(layers or 0),
-                       str(Path(tmp) / kind)]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"{kind} export failed:\n{proc.stderr[-3000:]}")
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            console.print(f"[green]✓[/] {kind}: {rows[-1]['export_s']:.1f} s")
-    table = Table(title=f"export benchmark: {preset}" + (f", {layers} layers" if layers else ""))
-    for col in ("export", "params", "build s", "export s", "RSS after build", "peak RSS", "output"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(r["kind"], f"{r['params'] / 1e6:,.1f} M", f"{r['build_s']:.1f}", f"{r['export_s']:.1f}",
-                      f"{r['rss_after_build_mb'] / 1024:.2f} GiB", f"{r['peak_rss_mb'] / 1024:.2f} GiB",
-                      f"{r['output_mb']:,.1f} MiB")
-    console.print(table)
-    wide, dense = rows
-    console.print(f"WIDE / dense: export time x{wide['export_s'] / dense['export_s']:.2f}, "
-                  f"peak RSS x{wide['peak_rss_mb'] / dense['peak_rss_mb']:.2f}")
+    from wide_export.bench.checkpoint_files import write_sharded_checkpoint
+
+    depths = layers or DEFAULT_SWEEP.get(preset) or [spec_for(preset).num_layers]
+    specs = [spec_for(preset, n) for n in depths]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise WideError(f"unknown export kind {bad[0]!r}", f"choose from {', '.join(KINDS)}")
+    console = console or Console(stderr=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="wide-bench-", dir=work_dir) as tmp:
+        for spec in specs:
+            ckpt = Path(tmp) / f"ckpt-{spec.num_layers}"
+            with console.status(f"writing a {preset} checkpoint with {spec.num_layers} layers ..."):
+                write_sharded_checkpoint(ckpt, spec)
+            weights_mb, largest_mb = _weights_mb(ckpt)
+            for kind in kinds:
+                out = Path(tmp) / f"{kind}-{spec.num_layers}"
+                with console.status(f"{kind} export, {spec.num_layers} layers, in a fresh process ..."):
+                    row = export_once(kind, ckpt, out)
+                row.update(kind=kind, preset=preset, layers=spec.num_layers, weights_mb=weights_mb,
+                           largest_tensor_mb=largest_mb)
+                rows.append(row)
+                console.print(f"[green]✓[/] {kind:<5} {spec.num_layers:>3} layers: {row['seconds']:6.1f} s, "
+                              f"peak RSS {row['peak_rss_mb'] / 1024:.2f} GiB")
+                shutil.rmtree(out)
+            shutil.rmtree(ckpt)
+    _table(console, preset, rows)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps({"preset": preset, "layers": layers, "runs": rows}, indent=2) + "\n")
+    output.write_text(json.dumps({"preset": preset, "dtype": DTYPE, "cpus": os.cpu_count(), "runs": rows},
+                                 indent=2) + "\n")
     console.print(f"results: {output}")
+    plot = plot_results(rows, output.with_suffix(".png"))
+    if plot:
+        console.print(f"plot: {plot}")
     return rows
 
 
-if __name__ == "__main__":  # worker entry: kind preset layers out
-    _kind, _preset, _layers, _out = sys.argv[1:5]
-    print(json.dumps(worker(_kind, _preset, int(_layers) or None, _out)))
+def _size(mb: float) -> str:
+    return f"{mb / 1024:.2f} GiB" if mb >= 1024 else f"{mb:.1f} MiB"
+
+
+def _table(console, preset: str, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"export of a {preset}-shaped checkpoint on disk ({DTYPE}, {os.cpu_count()} CPUs)")
+    for col in ("export", "layers", "weights", "largest tensor", "time", "peak RSS", "RSS - largest", "output"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["kind"], str(r["layers"]), _size(r["weights_mb"]), _size(r["largest_tensor_mb"]),
+                      f"{r['seconds']:.1f} s", _size(r["peak_rss_mb"]),
+                      _size(r["peak_rss_mb"] - r["largest_tensor_mb"]), _size(r["output_mb"]))
+    console.print(table)
+
+
+def plot_results(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """Time and peak RSS against weight size, one line per export kind (None without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    for kind in KINDS:
+        rs = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["weights_mb"])
+        if not rs:
+            continue
+        x = [r["weights_mb"] / 1024 for r in rs]
+        ax_t.plot(x, [r["seconds"] for r in rs], "o-", label=kind)
+        ax_m.plot(x, [r["peak_rss_mb"] / 1024 for r in rs], "o-", label=kind)
+        for r, xi in zip(rs, x):
+            ax_t.annotate(f"{r['layers']}L", (xi, r["seconds"]), fontsize=7)
+    ax_m.plot(x, x, ":", color="grey", label="weights")
+    ax_t.set(xlabel="weights (GiB, fp16)", ylabel="export time (s)", title="time")
+    ax_m.set(xlabel="weights (GiB, fp16)", ylabel="peak RSS (GiB)", title="memory")
+    for ax in (ax_t, ax_m):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+if __name__ == "__main__":  # dense worker: dense CKPT OUT
+    _dense_worker(sys.argv[2], sys.argv[3])

@@ -15,14 +15,21 @@ bench_app = typer.Typer(help="Benchmarks that print numbers, tables and plots.",
 @bench_app.command("export")
 @user_errors
 def bench_export(
-    preset: Annotated[str, typer.Option(help="Model shape: llama-3.2-1b or tiny.")] = "llama-3.2-1b",
-    layers: Annotated[Optional[int], typer.Option(help="Override the layer count (quicker runs).")] = None,
-    output: Annotated[Path, typer.Option(help="Where to write the JSON results.")] = Path("bench-results/export.json"),
+    preset: Annotated[str, typer.Option(help="Model shape: llama-3.2-1b, llama-3.1-8b or tiny.")] = "llama-3.2-1b",
+    layers: Annotated[Optional[list[int]], typer.Option(help="Depths to sweep (repeat the option); default "
+                                                       "4, 8, 16 for llama-3.2-1b, else the preset's.")] = None,
+    dense: Annotated[bool, typer.Option("--dense/--no-dense", help="Also export the checkpoint densely with "
+                                        "torch.onnx.export (holds every weight: skip it at 8B).")] = True,
+    work_dir: Annotated[Optional[Path], typer.Option(help="Where the checkpoints are written (GBs; default "
+                                                     "the system temp folder).")] = None,
+    output: Annotated[Path, typer.Option(help="JSON results (the plot goes beside it, .png).")] = Path(
+        "bench-results/export.json"),
 ) -> None:
-    """Time the WIDE export and its peak RSS next to a plain dense torch.onnx export."""
-    from wide_export.bench.export import run_export_bench
+    """Time `wide-export onnx` on checkpoints written to disk, with its peak RSS, next to a dense export."""
+    from wide_export.bench.export import KINDS, run_export_bench
 
-    run_export_bench(preset=preset, layers=layers, output=output)
+    run_export_bench(preset=preset, layers=layers, kinds=KINDS if dense else ("wide",), output=output,
+                     work_dir=work_dir)
 
 
 def register(app: typer.Typer) -> None:
