@@ -49,7 +49,7 @@ def pytest_terminal_summary(terminalreporter):
            if r.when == "call" and "tests/kernels/test_kernels.py" in r.nodeid]
     skipped = [r for r in stats.get("skipped", []) if "tests/kernels/test_kernels.py" in r.nodeid]
     if ran or skipped:
-        cpu = sum("cpu_interpreter" in r.nodeid or "on_cpu" in r.nodeid for r in ran)
+        gpu = sum("_gpu[" in r.nodeid for r in ran)
         terminalreporter.write_line(
-            f"wide kernels: {len(ran)} kernel cases executed ({cpu} on CPU through the Triton interpreter, "
-            f"{len(ran) - cpu} on a GPU), {len(skipped)} skipped")
+            f"wide kernels: {len(ran)} kernel cases executed ({len(ran) - gpu} on CPU through the Triton "
+            f"interpreter, {gpu} on a GPU), {len(skipped)} skipped")
