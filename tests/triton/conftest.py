@@ -65,7 +65,7 @@ def reference():
     """fn(prompt [T], n) -> the PyTorch reference's n greedy tokens (demo model)."""
     import torch
 
-    from wide_export.model.demo import demo_model
+    from wide_export.checkpoint.demo import demo_model
     from wide_export.model.generate import greedy_generate
 
     model = demo_model().eval()

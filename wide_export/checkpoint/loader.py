@@ -54,8 +54,7 @@ def load_wide_model(
     if model_dir is None:
         if router or lora:
             raise WideError("--router/--lora need --model", "pass the base model folder with --model DIR")
-        from wide_export.model.demo import demo_model
-
+        from wide_export.checkpoint.demo import demo_model
         from wide_export.checkpoint.router import check_group_flags
 
         model = demo_model(dtype=torch_dtype)

@@ -41,15 +41,6 @@ def build_model(hf: Any, cfg, base: Iterable[tuple[str, Any]], routers: dict, dt
     return model.eval()
 
 
-def model_from_states(hf: Any, base_state: dict, router_state: dict, dtype=None):
-    """Convenience for in-memory states (demo model, benchmarks)."""
-    from wide_export.checkpoint.router import routers_from_state
-    from wide_export.model.config import WideConfig
-
-    cfg = WideConfig.from_hf(hf)
-    routers = routers_from_state(router_state, cfg) if router_state else {}
-    return build_model(hf, cfg, base_state.items(), routers, dtype)
-
 
 def _load_base(model, items, dtype) -> None:
     import torch
