@@ -1,6 +1,6 @@
 """`wide-export bench e2e`: the layer stack it times, its router calibration, and the CPU preset end to end.
 
-The oracle is a decoder layer written out by hand here from docs (WIDE.md): routers
+The oracle is a decoder layer written out by hand here from docs/opset.md: routers
 applied in float64, naive causal GQA attention, heads and channels of skipped
 groups zeroed. It shares nothing with wide_export.bench.e2e_stack but the weights.
 """

@@ -7,7 +7,7 @@ weights through cuBLAS (F.linear). The WIDE side routes every sublayer and runs
 `wide_export.kernels`: masked q (gemm_n), dense [k; v], masked o (gemm_k), masked
 gate+up (gated), masked down (gemm_k). SDPA computes every head on both
 sides (a skipped head's output is ignored by the masked o projection, as in
-WIDE.md's fast form minus the attention skip). Router biases are calibrated so
+docs/opset.md's layer minus the attention skip). Router biases are calibrated so
 that each group executes for a fraction 1 - sparsity of tokens.
 """
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from wide_export.errors import WideError
+from wide_export.names import ONNX_FILE
 from wide_export.outdir import atomic_output_dir, check_output_dir
 from wide_export.triton.engines import EngineSource, EngineSpec, ProfileSpec, read_engine_folder
 from wide_export.triton.sources import OnnxSource, read_onnx_folder
@@ -93,7 +94,7 @@ def _onnx_repository(repo: Path, src: OnnxSource, opts: RepoOptions) -> None:
     settings = {
         "num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
         "vocab_size": shape.vocab_size, "kv_dtype": shape.kv_dtype,
-        "max_total_tokens": shape.max_position_embeddings, "io": src.io, "onnx_file": "model.onnx",
+        "max_total_tokens": shape.max_position_embeddings, "io": src.io, "onnx_file": ONNX_FILE,
         "_max_batch": opts.max_batch,
     }
     version = _write_generation_model(repo, opts, "onnxruntime", settings)

@@ -4,7 +4,7 @@ One engine, two profiles (plugins/trt/README.md, "One engine, two profiles"):
   profile 0 "prefill": batch 1..B, new tokens 1..L, past length 0
   profile 1 "decode":  batch 1..B, 1 new token,     past length 1..S-1
 Every graph input's axes are classified by the input's name (the Hugging Face
-/ onnxruntime-genai names of CONVENTIONS.md); static axes keep the graph's size.
+/ onnxruntime-genai I/O names, README "wide-export onnx"); static axes keep the graph's size.
 """
 
 from __future__ import annotations
