@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from wide_export.native import build as native_build
+from tests.helpers import assert_one_line_error
 
 
 @pytest.fixture()
@@ -18,7 +19,7 @@ def cli():
 def test_build_without_nvcc_is_one_clear_error(cli, monkeypatch, tmp_path):
     monkeypatch.setattr(native_build, "find_nvcc", lambda: None)
     res = CliRunner().invoke(cli, ["build", "--build-dir", str(tmp_path / "b")])
-    assert res.exit_code == 2
+    assert_one_line_error(res)
     assert "nvcc" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "b").exists()  # nothing half-written
 
@@ -26,7 +27,7 @@ def test_build_without_nvcc_is_one_clear_error(cli, monkeypatch, tmp_path):
 def test_build_rejects_a_missing_tensorrt_folder(cli, tmp_path):
     res = CliRunner().invoke(cli, ["build", "--build-dir", str(tmp_path / "b"),
                                    "--tensorrt-root", str(tmp_path / "nowhere")])
-    assert res.exit_code == 2
+    assert_one_line_error(res)
     assert "--tensorrt-root" in res.output
 
 
@@ -51,7 +52,7 @@ def test_bench_kernels_needs_a_gpu_for_real_presets(cli):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the no-GPU message cannot be checked")
     res = CliRunner().invoke(cli, ["bench", "kernels", "--preset", "short"])
-    assert res.exit_code == 2
+    assert_one_line_error(res)
     assert "needs a CUDA GPU" in res.output and "--preset tiny" in res.output and "Traceback" not in res.output
 
 

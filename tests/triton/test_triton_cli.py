@@ -19,6 +19,7 @@ from wide_export.triton import TritonServer, generate_repository
 from wide_export.triton.client import GenerationClient
 
 from tests.triton import tiny_llm
+from tests.helpers import assert_one_line_error
 
 CLI = [sys.executable, "-c", "from wide_export.cli import main; main()"]
 
@@ -38,7 +39,7 @@ def test_triton_command_writes_a_repository_and_refuses_to_overwrite(tiny, tmp_p
     assert "max_batch_size: 2" in (out / "wide_llm" / "config.pbtxt").read_text()
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     again = runner.invoke(_app(), ["triton", "--onnx", str(tiny[0]), "--output", str(out)])
-    assert again.exit_code == 2
+    assert_one_line_error(again)
     assert "not empty" in again.output and "Traceback" not in again.output
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
 
@@ -51,7 +52,7 @@ def test_serve_without_any_server_binary_is_a_clear_error(tiny_repo, monkeypatch
     with pytest.raises(WideError, match="no tritonserver binary"):
         server_mod.find_tritonserver()
     result = CliRunner().invoke(_app(), ["serve", "--repository", str(tiny_repo)])
-    assert result.exit_code == 2 and "no tritonserver binary" in result.output
+    assert "no tritonserver binary" in assert_one_line_error(result)
 
 
 def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo, rng):
@@ -161,10 +162,10 @@ def test_a_model_stuck_loading_times_out(tiny, tmp_path):
 def test_serve_refuses_bad_ports_and_an_empty_repository(tiny_repo, tmp_path):
     runner = CliRunner()
     result = runner.invoke(_app(), ["serve", "--repository", str(tiny_repo), "--http-port", "70000"])
-    assert result.exit_code == 2 and "not a TCP port" in result.output, result.output
+    assert "not a TCP port" in assert_one_line_error(result)
     (tmp_path / "empty").mkdir()
     result = runner.invoke(_app(), ["serve", "--repository", str(tmp_path / "empty")])
-    assert result.exit_code == 2 and "holds no model" in result.output, result.output
+    assert "holds no model" in assert_one_line_error(result)
 
 
 def test_repository_is_created_with_normal_permissions(tiny, tmp_path):

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from wide_export.errors import WideError
 from wide_export.ops.spec import OPS
+from tests.helpers import assert_one_line_error
 
 pytestmark = pytest.mark.trt
 
@@ -152,14 +153,14 @@ def _run_cli(args):
 
 def test_missing_onnx_is_a_user_error(tmp_path):
     result = _run_cli(["--onnx", str(tmp_path / "none"), "--output", str(tmp_path / "out")])
-    assert result.exit_code == 2 and "model.onnx not found" in result.output
+    assert "model.onnx not found" in assert_one_line_error(result)
     assert not (tmp_path / "out").exists()
 
 
 def test_contradictory_limits_are_a_user_error(demo_onnx, tmp_path):
     result = _run_cli(["--onnx", str(demo_onnx), "--output", str(tmp_path / "out"),
                        "--max-input-len", "64", "--max-seq-len", "32"])
-    assert result.exit_code == 2 and "contradict" in result.output
+    assert "contradict" in assert_one_line_error(result)
     assert not (tmp_path / "out").exists()
 
 
@@ -172,7 +173,7 @@ def test_plugin_library_that_fails_to_load(demo_onnx, tmp_path, kind):
     if kind == "not-loadable":  # an ELF executable: dlopen refuses it
         lib.write_bytes(open(sys.executable, "rb").read())
     result = _run_cli(["--onnx", str(demo_onnx), "--output", str(tmp_path / "out"), "--plugins", str(lib), *SMALL])
-    assert result.exit_code == 2, result.output
+    assert_one_line_error(result)
     expected = {"missing": "not found", "not-elf": "not a shared library", "not-loadable": "failed to load"}[kind]
     assert expected in result.output
     assert not (tmp_path / "out").exists()
@@ -206,14 +207,14 @@ def test_verify_engine_error_paths(inlined_build, tmp_path):
     from wide_export.trt.backend import has_gpu
 
     result = CliRunner().invoke(_app(), ["verify", "--engine", str(tmp_path / "none")])
-    assert result.exit_code == 2 and "wide_engine.json not found" in result.output
+    assert "wide_engine.json not found" in assert_one_line_error(result)
     out, _, _ = inlined_build
     result = CliRunner().invoke(_app(), ["verify", "--engine", str(out), "--batch", "3",
                                          "--report", str(tmp_path / "r.json")])
-    assert result.exit_code == 2 and "exceed the engine's limits" in result.output
+    assert "exceed the engine's limits" in assert_one_line_error(result)
     if not has_gpu():
         result = CliRunner().invoke(_app(), ["verify", "--engine", str(out), "--report", str(tmp_path / "r.json")])
-        assert result.exit_code == 2 and "needs a CUDA GPU" in result.output
+        assert "needs a CUDA GPU" in assert_one_line_error(result)
         assert not (tmp_path / "r.json").exists()
 
 
@@ -255,11 +256,11 @@ def test_existing_output_or_input_folder_is_refused(demo_onnx, tmp_path):
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     result = _run_cli(["--onnx", str(demo_onnx), "--output", str(mine), *SMALL])
-    assert result.exit_code == 2 and "already exists" in result.output, result.output
+    assert "already exists" in assert_one_line_error(result)
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
     before = sorted(p.name for p in demo_onnx.iterdir())
     result = _run_cli(["--onnx", str(demo_onnx), "--output", str(demo_onnx), "--force", *SMALL])
-    assert result.exit_code == 2 and "would replace your input" in result.output, result.output
+    assert "would replace your input" in assert_one_line_error(result)
     assert sorted(p.name for p in demo_onnx.iterdir()) == before
 
 

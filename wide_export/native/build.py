@@ -124,7 +124,8 @@ def build_native(
     for name, value in (("--tensorrt-root", tensorrt_root), ("--tensorrt-include-dir", tensorrt_include_dir),
                         ("--tensorrt-lib-dir", tensorrt_lib_dir)):
         if value is not None and not Path(value).is_dir():
-            raise WideError(f"{name} {value} is not a folder")
+            raise WideError(f"{name} {value} is not a folder",
+                            hint="pass an existing TensorRT folder (the install prefix, or its include/ / lib/)")
     build_dir = Path(build_dir or DEFAULT_BUILD_DIR).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     log = build_dir / "build.log"

@@ -61,7 +61,8 @@ def load_plugin_library(backend: Backend, path: Path) -> PluginLibrary:
                         hint="build it: cmake -S plugins -B build -DTENSORRT_INCLUDE_DIR=... && cmake --build build")
     with open(path, "rb") as handle:
         if handle.read(4) != b"\x7fELF":
-            raise WideError(f"plugin library {path} is not a shared library (no ELF header)")
+            raise WideError(f"plugin library {path} is not a shared library (no ELF header)",
+                            hint="point --plugins at the libwide_trt_plugins.so that `wide-export build` made")
     registry = backend.trt.get_plugin_registry()
     if registry.load_library(str(path)) is None:
         raise WideError(
