@@ -1,4 +1,4 @@
-"""Exports whose weights live in model.onnx.data (every real model: above 1 GiB) verify in ONNX
+"""Exports whose weights live in model.onnx.data (every real model: above 256 MiB) verify in ONNX
 Runtime, and convert to fp16 keeping their weights external. The threshold is lowered so the
 demo model takes that path."""
 

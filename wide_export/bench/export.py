@@ -15,6 +15,7 @@ and peak RSS against weight bytes) show how both grow with the model.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -100,16 +101,14 @@ def export_once(kind: str, ckpt: Path, out: Path) -> dict[str, Any]:
 
 def _weights_mb(ckpt: Path) -> tuple[float, float]:
     """(all weight bytes, largest single tensor) in MiB, in the export dtype (2 bytes an element)."""
-    from safetensors import safe_open
+    from wide_export.checkpoint.tensor_reader import ShardReader
 
     total = largest = 0
     for f in sorted(ckpt.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for key in st.keys():
-                n = 1
-                for d in st.get_slice(key).get_shape():
-                    n *= d
-                total, largest = total + 2 * n, max(largest, 2 * n)
+        for key, info in ShardReader(f).header.items():
+            if key != "__metadata__":
+                n = 2 * math.prod(info["shape"])
+                total, largest = total + n, max(largest, n)
     return total / 2**20, largest / 2**20
 
 
@@ -118,8 +117,6 @@ def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = No
                      console=None) -> list[dict[str, Any]]:
     """Write each checkpoint of the sweep, export it with each kind, print a table, write JSON and a plot."""
     from rich.console import Console
-
-    from wide_export.bench.checkpoint_files import write_sharded_checkpoint
 
     depths = layers or DEFAULT_SWEEP.get(preset) or [spec_for(preset).num_layers]
     specs = [spec_for(preset, n) for n in depths]
@@ -132,7 +129,10 @@ def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = No
         for spec in specs:
             ckpt = Path(tmp) / f"ckpt-{spec.num_layers}"
             with console.status(f"writing a {preset} checkpoint with {spec.num_layers} layers ..."):
-                write_sharded_checkpoint(ckpt, spec)
+                # in a child process: this one stays small, for a child's ru_maxrss counts the RSS it
+                # inherited at fork (Linux keeps the pre-exec high-water mark)
+                _run([sys.executable, "-m", "wide_export.bench.export", "checkpoint", preset,
+                      str(spec.num_layers), str(ckpt)])
             weights_mb, largest_mb = _weights_mb(ckpt)
             for kind in kinds:
                 out = Path(tmp) / f"{kind}-{spec.num_layers}"
@@ -205,5 +205,10 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> Path | None:
     return Path(path)
 
 
-if __name__ == "__main__":  # dense worker: dense CKPT OUT
-    _dense_worker(sys.argv[2], sys.argv[3])
+if __name__ == "__main__":  # workers: `dense CKPT OUT` or `checkpoint PRESET LAYERS DIR`
+    if sys.argv[1] == "dense":
+        _dense_worker(sys.argv[2], sys.argv[3])
+    else:
+        from wide_export.bench.checkpoint_files import write_sharded_checkpoint
+
+        write_sharded_checkpoint(Path(sys.argv[4]), spec_for(sys.argv[2], int(sys.argv[3])))
