@@ -76,14 +76,14 @@ def _dense_worker(ckpt: str, out: str) -> None:
     import torch
 
     from wide_export.checkpoint.hf import iter_tensors, read_hf_config, safetensors_files
-    from wide_export.export.onnx_export import _trace
+    from wide_export.export.onnx_export import trace_program
     from wide_export.model.build import build_model
     from wide_export.model.config import WideConfig
 
     hf = read_hf_config(Path(ckpt))
     cfg = WideConfig.from_hf(hf)
     model = build_model(hf, cfg, iter_tensors(safetensors_files(Path(ckpt))), {}, torch.float16)
-    program = _trace(model, 20)
+    program = trace_program(model, 20)
     Path(out).mkdir(parents=True)
     program.save(str(Path(out) / "model.onnx"), external_data=True)
 

@@ -55,7 +55,7 @@ def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool
             if streamed:
                 program = _trace_streamed(loaded, opset)
             else:
-                program = _trace(model, opset)
+                program = trace_program(model, opset)
         with stages.stage("rewrite"):
             ir_model = program.model
             counts = _postprocess(ir_model, loaded)
@@ -97,16 +97,16 @@ def _trace_streamed(loaded, opset: int):
     if replicate.can_replicate(cfg):
         short = placeholder_model(replicate.short_config(cfg), model.model.inv_freq, model.model.rope_scaling,
                                   model.dtype)
-        program = _trace(short, opset, optimize=False)
+        program = trace_program(short, opset, optimize=False)
         replicate.replicate_layers(program.model, cfg.num_layers)
     else:
-        program = _trace(model, opset, optimize=False)
+        program = trace_program(model, opset, optimize=False)
     attach_weights(program.model, loaded.weights)
     program.optimize()  # what optimize=True runs, now on the real (lazy) small weights
     return program
 
 
-def _trace(model, opset: int, optimize: bool = True):
+def trace_program(model, opset: int, optimize: bool = True):
     import torch
 
     n = model.config.num_layers
