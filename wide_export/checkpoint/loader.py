@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from wide_export.checksum import sha256_of
 from wide_export.errors import WideError
 
 Progress = Callable[[str], None]
@@ -104,9 +104,5 @@ def load_wide_model(
 def _describe(path: Path, checksum: bool) -> dict[str, Any]:
     info: dict[str, Any] = {"path": str(Path(path).resolve()), "bytes": Path(path).stat().st_size}
     if checksum:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        info["sha256"] = h.hexdigest()
+        info["sha256"] = sha256_of(path)
     return info

@@ -9,17 +9,10 @@ when it writes wide_config.json.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path
 
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from wide_export.checksum import sha256_of
 
 
 class Hashing:
@@ -33,7 +26,7 @@ class Hashing:
     def _work(self, todo: list[dict]) -> None:
         try:
             for info in todo:
-                info["sha256"] = _sha256(info["path"])
+                info["sha256"] = sha256_of(info["path"])
         except BaseException as err:  # re-raised in the exporting thread
             self._error = err
 

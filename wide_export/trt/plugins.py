@@ -8,12 +8,12 @@ same process: plugins/trt/README.md, "Loading the plugin library".
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from wide_export.checksum import sha256_of
 from wide_export.errors import WideError
 from wide_export.ops.spec import OPS, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from wide_export.trt.backend import Backend
@@ -38,14 +38,6 @@ def default_plugin_library() -> Optional[Path]:
     value = os.environ.get(PLUGIN_LIB_ENV)
     return Path(value) if value else None
 
-
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file (streamed)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 _LOADED: dict[str, PluginLibrary] = {}
