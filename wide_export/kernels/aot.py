@@ -28,7 +28,7 @@ import multiprocessing
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from wide_export.kernels import configs as cfg
@@ -47,7 +47,6 @@ class Spec:
     constexprs: tuple  # (name, value)
     num_warps: int
     num_stages: int = cfg.STAGES
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 def _ptrs(dt: str, *names: str, **special: str) -> tuple:

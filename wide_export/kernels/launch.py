@@ -117,6 +117,11 @@ def _weight(w, name: str, N: Optional[int] = None, K: Optional[int] = None):
     return w.contiguous()
 
 
+def _like_x(t, name: str, x) -> None:
+    if t.dtype != x.dtype:
+        raise ValueError(f"{name} must have dtype {x.dtype} like x, got {t.dtype}")
+
+
 def _group_count(width: int, group_size: int, axis: str) -> int:
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
@@ -224,12 +229,10 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str):
     w = _weight(w, "weight" if kind == "n" else "gate weight")
     N, K = w.shape
     x2 = _rows(x, "x", K)
-    if w.dtype != x.dtype:
-        raise ValueError(f"weight must have dtype {x.dtype} like x, got {w.dtype}")
+    _like_x(w, "weight", x)
     if w2 is not None:
         w2 = _weight(w2, "up weight", N, K)
-        if w2.dtype != x.dtype:
-            raise ValueError(f"up weight must have dtype {x.dtype} like x, got {w2.dtype}")
+        _like_x(w2, "up weight", x)
     if bias is not None:
         _tensor(bias, "bias")
         if bias.dim() != 1 or bias.shape[0] != N or bias.dtype != x.dtype:
@@ -303,8 +306,7 @@ def masked_gemm_k(x, w, mask, group_size: int, *, algo: str = "auto"):
     w = _weight(w, "weight")
     N, K = w.shape
     x2 = _rows(x, "x", K)
-    if w.dtype != x.dtype:
-        raise ValueError(f"weight must have dtype {x.dtype} like x, got {w.dtype}")
+    _like_x(w, "weight", x)
     G = _group_count(K, group_size, "K")
     lead = tuple(x.shape[:-1])
     m2 = _mask(mask, lead, G)

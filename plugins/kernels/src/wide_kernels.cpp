@@ -40,7 +40,7 @@ struct Cubin
     char const* name;
     unsigned shared;
     unsigned warps;
-    int nparams;
+    int nparams; // the kernel's runtime parameters (constexprs excluded): launch() checks the call against it
 };
 
 Cubin const kCubins[] = {
@@ -217,6 +217,10 @@ public:
         mKinds.push_back(1);
         return *this;
     }
+    size_t size() const
+    {
+        return mKinds.size();
+    }
     std::vector<void*> build()
     {
         std::vector<void*> out;
@@ -246,11 +250,17 @@ int launch(std::string const& key, int arch, unsigned gx, unsigned gy, unsigned 
         tLastCudaError = "no cubin for " + key + " on sm_" + std::to_string(arch);
         return WIDE_ERR_NO_KERNEL;
     }
+    Cubin const& c = kCubins[index];
+    if (args.size() != static_cast<size_t>(c.nparams))
+    {
+        tLastCudaError = key + ": " + std::to_string(args.size()) + " arguments for a kernel of "
+            + std::to_string(c.nparams) + " (sources.py and wide_kernels.cpp disagree)";
+        return WIDE_ERR_INVALID_ARGUMENT;
+    }
     CUfunction fn;
     if (int s = function(index, fn))
         return s;
     std::vector<void*> params = args.build();
-    Cubin const& c = kCubins[index];
     CUresult r = driver().launchKernel(fn, gx, gy, gz, c.warps * 32, 1, 1, c.shared, reinterpret_cast<CUstream>(stream),
         params.data(), nullptr);
     return r == CUDA_SUCCESS ? WIDE_OK : cudaFail(r, key.c_str());
