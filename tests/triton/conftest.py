@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.triton import tiny_llm
+from tests.triton.support import serve_until_teardown
 
 SEED = int(os.environ.get("WIDE_TEST_SEED", "0"))
 
@@ -49,15 +50,9 @@ def demo_repo(demo_onnx, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_server(demo_repo):
     """A real tritonserver on 127.0.0.1 serving the demo repository."""
-    from wide_export.triton import TritonServer
-
-    server = TritonServer(demo_repo)
-    server.start(timeout=120)
-    assert server.endpoints.http.startswith("127.0.0.1:") and server.endpoints.grpc.startswith("127.0.0.1:")
-    yield server
-    code = server.stop()
-    print(server.log_tail(10))
-    assert code == 0, f"tritonserver did not stop cleanly (code {code})"
+    for server in serve_until_teardown(demo_repo):
+        assert server.endpoints.http.startswith("127.0.0.1:") and server.endpoints.grpc.startswith("127.0.0.1:")
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tests.triton.support import run_concurrently, serve_until_teardown
+
 MODEL = "wide_llm"
 DEADLINE_S = 120.0
 
@@ -37,14 +39,7 @@ def inflight_repo(demo_onnx, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(inflight_repo):
-    from wide_export.triton import TritonServer
-
-    server = TritonServer(inflight_repo)
-    server.start(timeout=120)
-    yield server
-    code = server.stop()
-    print(server.log_tail(10))
-    assert code == 0, f"tritonserver did not stop cleanly (code {code})"
+    yield from serve_until_teardown(inflight_repo)
 
 
 @pytest.fixture(scope="module")
@@ -120,21 +115,7 @@ def _grpc_stream(url: str, prompt: np.ndarray, n: int) -> tuple[list[int], list[
 
 
 def _run_threads(targets: list) -> None:
-    errors: list[BaseException] = []
-
-    def guard(fn):
-        try:
-            fn()
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
-            errors.append(err)
-
-    threads = [threading.Thread(target=guard, args=(fn,), daemon=True) for fn in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S + 30)
-    assert not any(t.is_alive() for t in threads), "a client thread hung"
-    assert not errors, errors[0]
+    run_concurrently(targets, DEADLINE_S + 30)
 
 
 def test_repository_config_says_inflight(inflight_repo, demo_onnx, tmp_path):

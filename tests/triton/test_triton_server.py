@@ -6,12 +6,12 @@ error and the server keeps answering. Every loop is bounded in count and time.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
 
+from tests.triton.support import run_concurrently
 from wide_export.triton.client import GenerationClient
 
 MODEL = "wide_llm"
@@ -63,28 +63,18 @@ def test_eight_concurrent_clients_all_exact_none_lost(demo_server, reference, li
     clients, per_client = 8, 3
     jobs = [[(_prompt(rng, limits[0]), int(rng.integers(1, 10))) for _ in range(per_client)] for _ in range(clients)]
     results: dict[tuple[int, int], np.ndarray] = {}
-    errors: list[BaseException] = []
 
     def run(c: int) -> None:
         protocol = "http" if c % 2 else "grpc"
         deadline = time.monotonic() + DEADLINE_S
-        try:
-            with GenerationClient(getattr(demo_server.endpoints, protocol), protocol, MODEL, timeout=DEADLINE_S) as cl:
-                for i, (prompt, n) in enumerate(jobs[c]):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"client {c} ran past {DEADLINE_S} s")
-                    results[(c, i)] = cl.generate(prompt, n)
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
-            errors.append(err)
+        with GenerationClient(getattr(demo_server.endpoints, protocol), protocol, MODEL, timeout=DEADLINE_S) as cl:
+            for i, (prompt, n) in enumerate(jobs[c]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"client {c} ran past {DEADLINE_S} s")
+                results[(c, i)] = cl.generate(prompt, n)
 
     before = _counts(demo_server)
-    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S + 10)
-    assert not any(t.is_alive() for t in threads), "a client thread hung"
-    assert not errors, errors[0]
+    run_concurrently([lambda c=c: run(c) for c in range(clients)], DEADLINE_S + 10)
     assert len(results) == clients * per_client
     inferences, executions = (a - b for a, b in zip(_counts(demo_server), before))
     assert inferences == clients * per_client  # the server saw every request once

@@ -11,12 +11,13 @@ import http.client
 import json
 import queue
 import re
-import threading
 import time
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
+
+from tests.triton.support import run_concurrently, serve_until_teardown
 
 MODEL = "wide_llm"
 DEADLINE_S = 60.0
@@ -34,14 +35,7 @@ def streaming_repo(demo_onnx, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def streaming_server(streaming_repo):
-    from wide_export.triton import TritonServer
-
-    server = TritonServer(streaming_repo)
-    server.start(timeout=120)
-    yield server
-    code = server.stop()
-    print(server.log_tail(10))
-    assert code == 0, f"tritonserver did not stop cleanly (code {code})"
+    yield from serve_until_teardown(streaming_repo)
 
 
 @pytest.fixture(scope="module")
@@ -156,22 +150,12 @@ def test_client_leaving_mid_stream_does_not_break_the_server(streaming_server, r
     jobs = [(rng.integers(0, vocab, size=int(rng.integers(1, 16))).tolist(), int(rng.integers(2, 10)))
             for _ in range(4)]
     results: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
 
     def run(i: int) -> None:
-        try:
-            events = _post_stream(url, {"input_ids": jobs[i][0], "max_new_tokens": jobs[i][1]})
-            results[i] = [int(np.asarray(e["output_ids"]).reshape(-1)[0]) for e in events]
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
-            errors.append(err)
+        events = _post_stream(url, {"input_ids": jobs[i][0], "max_new_tokens": jobs[i][1]})
+        results[i] = [int(np.asarray(e["output_ids"]).reshape(-1)[0]) for e in events]
 
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S + 10)
-    assert not any(t.is_alive() for t in threads), "a client thread hung"
-    assert not errors, errors[0]
+    run_concurrently([lambda i=i: run(i) for i in range(len(jobs))], DEADLINE_S + 10)
     for i, (prompt, n) in enumerate(jobs):
         np.testing.assert_array_equal(results[i], reference(np.array(prompt), n))
     assert streaming_server.process.poll() is None and streaming_server.is_ready()

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from wide_export.bench.common import cuda_or_tiny, time_ms, torch_dtype
 from wide_export.errors import WideError
 
 PAPER = {"prefill": 1.68, "decode": 1.55}  # WIDE paper, end to end at 50 % sparsity (RTX 5090)
@@ -87,17 +88,11 @@ def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dt
 
     from wide_export.bench import e2e_stack as st
 
-    cuda = torch.cuda.is_available()
-    preset = preset or ("llama-3.1-8b" if cuda else "tiny")
+    preset = preset or ("llama-3.1-8b" if torch.cuda.is_available() else "tiny")
     if preset not in PRESETS:
         raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
-    if not cuda and preset != "tiny":
-        raise WideError("`bench e2e --preset llama-3.1-8b` needs a CUDA GPU and none is visible",
-                        hint="run it on a machine with an NVIDIA GPU, or --preset tiny for a CPU run of the "
-                             "harness through the Triton interpreter")
-    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(dtype)
-    if torch_dtype is None:
-        raise WideError(f"unknown dtype {dtype!r}", hint="fp16 or bf16")
+    cuda = cuda_or_tiny(f"bench e2e --preset {preset}", preset)
+    dt = torch_dtype(dtype)
     if not sparsities or any(not 0.0 <= s < 1.0 for s in sparsities):
         raise WideError(f"sparsities must lie in [0, 1), got {list(sparsities)}", hint="e.g. --sparsity 0.5")
     if layers is not None and layers < 1:
@@ -109,12 +104,12 @@ def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dt
     device = torch.device("cuda" if cuda else "cpu")
     gen = torch.Generator(device=device).manual_seed(seed)
     say(f"{n_layers} random {shape.name} layers")
-    stack = st.random_stack(shape, n_layers, torch_dtype, device, gen)
+    stack = st.random_stack(shape, n_layers, dt, device, gen)
     report = E2EReport(device=torch.cuda.get_device_name(0) if cuda else "cpu (Triton interpreter)", dtype=dtype,
                        preset=preset, shape=asdict(shape), layers=n_layers, model_layers=shape.model_layers,
                        decode_context=cfg.decode_context, algo=algo, timings_meaningful=cuda)
     ops = st.kernel_ops(algo)
-    calib = torch.randn(1, cfg.calib_tokens, shape.hidden, generator=gen, device=device).to(torch_dtype)
+    calib = torch.randn(1, cfg.calib_tokens, shape.hidden, generator=gen, device=device).to(dt)
     for s in sparsities:
         say(f"calibrating routers to {s:.0%} sparsity")
         st.calibrate(shape, stack, calib, s)
@@ -233,7 +228,6 @@ def _time_pair(dense, wide, cfg: E2EPreset, cuda: bool):
     replayed, so neither side's Python launch overhead is timed; eagerly on CPU or if capture fails."""
     import torch
 
-    from wide_export.bench.kernels import time_ms
 
     note, graphed = "", False
     with torch.no_grad():

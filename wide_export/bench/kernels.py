@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from wide_export.bench.common import cuda_or_tiny, time_ms, torch_dtype
 from wide_export.errors import WideError
 
 # Projection shapes (model, name, N, K, kernel): Llama-3.1-8B and Qwen3-8B (recipes/).
@@ -111,33 +111,6 @@ def make_mask(tokens: int, groups: int, sparsity: float, kind: str, generator, d
     raise ValueError(f"unknown mask kind {kind!r}")
 
 
-def time_ms(fn: Callable[[int], object], reps: int, warmup: int, cuda: bool) -> float:
-    """Median milliseconds of fn(i); on a GPU the launches are queued behind a sleep."""
-    import time
-
-    import torch
-
-    for i in range(warmup):
-        fn(i)
-    if not cuda:
-        times = []
-        for i in range(reps):
-            t = time.perf_counter()
-            fn(warmup + i)
-            times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time: the host enqueues everything meanwhile
-    for i in range(reps):
-        starts[i].record()
-        fn(warmup + i)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
 def copy_bandwidth_gbs(cuda: bool, nbytes: int = 1 << 30) -> float:
     """Device copy bandwidth (read + write bytes per second) of a large buffer, GB/s."""
     import torch
@@ -167,14 +140,8 @@ def run_kernel_bench(preset: str = "short", dtype: str = "fp16", seed: int = 0,
 
     if preset not in PRESETS:
         raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
-    cuda = torch.cuda.is_available()
-    if not cuda and preset != "tiny":
-        raise WideError("`bench kernels` needs a CUDA GPU and none is visible",
-                        hint="run it on a machine with an NVIDIA GPU (scripts/gpu-check.sh), or --preset tiny "
-                             "for a CPU run of the harness through the Triton interpreter")
-    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(dtype)
-    if torch_dtype is None:
-        raise WideError(f"unknown dtype {dtype!r}", hint="fp16 or bf16")
+    cuda = cuda_or_tiny("bench kernels", preset, "run it on a machine with an NVIDIA GPU (scripts/gpu-check.sh)")
+    dt = torch_dtype(dtype)
     from wide_export.kernels.launch import arch_of
 
     device = torch.device("cuda" if cuda else "cpu")
@@ -182,14 +149,14 @@ def run_kernel_bench(preset: str = "short", dtype: str = "fp16", seed: int = 0,
     gen = torch.Generator(device=device).manual_seed(seed)
     report = Report(device=torch.cuda.get_device_name(0) if cuda else "cpu (Triton interpreter)",
                     arch=arch_of(device), dtype=dtype, preset=preset, copy_bandwidth_gbs=copy_bandwidth_gbs(cuda))
-    esize = torch.tensor([], dtype=torch_dtype).element_size()
+    esize = torch.tensor([], dtype=dt).element_size()
     shapes = TINY_SHAPES if preset == "tiny" else [s for s in SHAPES if s[0] in cfg.models]
     for model, name, N, K, kind in shapes:
         nw = _rotations(N * K * esize * (2 if kind == "gated" else 1), cuda)
-        weights = [torch.randn(N, K, device=device, dtype=torch_dtype, generator=gen) * 0.02 for _ in range(nw)]
-        ups = [torch.randn(N, K, device=device, dtype=torch_dtype, generator=gen) * 0.02 for _ in range(nw)]
+        weights = [torch.randn(N, K, device=device, dtype=dt, generator=gen) * 0.02 for _ in range(nw)]
+        ups = [torch.randn(N, K, device=device, dtype=dt, generator=gen) * 0.02 for _ in range(nw)]
         for T in cfg.tokens:
-            xs = [torch.randn(T, K, device=device, dtype=torch_dtype, generator=gen) for _ in range(2)]
+            xs = [torch.randn(T, K, device=device, dtype=dt, generator=gen) for _ in range(2)]
             dense = _dense_ms(kind, xs, weights, ups, cfg, cuda)
             for gs in cfg.group_sizes:
                 if (K if kind == "k" else N) % gs:

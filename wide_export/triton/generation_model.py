@@ -380,17 +380,25 @@ class TritonPythonModel:
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("output_ids", block)])
         return responses
 
+    def _accept(self, request, sender) -> Optional[list]:
+        """A decoupled request's validated rows, or None after answering it with the error (final)."""
+        try:
+            rows = rows_from_request(request)
+            for row in rows:
+                validate_row(row, self.settings)
+        except RequestError as err:
+            _send(sender, pb_utils.InferenceResponse(error=_invalid_argument(str(err))),
+                  pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+        return rows
+
     def _submit(self, requests: list) -> None:
         """In-flight batching: valid requests go to the scheduler thread, which streams their tokens."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for request in requests:
             sender = request.get_response_sender()
-            try:
-                rows = rows_from_request(request)
-                for row in rows:
-                    validate_row(row, self.settings)
-            except RequestError as err:
-                _send(sender, pb_utils.InferenceResponse(error=_invalid_argument(str(err))), final)
+            rows = self._accept(request, sender)
+            if rows is None:
                 continue
 
             def emit(tokens: np.ndarray, sender=sender) -> bool:
@@ -410,12 +418,8 @@ class TritonPythonModel:
         all_rows: list[Row] = []
         for request in requests:
             sender = request.get_response_sender()
-            try:
-                rows = rows_from_request(request)
-                for row in rows:
-                    validate_row(row, self.settings)
-            except RequestError as err:
-                _send(sender, pb_utils.InferenceResponse(error=_invalid_argument(str(err))), final)
+            rows = self._accept(request, sender)
+            if rows is None:
                 continue
             streams.append(_Stream(sender, list(range(len(all_rows), len(all_rows) + len(rows))),
                                    rows[0].max_new_tokens))
