@@ -114,7 +114,8 @@ def test_measured_policy_reads_the_crossovers():
         gemv = 0.5 if T <= 2 else 2.0          # gemv beats dense (1.0 ms) up to T = 2
         grouped = 0.6 if T >= 256 else 1.5      # grouped beats dense from T = 256
         rows.append(_row("n", T, 1.0, algo_ms={"gemv": gemv, "grouped": grouped, "dense": 1.0}, auto="dense"))
-        rows.append(_row("k", T, 1.0, algo_ms={"gemv": gemv, "grouped": 1.2, "dense": 1.0}, auto="dense"))
+        gemv_k = 0.5 if T <= 4 else 2.0        # ... and to T = 4 for gemm_k: the policy needs every kernel
+        rows.append(_row("k", T, 1.0, algo_ms={"gemv": gemv_k, "grouped": 1.2, "dense": 1.0}, auto="dense"))
     pol = measured_policy(Report("x", "sm_90", "fp16", "short", 1.0, rows))["sm_90"]
     assert pol["gemv_max_m"] == 2
     assert (pol["grouped_n_min_m"], pol["grouped_n_min_group_size"]) == (256, 128)
