@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from wide_export.errors import WideError
+from wide_export.signals import check_interrupted
 
 
 def check_output_dir(output: Path, force: bool, protect: tuple[Path | None, ...] = ()) -> Path:
@@ -148,6 +149,7 @@ def atomic_output_dir(output: Path, force: bool = False) -> Iterator[Path]:
             raise WideError(f"disk full while writing {output}: {full.strerror or full}",
                             "free some space (or raise the file-size limit), or choose an --output on "
                             "another disk; nothing was written") from None
+        check_interrupted()  # a Ctrl-C/SIGTERM swallowed on the way (in a finalizer, a native callback) never publishes
         _publish(tmp, output, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -43,6 +43,7 @@ def interrupt_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _INTERRUPTED.clear()  # a new command: interrupts of an earlier one (same process) do not count
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig, handler in previous.items():
         if handler is not signal.SIG_IGN:
