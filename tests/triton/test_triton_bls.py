@@ -5,6 +5,8 @@ Tokens must equal the numpy reference exactly."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from wide_export.triton import RepoOptions, TritonServer, generate_repository
@@ -45,8 +47,13 @@ def test_bls_generation_over_stand_in_engines(tiny, tmp_path, rng):
     write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",
                         heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
     repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines", options=RepoOptions(max_batch=4))
-    for phase in ("prefill", "decode"):
-        model = repo / f"wide_llm_{phase}"
+    # This server has no GPU: the BLS outputs come back in host memory as numpy (the GPU path
+    # is tested with a fake pb_utils in test_triton_bls_device.py).
+    settings_file = repo / "wide_llm" / "1" / "generation.json"
+    settings = json.loads(settings_file.read_text())
+    assert settings["kv_cache_memory"] == "gpu"
+    settings_file.write_text(json.dumps({**settings, "kv_cache_memory": "cpu"}))
+    for model in [repo / "wide_llm_engine"]:  # one model, both profiles: the stand-in serves both phases
         config = (model / "config.pbtxt").read_text()
         start = config.index("instance_group")
         config = config[:start] + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"

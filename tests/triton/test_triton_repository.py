@@ -91,30 +91,36 @@ TRITON_TYPE = {"int64": "TYPE_INT64", "float32": "TYPE_FP32", "float16": "TYPE_F
 
 
 def assert_plan_configs_match(repo: Path, engine_dir: Path, engine: dict) -> None:
-    """Each tensorrt_plan model: the engine's bytes, its I/O exactly, one profile per instance group."""
+    """One tensorrt_plan model holds the engine once, its I/O exactly, and one GPU instance
+    group listing every profile (Triton picks the profile per request by shape)."""
     from tritonclient.grpc import model_config_pb2
 
-    for index, phase in enumerate(("prefill", "decode")):
-        model = repo / f"wide_llm_{phase}"
-        assert (model / "1" / "model.plan").read_bytes() == (engine_dir / engine["file"]).read_bytes()
-        cfg = parse_config(model / "config.pbtxt")
-        assert (cfg.platform, cfg.max_batch_size) == ("tensorrt_plan", 0)
-        for got, want in ((cfg.input, engine["inputs"]), (cfg.output, engine["outputs"])):
-            assert [(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims)) for t in got] == [
-                (t["name"], TRITON_TYPE[t["dtype"]], t["shape"]) for t in want]
-        assert engine["profiles"][index]["name"] == phase
-        assert [list(g.profile) for g in cfg.instance_group] == [[str(index)]]
-        assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    plans = sorted(p.parent.parent.name for p in repo.glob("*/1/model.plan"))
+    assert plans == ["wide_llm_engine"]  # the engine's weights go on the GPU once
+    model = repo / "wide_llm_engine"
+    assert (model / "1" / "model.plan").read_bytes() == (engine_dir / engine["file"]).read_bytes()
+    cfg = parse_config(model / "config.pbtxt")
+    assert (cfg.platform, cfg.max_batch_size) == ("tensorrt_plan", 0)
+    for got, want in ((cfg.input, engine["inputs"]), (cfg.output, engine["outputs"])):
+        assert [(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims)) for t in got] == [
+            (t["name"], TRITON_TYPE[t["dtype"]], t["shape"]) for t in want]
+    assert [p["name"] for p in engine["profiles"]] == ["prefill", "decode"]
+    # count 1: the backend deserializes the plan per instance (dynamic shapes are not shared)
+    assert [(g.count, list(g.profile)) for g in cfg.instance_group] == [(1, ["0", "1"])]
+    assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
 
 
 def test_tensorrt_repository_matches_the_manifest(tmp_path):
     manifest = write_engine_folder(tmp_path / "engines")
-    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines", options=RepoOptions(max_batch=8))
+    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines",
+                               options=RepoOptions(max_batch=8, instances=3))
     assert_plan_configs_match(repo, tmp_path / "engines", manifest["engines"][0])
+    assert parse_config(repo / "wide_llm" / "config.pbtxt").instance_group[0].count == 3  # generation model only
     gen = parse_config(repo / "wide_llm" / "config.pbtxt")
     assert (gen.backend, gen.max_batch_size) == ("python", 4)  # capped by the prefill profile's batch
     settings = json.loads((repo / "wide_llm" / "1" / "generation.json").read_text())
-    assert (settings["prefill_model"], settings["decode_model"]) == ("wide_llm_prefill", "wide_llm_decode")
+    assert settings["engine_model"] == "wide_llm_engine" and "prefill_model" not in settings
+    assert settings["kv_cache_memory"] == "gpu"
     assert settings["kv_dtype"] == "float16"
     assert settings["max_total_tokens"] == 1024 and settings["max_prompt_tokens"] == 256
     readme = (repo / "README.md").read_text()

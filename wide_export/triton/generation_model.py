@@ -23,7 +23,12 @@ together, start to end.
 The settings come from `generation.json` beside this file (written by
 `wide-export triton`). Flavours:
   onnxruntime: an ONNX Runtime session of model.onnx runs prefill and decode.
-  tensorrt:    BLS requests to the tensorrt_plan models named in the settings.
+  tensorrt:    BLS requests to the tensorrt_plan model named in the settings (one
+               model holding the engine's prefill and decode profiles; Triton's
+               TensorRT backend runs each request on the profile its shapes fit).
+               With "kv_cache_memory": "gpu" (the default) BLS outputs stay in GPU
+               memory: present.* go back as the next past through DLPack, only the
+               last position's logits come to host (needs PyTorch with CUDA).
 Both drive the same graph contract: inputs input_ids, attention_mask,
 position_ids, past_key_values.{i}.key|value; outputs logits,
 present.{i}.key|value. Rows are left-padded; position_ids =
@@ -79,14 +84,31 @@ class Settings:
     io: dict
     max_prompt_tokens: int = 0  # 0: only max_total_tokens limits the prompt
     onnx_file: str = "model.onnx"
-    prefill_model: str = ""
+    engine_model: str = ""  # tensorrt: the tensorrt_plan model serving both phases
+    prefill_model: str = ""  # tensorrt, engines split across files (and repositories before engine_model)
     decode_model: str = ""
+    kv_cache_memory: str = "gpu"  # tensorrt: "gpu" (BLS outputs in GPU memory) or "cpu" (host numpy)
 
     @classmethod
     def load(cls, folder: str) -> "Settings":
-        with open(os.path.join(folder, SETTINGS_FILE)) as f:
+        path = os.path.join(folder, SETTINGS_FILE)
+        with open(path) as f:
             raw = json.load(f)
-        return cls(**raw)
+        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{path}: unknown settings {unknown} (written by a newer wide-export?)")
+        settings = cls(**raw)
+        if settings.kv_cache_memory not in ("gpu", "cpu"):
+            raise ValueError(f"{path}: kv_cache_memory must be \"gpu\" or \"cpu\", got {settings.kv_cache_memory!r}")
+        if settings.flavour == "tensorrt" and not (settings.engine_model
+                                                   or (settings.prefill_model and settings.decode_model)):
+            raise ValueError(f"{path}: the tensorrt flavour needs engine_model (or prefill_model and decode_model)")
+        return settings
+
+    def model_for(self, phase: str) -> str:
+        """The tensorrt_plan model a BLS request of this phase goes to."""
+        named = self.prefill_model if phase == "prefill" else self.decode_model
+        return named or self.engine_model
 
     def past_names(self) -> list[tuple[str, str]]:
         """(key, value) input names per layer."""
@@ -239,8 +261,10 @@ def ort_step(folder: str, settings: Settings, threads: int = 0) -> StepFn:
         for name, value in feeds.items():
             if isinstance(value, ort.OrtValue):  # a previous step's present, already on the device
                 binding.bind_ortvalue_input(name, value)
-            else:
+            elif isinstance(value, np.ndarray):
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            else:  # a torch tensor the in-flight batch built on the device: bound where it lies
+                _bind_torch_input(binding, name, value)
         binding.bind_output(settings.io["logits"], "cpu")
         for name in present:
             binding.bind_output(name, device)
@@ -249,30 +273,104 @@ def ort_step(folder: str, settings: Settings, threads: int = 0) -> StepFn:
         presents = [(outs[1 + 2 * i], outs[2 + 2 * i]) for i in range(settings.num_layers)]
         return outs[0].numpy(), presents
 
+    step.device = device
     return step
 
 
+def _bind_torch_input(binding, name: str, tensor) -> None:
+    """Bind a (C-contiguous) torch tensor as an input by pointer, on its own device: no copy.
+    IOBinding.bind_input(name, device_type, device_id, element_type, shape, buffer_ptr); the
+    caller's feeds keep the tensor alive until the run ends."""
+    if not tensor.is_contiguous():  # a copy made here would be freed before the run
+        raise ValueError(f"{name}: cache tensor is not contiguous")
+    dtype = np.dtype(str(tensor.dtype).replace("torch.", ""))
+    device = tensor.device
+    binding.bind_input(name, device.type, device.index or 0, dtype, list(tensor.shape), tensor.data_ptr())
+
+
+def device_torch(why: str):
+    """PyTorch with CUDA, which the device paths use through DLPack; RuntimeError (one line, with
+    the way out) when this Python lacks it. The CPU paths never import it."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        found = "no PyTorch" if torch is None else f"PyTorch {torch.__version__} without CUDA"
+        raise RuntimeError(f"{why} needs PyTorch with CUDA in the server's Python ({found} here): "
+                           "pip install torch there")
+    return torch
+
+
 def bls_step(settings: Settings) -> StepFn:
-    """A step function calling the tensorrt_plan models through BLS (prefill / decode)."""
+    """A step function calling the tensorrt_plan model through BLS.
+
+    Both phases go to one model (settings.engine_model) holding the engine's prefill and
+    decode optimization profiles; Triton's TensorRT backend runs each request on the profile
+    whose shape ranges hold it (tensorrt_backend src/instance_state.cc
+    ModelInstanceState::GetMostOptimizedProfile): prefill requests carry a past of length 0,
+    decode requests one of length >= 1, and the profiles do not overlap there.
+
+    kv_cache_memory "gpu": the request asks for its outputs in GPU memory
+    (`preferred_memory`, python_backend README "Business Logic Scripting"); the `present.*`
+    tensors are returned as they are (pb_utils.Tensor in GPU memory, never `as_numpy()`,
+    which refuses GPU tensors) and the next step sends them as `past_key_values.*`
+    renamed through DLPack (`pb_utils.Tensor.from_dlpack(name, tensor)`: no copy). Only the
+    last position's logits come to host memory, copied by PyTorch (`torch.from_dlpack`).
+    kv_cache_memory "cpu": host outputs, everything as numpy (copies the KV cache through
+    host memory every step; for servers without PyTorch).
+    """
     names = [settings.io["logits"]] + [n for pair in settings.present_names() for n in pair]
+    on_gpu = settings.kv_cache_memory == "gpu"
+    torch = device_torch('kv_cache_memory "gpu" (generation.json)') if on_gpu else None
+    memory = pb_utils.TRITONSERVER_MEMORY_GPU if on_gpu else pb_utils.TRITONSERVER_MEMORY_CPU
+
+    def as_input(name: str, value):
+        if isinstance(value, np.ndarray):
+            return pb_utils.Tensor(name, np.ascontiguousarray(value))
+        # A previous step's present (pb_utils.Tensor, GPU memory) or a cache tensor the in-flight
+        # batch built on the device (torch): passed on by DLPack under its input name, not copied.
+        return pb_utils.Tensor.from_dlpack(name, value)
+
+    def last_logits(tensor) -> np.ndarray:
+        if not on_gpu:
+            return tensor.as_numpy()
+        return torch.from_dlpack(tensor)[:, -1:, :].cpu().numpy()  # [B, 1, V]: 4·B·V bytes to host
 
     def step(feeds: dict, phase: str) -> tuple:
-        model = settings.prefill_model if phase == "prefill" else settings.decode_model
+        model = settings.model_for(phase)
         request = pb_utils.InferenceRequest(
             model_name=model,
-            inputs=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in feeds.items()],
+            inputs=[as_input(name, value) for name, value in feeds.items()],
             requested_output_names=names,
-            # Ask for host outputs: the numpy KV cache round-trips through host memory.
-            preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0),
+            preferred_memory=pb_utils.PreferredMemory(memory, 0),
         )
         response = request.exec()
         if response.has_error():
             raise RuntimeError(f"{model}: {response.error().message()}")
-        outs = [pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in names]
+        outs = [pb_utils.get_output_tensor_by_name(response, name) for name in names]
+        if not on_gpu:
+            outs = [outs[0]] + [t.as_numpy() for t in outs[1:]]
         presents = [(outs[1 + 2 * i], outs[2 + 2 * i]) for i in range(settings.num_layers)]
-        return outs[0], presents
+        return last_logits(outs[0]), presents
 
     return step
+
+
+def check_device_cache_ops(settings: Settings, step: StepFn, inflight) -> None:
+    """In-flight batching with the KV cache on a device rebuilds it there (PyTorch over DLPack):
+    fail at model load, with the way out, rather than at the first join."""
+    if settings.flavour == "onnxruntime":
+        if getattr(step, "device", "cpu") == "cpu":
+            return
+        import onnxruntime as ort
+
+        if not callable(getattr(ort.OrtValue, "__dlpack__", None)):
+            raise RuntimeError(f"in-flight batching on {step.device} needs OrtValue.__dlpack__, which onnxruntime "
+                               f"{ort.__version__} lacks: upgrade onnxruntime (1.32 has it) in the server's Python")
+    elif settings.kv_cache_memory != "gpu":
+        return
+    inflight.TorchCacheOps()  # RuntimeError when PyTorch is missing
 
 
 def load_inflight():
@@ -340,6 +438,7 @@ class TritonPythonModel:
         self.scheduler = None
         if self.streaming and params.get("batching", "static") == "inflight":
             inflight = load_inflight()
+            check_device_cache_ops(self.settings, self.step, inflight)
             batch = inflight.Batch(self.step, self.settings, choose_tokens, max(1, int(config["max_batch_size"])))
             self.scheduler = inflight.Scheduler(batch, _log).start()
 

@@ -8,8 +8,12 @@ a common width, the attention mask marks the padding, positions stay per
 sequence) and leaves when it is done or its client went away (its rows are
 dropped and columns of padding shared by every remaining row are cut). While
 nobody joins or leaves, each step's presents are bound unchanged as the next
-step's past (OrtValues with ONNX Runtime): the cache is copied through host
-memory only when the batch changes.
+step's past (OrtValues with ONNX Runtime, pb_utils GPU tensors with BLS).
+A join or a leave rebuilds the cache where it lies (`cache_ops`): with numpy
+when it is in host memory (CPU), with PyTorch through DLPack when it is on a
+device (CUDA OrtValues, pb_utils GPU tensors), so it never crosses the PCIe
+bus. The device path needs PyTorch in the server's Python; the CPU path does
+not import it.
 
 `Scheduler` runs a `Batch` on its own thread: requests submitted while others
 decode are prefilled together at the next step and join; finished ones leave
@@ -32,11 +36,6 @@ StepFn = Callable[[dict, str], tuple]
 ChooseFn = Callable[[np.ndarray, list, list], np.ndarray]
 
 
-def _host(value) -> np.ndarray:
-    """A cache tensor as a numpy array (OrtValues are copied to host memory)."""
-    return value if isinstance(value, np.ndarray) else value.numpy()
-
-
 def _left_pad(array: np.ndarray, width: int, axis: int) -> np.ndarray:
     missing = width - array.shape[axis]
     if missing == 0:
@@ -44,6 +43,92 @@ def _left_pad(array: np.ndarray, width: int, axis: int) -> np.ndarray:
     pad = [(0, 0)] * array.ndim
     pad[axis] = (missing, 0)
     return np.pad(array, pad)
+
+
+def in_host_memory(value) -> bool:
+    """Whether a cache tensor lies in host memory: numpy arrays, torch tensors, pb_utils.Tensor
+    (`is_cpu()`), OrtValues (`device_name()`), else any DLPack object (`__dlpack_device__`)."""
+    if isinstance(value, np.ndarray):
+        return True
+    if type(value).__module__.split(".")[0] == "torch":
+        return value.device.type == "cpu"
+    if callable(getattr(value, "is_cpu", None)):
+        return bool(value.is_cpu())
+    if callable(getattr(value, "device_name", None)):
+        return value.device_name().lower() == "cpu"
+    if callable(getattr(value, "__dlpack_device__", None)):
+        return value.__dlpack_device__()[0] in (1, 3)  # kDLCPU, kDLCUDAHost
+    return True
+
+
+class NumpyCacheOps:
+    """Cache rebuilds in host memory (the CPU path): numpy only."""
+
+    name = "numpy"
+
+    @staticmethod
+    def tensor(value) -> np.ndarray:
+        if isinstance(value, np.ndarray):
+            return value
+        if callable(getattr(value, "as_numpy", None)):  # pb_utils.Tensor in CPU memory
+            return value.as_numpy()
+        return value.numpy()  # OrtValue (or a CPU torch tensor)
+
+    def join(self, old, new, width: int) -> np.ndarray:
+        """Rows of `old` then rows of `new` [B, H, W, D], each left-padded to `width` along W."""
+        return np.concatenate([_left_pad(self.tensor(old), width, 2), _left_pad(self.tensor(new), width, 2)], axis=0)
+
+    def keep(self, value, rows: list, start: int) -> np.ndarray:
+        """Rows `rows` of [B, H, W, D], columns from `start` on."""
+        return np.ascontiguousarray(self.tensor(value)[rows][:, :, start:])
+
+
+class TorchCacheOps:
+    """Cache rebuilds on the tensors' own device: PyTorch over DLPack (`torch.from_dlpack` takes
+    OrtValues with `__dlpack__`, pb_utils.Tensor and torch tensors without copying). Results are
+    contiguous torch tensors, which the steps bind by pointer (ONNX Runtime) or pass on by DLPack
+    (BLS)."""
+
+    name = "dlpack"
+
+    def __init__(self):
+        try:
+            import torch
+        except ImportError:
+            raise RuntimeError("in-flight batching with the KV cache on a GPU needs PyTorch in the server's "
+                               "Python (rows join and leave the batch on the device through DLPack): "
+                               "pip install torch there") from None
+        self.torch = torch
+
+    def tensor(self, value):
+        if isinstance(value, self.torch.Tensor):
+            return value
+        if not callable(getattr(value, "__dlpack__", None)):
+            raise RuntimeError(f"a {type(value).__name__} on a device has no __dlpack__ (onnxruntime's OrtValue "
+                               "has it in recent releases, e.g. 1.32): upgrade onnxruntime in the server's Python")
+        return self.torch.from_dlpack(value)
+
+    def _left_pad(self, t, width: int):
+        missing = width - t.shape[2]
+        if missing == 0:
+            return t
+        out = t.new_zeros((t.shape[0], t.shape[1], width, t.shape[3]))
+        out[:, :, missing:] = t
+        return out
+
+    def join(self, old, new, width: int):
+        return self.torch.cat([self._left_pad(self.tensor(old), width), self._left_pad(self.tensor(new), width)],
+                              dim=0).contiguous()
+
+    def keep(self, value, rows: list, start: int):
+        t = self.tensor(value)
+        index = self.torch.tensor(rows, dtype=self.torch.long, device=t.device)
+        return t.index_select(0, index)[:, :, start:].contiguous()
+
+
+def cache_ops(value):
+    """The ops that rebuild a cache holding `value` where it lies."""
+    return NumpyCacheOps() if in_host_memory(value) else TorchCacheOps()
 
 
 @dataclass(eq=False)  # identity: rows hold numpy prompts
@@ -63,12 +148,18 @@ class Active:
 class Batch:
     """The running batch: its rows, their left-padded KV cache and attention mask."""
 
-    def __init__(self, step: StepFn, settings, choose: ChooseFn, max_rows: int):
+    def __init__(self, step: StepFn, settings, choose: ChooseFn, max_rows: int, ops=None):
         self.step, self.settings, self.choose, self.max_rows = step, settings, choose, max_rows
+        self.ops = ops  # cache ops for joins / leaves; None: chosen by where the cache lies
         self.rows: list[Active] = []
         self.mask = np.zeros((0, 0), dtype=np.int64)  # [B, W]: 1 where the cache holds a real token
         self.past: list = []  # per layer (key, value) [B, H, W, D]
-        self.rebuilds = 0  # how often the cache went through host memory (joins + leaves)
+        self.rebuilds: dict = {}  # cache rebuilds (joins + leaves) per cache ops name ("numpy", "dlpack")
+
+    def _rebuild_ops(self, sample):
+        ops = self.ops or cache_ops(sample)
+        self.rebuilds[ops.name] = self.rebuilds.get(ops.name, 0) + 1
+        return ops
 
     @property
     def width(self) -> int:
@@ -126,11 +217,10 @@ class Batch:
             return
         width = max(self.width, mask.shape[1])
         self.mask = np.concatenate([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)], axis=0)
-        self.past = [tuple(np.concatenate([_left_pad(_host(old), width, 2), _left_pad(_host(new), width, 2)], axis=0)
-                           for old, new in zip(pair_old, pair_new))
+        ops = self._rebuild_ops(presents[0][0])
+        self.past = [tuple(ops.join(old, new, width) for old, new in zip(pair_old, pair_new))
                      for pair_old, pair_new in zip(self.past, presents)]
         self.rows.extend(joined)
-        self.rebuilds += 1
 
     def leave(self, leaving: list[Active]) -> None:
         """Drop rows; cut the columns that are padding in every remaining row."""
@@ -144,9 +234,9 @@ class Batch:
         mask = self.mask[keep]
         start = int(np.argmax(mask.any(axis=0)))  # first column holding a real token for some row
         self.mask = np.ascontiguousarray(mask[:, start:])
-        self.past = [tuple(np.ascontiguousarray(_host(t)[keep][:, :, start:]) for t in pair) for pair in self.past]
+        ops = self._rebuild_ops(self.past[0][0])
+        self.past = [tuple(ops.keep(t, keep, start) for t in pair) for pair in self.past]
         self.rows = [self.rows[i] for i in keep]
-        self.rebuilds += 1
 
 
 @dataclass(eq=False)

@@ -7,8 +7,8 @@ Layout (standard Triton):
     REPO/<model>/1/inflight.py           = wide_export/triton/inflight.py (in-flight batching)
     REPO/<model>/1/generation.json       settings read by model.py
     REPO/<model>/1/model.onnx(.data)     onnxruntime flavour
-    REPO/<model>_<phase>/config.pbtxt    tensorrt flavour: one tensorrt_plan model per
-    REPO/<model>_<phase>/1/model.plan    (engine, optimization profile)
+    REPO/<model>_engine/config.pbtxt     tensorrt flavour: one tensorrt_plan model per engine
+    REPO/<model>_engine/1/model.plan     file, its instance group listing every profile
     REPO/*.so                            tensorrt flavour: the WIDE plugin library
 The repository is assembled in a temp folder beside REPO and renamed into place,
 so a failure leaves nothing half-written.
@@ -106,23 +106,28 @@ def _onnx_repository(repo: Path, src: OnnxSource, opts: RepoOptions) -> None:
     ))
 
 
-def _plan_models(src: EngineSource, opts: RepoOptions) -> list[tuple[str, EngineSpec, ProfileSpec]]:
-    pairs = [(e, p) for e in src.engines for p in e.profiles]
-    phases = [p.phase for _, p in pairs]
-    out = []
-    for j, engine in enumerate(src.engines):
-        for prof in engine.profiles:
-            unique = phases.count(prof.phase) == 1
-            suffix = prof.phase if unique else f"e{j}_p{prof.index}"
-            out.append((f"{opts.model_name}_{suffix}", engine, prof))
-    return out
+def _plan_models(src: EngineSource, opts: RepoOptions) -> list[tuple[str, EngineSpec]]:
+    """One tensorrt_plan model per engine file (so its weights are on each GPU once).
+
+    Triton's TensorRT backend deserializes the plan once per model instance
+    (tensorrt_backend src/model_state.cc ModelState::CreateEngine shares an engine
+    across instances only when it has no dynamic shapes, and ours have), creates one
+    execution context per profile listed in the instance group
+    (src/instance_state.cc InitOptimizationProfiles) and runs each request on the
+    profile whose min/max ranges hold the request's shapes, nearest to `opt`
+    (src/instance_state.cc GetMostOptimizedProfile / EvaluateTensorRTContext).
+    """
+    if len(src.engines) == 1:
+        return [(f"{opts.model_name}_engine", src.engines[0])]
+    return [(f"{opts.model_name}_engine{j}", engine) for j, engine in enumerate(src.engines)]
 
 
 def _pick(models: list, phases: tuple[str, ...], what: str, manifest: Path) -> tuple[str, EngineSpec, ProfileSpec]:
     for phase in phases:
-        for entry in models:
-            if entry[2].phase == phase:
-                return entry
+        for name, engine in models:
+            for prof in engine.profiles:
+                if prof.phase == phase:
+                    return name, engine, prof
     raise WideError(f"{manifest}: no optimization profile for the {what} phase",
                     hint="build the engine with prefill and decode profiles")
 
@@ -156,20 +161,25 @@ def _tensorrt_repository(repo: Path, src: EngineSource, opts: RepoOptions) -> No
     past = {t.name: t for t in decode[1].inputs}[src.io["past_key"].format(i=0)]
     if past.data_type not in _TYPE_TO_KV:
         raise WideError(f"{src.manifest}: KV cache type {past.data_type} is not served (FP32/FP16 only)")
-    for name, engine, prof in models:
+    for name, engine in models:
         version = repo / name / "1"
         version.mkdir(parents=True)
         link_or_copy(engine.file, version / "model.plan")
         (repo / name / "config.pbtxt").write_text(render(
-            "tensorrt_plan.pbtxt", manifest=src.manifest.name, engine=engine.file.name, profile=prof.index,
-            phase=prof.phase, model_name=name, inputs=_tensor_block(engine.inputs),
-            outputs=_tensor_block(engine.outputs), instances=opts.instances,
+            "tensorrt_plan.pbtxt", manifest=src.manifest.name, engine=engine.file.name, model_name=name,
+            profiles=", ".join(f'"{p.index}"' for p in engine.profiles),
+            profile_list=", ".join(f"{p.index} ({p.phase})" for p in engine.profiles),
+            inputs=_tensor_block(engine.inputs), outputs=_tensor_block(engine.outputs),
         ))
     shape = src.shape
     settings = {
         "num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
         "vocab_size": shape.vocab_size, "kv_dtype": _TYPE_TO_KV[past.data_type], "io": src.io,
-        "prefill_model": prefill[0], "decode_model": decode[0], **_engine_limits(src, prefill[2], decode[2], opts),
+        # One engine holding both profiles (what `wide-export trt` builds): one model for both phases.
+        # Engines split across files keep a model per file, named per phase.
+        **({"engine_model": prefill[0]} if prefill[0] == decode[0]
+           else {"prefill_model": prefill[0], "decode_model": decode[0]}),
+        "kv_cache_memory": "gpu", **_engine_limits(src, prefill[2], decode[2], opts),
     }
     max_total = settings["max_total_tokens"]
     version = _write_generation_model(repo, opts, "tensorrt", settings)
@@ -183,8 +193,9 @@ def _tensorrt_repository(repo: Path, src: EngineSource, opts: RepoOptions) -> No
     else:
         plugins = render("plugins_none.txt")
     (repo / "README.md").write_text(render(
-        "readme_tensorrt.txt", model_name=opts.model_name, source=str(src.folder), prefill_model=prefill[0],
-        decode_model=decode[0], plan_models=", ".join(f"`{m[0]}`" for m in models), trt_name=src.trt_package,
+        "readme_tensorrt.txt", model_name=opts.model_name, source=str(src.folder),
+        plan_models=", ".join(f"`{m[0]}`" for m in models), prefill=f"`{prefill[0]}` profile {prefill[2].index}",
+        decode=f"`{decode[0]}` profile {decode[2].index}", trt_name=src.trt_package,
         trt_version=src.trt_version, trt_note=_RTX_NOTE if "rtx" in src.trt_package.lower() else "",
         plugin_section=plugins.rstrip(), max_total_tokens=max_total,
     ))
