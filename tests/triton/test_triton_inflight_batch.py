@@ -47,11 +47,18 @@ def _row(gm, rng, prompt_len: int, new: int):
     return gm.Row(rng.integers(0, tiny_llm.VOCAB, size=prompt_len), new)
 
 
-@pytest.mark.parametrize("host_presents", [False, True], ids=["ortvalue", "numpy"])
-def test_rows_joining_and_leaving_a_running_batch_match_the_reference(gm, inflight, runner, tiny, rng,
-                                                                       host_presents):
+@pytest.mark.parametrize("cache", ["ortvalue", "numpy", "ortvalue-dlpack"])
+def test_rows_joining_and_leaving_a_running_batch_match_the_reference(gm, inflight, runner, tiny, rng, cache):
+    """ortvalue / numpy: presents in host memory, rebuilt with numpy. ortvalue-dlpack: the device
+    path (PyTorch over DLPack, what CUDA OrtValues get) forced on CPU OrtValues; the rebuilt
+    torch tensors are bound to ONNX Runtime by pointer."""
     settings, step = runner
-    batch = inflight.Batch(_host_step(step) if host_presents else step, settings, gm.choose_tokens, max_rows=8)
+    ops = None
+    if cache == "ortvalue-dlpack":
+        pytest.importorskip("torch")
+        ops = inflight.TorchCacheOps()
+    batch = inflight.Batch(_host_step(step) if cache == "numpy" else step, settings, gm.choose_tokens,
+                           max_rows=8, ops=ops)
     # (step at which it arrives, prompt length, new tokens): joins with shorter and longer
     # prompts than the batch's width, rows leaving at different steps, a 1-token row.
     plan = [(0, 3, 9), (0, 7, 4), (2, 12, 6), (3, 1, 5), (5, 5, 1), (6, 20, 2), (9, 2, 3)]
@@ -76,6 +83,7 @@ def test_rows_joining_and_leaving_a_running_batch_match_the_reference(gm, inflig
     assert len(done) == len(plan) and not batch.rows
     assert joined_running >= 4  # most rows joined while others were decoding
     assert any(b < a for a, b in zip(widths, widths[1:]))  # leaving rows cut shared padding
+    assert set(batch.rebuilds) == {"dlpack" if ops else "numpy"}
     for i, row in rows.items():
         np.testing.assert_array_equal(done[i], tiny_llm.reference_greedy(tiny[1], row.prompt, row.max_new_tokens),
                                       err_msg=f"row {i} {plan[i]}")
