@@ -42,25 +42,31 @@ class TritonPythonModel:
 '''
 
 
+def use_stand_in_engine(repo, onnx_folder) -> None:
+    """Replace the repository's tensorrt_plan model by the Python stand-in, keeping its I/O config.
+
+    This server has no GPU: the generation model asks for host outputs ("kv_cache_memory": "cpu")
+    and keeps the cache as numpy; the GPU path is tested with a fake pb_utils in
+    test_triton_bls_device.py."""
+    settings_file = repo / "wide_llm" / "1" / "generation.json"
+    settings = json.loads(settings_file.read_text())
+    assert settings["kv_cache_memory"] == "gpu"
+    settings_file.write_text(json.dumps({**settings, "kv_cache_memory": "cpu"}))
+    model = repo / settings["engine_model"]  # one model, both profiles: the stand-in serves both phases
+    config = (model / "config.pbtxt").read_text()
+    config = config[:config.index("instance_group")] + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    (model / "config.pbtxt").write_text(config.replace('platform: "tensorrt_plan"', 'backend: "python"'))
+    (model / "1" / "model.plan").unlink()
+    (model / "1" / "model.onnx").write_bytes((onnx_folder / "model.onnx").read_bytes())
+    (model / "1" / "model.py").write_text(STAND_IN)
+
+
 def test_bls_generation_over_stand_in_engines(tiny, tmp_path, rng):
     folder, weights = tiny
     write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",
                         heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
     repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines", options=RepoOptions(max_batch=4))
-    # This server has no GPU: the BLS outputs come back in host memory as numpy (the GPU path
-    # is tested with a fake pb_utils in test_triton_bls_device.py).
-    settings_file = repo / "wide_llm" / "1" / "generation.json"
-    settings = json.loads(settings_file.read_text())
-    assert settings["kv_cache_memory"] == "gpu"
-    settings_file.write_text(json.dumps({**settings, "kv_cache_memory": "cpu"}))
-    for model in [repo / "wide_llm_engine"]:  # one model, both profiles: the stand-in serves both phases
-        config = (model / "config.pbtxt").read_text()
-        start = config.index("instance_group")
-        config = config[:start] + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
-        (model / "config.pbtxt").write_text(config.replace('platform: "tensorrt_plan"', 'backend: "python"'))
-        (model / "1" / "model.plan").unlink()
-        (model / "1" / "model.onnx").write_bytes((folder / "model.onnx").read_bytes())
-        (model / "1" / "model.py").write_text(STAND_IN)
+    use_stand_in_engine(repo, folder)
     with TritonServer(repo) as server:
         with GenerationClient(server.endpoints.grpc, "grpc") as client:
             for _ in range(3):

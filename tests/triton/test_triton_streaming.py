@@ -187,11 +187,11 @@ def test_plain_infer_is_refused_by_the_streaming_model(streaming_server):
 
 
 def test_tensorrt_flavour_streams_over_stand_in_engines(tiny, tmp_path):
-    """The BLS generation model streams too (tensorrt_plan models replaced by Python stand-ins
+    """The BLS generation model streams too (the tensorrt_plan model replaced by a Python stand-in
     that run the tiny ONNX model, as in test_triton_bls.py); tokens equal the numpy reference."""
     from tests.triton import tiny_llm
     from tests.triton.engine_manifest import write_engine_folder
-    from tests.triton.test_triton_bls import STAND_IN
+    from tests.triton.test_triton_bls import use_stand_in_engine
     from wide_export.triton import RepoOptions, TritonServer, generate_repository
 
     folder, weights = tiny
@@ -199,14 +199,7 @@ def test_tensorrt_flavour_streams_over_stand_in_engines(tiny, tmp_path):
                         heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
     repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines",
                                options=RepoOptions(max_batch=4, streaming=True))
-    for phase in ("prefill", "decode"):
-        model = repo / f"{MODEL}_{phase}"
-        config = (model / "config.pbtxt").read_text()
-        config = config[:config.index("instance_group")] + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
-        (model / "config.pbtxt").write_text(config.replace('platform: "tensorrt_plan"', 'backend: "python"'))
-        (model / "1" / "model.plan").unlink()
-        (model / "1" / "model.onnx").write_bytes((folder / "model.onnx").read_bytes())
-        (model / "1" / "model.py").write_text(STAND_IN)
+    use_stand_in_engine(repo, folder)
     rng = np.random.default_rng(6)
     with TritonServer(repo) as server:
         for _ in range(2):
