@@ -83,10 +83,51 @@ def test_rows_joining_and_leaving_a_running_batch_match_the_reference(gm, inflig
     assert len(done) == len(plan) and not batch.rows
     assert joined_running >= 4  # most rows joined while others were decoding
     assert any(b < a for a, b in zip(widths, widths[1:]))  # leaving rows cut shared padding
-    assert set(batch.rebuilds) == {"dlpack" if ops else "numpy"}
+    # CUDA OrtValues (a GPU machine) are rebuilt on the device even without forced ops
+    on_device = cache == "ortvalue" and getattr(step, "device", "cpu") != "cpu"
+    assert set(batch.rebuilds) == {"dlpack" if ops or on_device else "numpy"}
     for i, row in rows.items():
         np.testing.assert_array_equal(done[i], tiny_llm.reference_greedy(tiny[1], row.prompt, row.max_new_tokens),
                                       err_msg=f"row {i} {plan[i]}")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_dlpack_cache_ops_equal_the_numpy_ones(inflight, rng, device):
+    """join (left-pad to a width, rows of old then new) and keep (rows, columns from start) give the
+    numpy results exactly, on the tensors' own device, contiguous (bound by pointer next)."""
+    torch = pytest.importorskip("torch")
+    ops, ref = inflight.TorchCacheOps(), inflight.NumpyCacheOps()
+    old = rng.normal(size=(2, 3, 5, 4)).astype(np.float16)
+    new = rng.normal(size=(3, 3, 2, 4)).astype(np.float16)
+    joined = ops.join(torch.from_numpy(old).to(device), torch.from_numpy(new).to(device), 7)
+    assert joined.device.type == device and joined.is_contiguous()
+    np.testing.assert_array_equal(joined.cpu().numpy(), ref.join(old, new, 7))
+    kept = ops.keep(joined, [0, 3, 4], 2)
+    assert kept.device.type == device and kept.is_contiguous()
+    np.testing.assert_array_equal(kept.cpu().numpy(), ref.keep(ref.join(old, new, 7), [0, 3, 4], 2))
+    assert inflight.in_host_memory(joined) == (device == "cpu")
+
+
+def test_cache_ops_follow_where_the_cache_lies(inflight):
+    ort = pytest.importorskip("onnxruntime")
+    host = np.zeros((1, 1, 1, 1), np.float32)
+    assert inflight.cache_ops(host).name == "numpy"
+    assert inflight.cache_ops(ort.OrtValue.ortvalue_from_numpy(host)).name == "numpy"
+
+    class GpuTensor:  # what pb_utils.Tensor says of GPU memory
+        def is_cpu(self):
+            return False
+
+    pytest.importorskip("torch")
+    assert inflight.cache_ops(GpuTensor()).name == "dlpack"
+
+
+def test_device_cache_without_torch_says_what_to_install(inflight, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(RuntimeError, match=r"needs PyTorch .*pip install torch"):
+        inflight.TorchCacheOps()
 
 
 class Recorder:
