@@ -69,6 +69,12 @@ FfnGroupOpt = Annotated[
                  show_default=False),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random prompts (and the demo model).")]
+SlicedOpt = Annotated[
+    Optional[bool],
+    typer.Option("--sliced/--whole", help="Verify one layer at a time (ONNX Runtime loads one layer's weights, "
+                 "the reference reads them module by module) or the whole model at once. Default: sliced when "
+                 "the whole check would need more than 60 % of the available memory.", show_default=False),
+]
 
 
 def load_model_from_cli(model, router, lora, lora_scale, attn_group_size, ffn_group_size, progress=None):

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from wide_export.cli.common import (
-    AttnGroupOpt, FfnGroupOpt, LoraOpt, LoraScaleOpt, ModelOpt, RouterOpt, SeedOpt, user_errors,
+    AttnGroupOpt, FfnGroupOpt, LoraOpt, LoraScaleOpt, ModelOpt, RouterOpt, SeedOpt, SlicedOpt, user_errors,
 )
 
 
@@ -34,6 +34,7 @@ def onnx(
                                          "check keeps OUTPUT and its report and exits 1.")] = True,
     steps: Annotated[int, typer.Option(help="Decode steps to verify after the prefill.")] = 3,
     seed: SeedOpt = 0,
+    sliced: SlicedOpt = None,
 ) -> None:
     """Export a WIDE model to ONE ONNX graph (prefill + decode with KV cache).
 
@@ -55,11 +56,11 @@ def onnx(
     check_output_dir(output, force, protect=(model, router, lora))  # fail before minutes of loading
     with interrupt_on_signals():  # SIGTERM cleans up as Ctrl-C does (no hidden temp folder stays)
         _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset, force,
-                verify, steps, seed)
+                verify, steps, seed, sliced)
 
 
 def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset, force,
-            verify, steps, seed) -> None:
+            verify, steps, seed, sliced) -> None:
     from wide_export.checkpoint import load_wide_model
     from wide_export.export.onnx_export import export_onnx
     from wide_export.progress import Stages
@@ -86,7 +87,7 @@ def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_
             from wide_export.verify.onnx_verify import verify_onnx
 
             ref = loaded if dtype == "float32" else None
-            report = verify_onnx(staging, loaded=ref, stages=stages, steps=steps, seed=seed,
+            report = verify_onnx(staging, loaded=ref, stages=stages, steps=steps, seed=seed, sliced=sliced,
                                  report_path=staging / REPORT_NAME,
                                  load_kwargs=_reload_kwargs(model, router, lora, lora_scale))
     counts = ", ".join(f"{n} {op}" for op, n in result.wide_nodes.items())

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from wide_export.cli.common import LoraOpt, LoraScaleOpt, ModelOpt, RouterOpt, SeedOpt, user_errors
+from wide_export.cli.common import (
+    LoraOpt, LoraScaleOpt, ModelOpt, RouterOpt, SeedOpt, SlicedOpt, user_errors,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -28,6 +30,7 @@ def verify(
     batch: Annotated[int, typer.Option(help="Prompts per step (row 0 left-padded).")] = 2,
     prompt_len: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 7,
     seed: SeedOpt = 0,
+    sliced: SlicedOpt = None,
     report: Annotated[Optional[Path], typer.Option(
         help="Where to write the JSON report (default: verify_report.json in the --onnx or --engine folder).",
         show_default=False)] = None,
@@ -58,6 +61,9 @@ def verify(
     if model is not None:
         load_kwargs = {"model_dir": model, "router": router, "lora": lora, "lora_scale": lora_scale}
     if engine is not None:
+        if sliced:
+            raise WideError("--sliced verifies an ONNX export", "drop --sliced with --engine (the engine is "
+                            "verified whole)")
         from wide_export.trt.verify import verify_engine
 
         result = verify_engine(engine, report_path=report, load_kwargs=load_kwargs, steps=steps, batch=batch,
@@ -65,7 +71,7 @@ def verify(
         finish_verification(result, report)
         return
     result = verify_onnx(onnx, stages=Stages(), report_path=report, load_kwargs=load_kwargs,
-                         steps=steps, batch=batch, prompt_len=prompt_len, seed=seed)
+                         steps=steps, batch=batch, prompt_len=prompt_len, seed=seed, sliced=sliced)
     finish_verification(result, report)
 
 

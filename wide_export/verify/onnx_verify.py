@@ -7,21 +7,31 @@ from typing import Any
 
 from wide_export.errors import WideError
 from wide_export.verify.compare import VerifyReport, compare, run_steps
-from wide_export.verify.reference import reference_steps
+from wide_export.verify.reference import reference_steps, streamed
 from wide_export.verify.tolerances import tolerance_for
 
 DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
 REPORT_NAME = "verify_report.json"  # default report file, inside the verified folder
 
 
-def reference_for(config: dict[str, Any], loaded=None, **load_kwargs):
-    """The float32 reference model for an export: the given one, the demo, or the recorded sources."""
+def reference_for(config: dict[str, Any], loaded=None, lazy: bool = False, **load_kwargs):
+    """The float32 reference model for an export: the given one, the demo, or the recorded sources.
+
+    lazy=True (sliced verification) reads the checkpoint's weights module by module while the reference
+    runs (reference.streamed), instead of loading them all."""
     from wide_export.checkpoint import load_wide_model
 
     if loaded is not None and loaded.weights is None and str(loaded.model.dtype) == "torch.float32":
         return loaded.model
     if load_kwargs.get("model_dir") is not None or config.get("demo"):
-        return load_wide_model(dtype="float32", checksums=False, **load_kwargs).model
+        kwargs = load_kwargs
+    else:
+        kwargs = _recorded_sources(config)
+    ref = load_wide_model(dtype="float32", checksums=False, lazy=lazy, **kwargs)
+    return streamed(ref) if ref.weights is not None else ref.model
+
+
+def _recorded_sources(config: dict[str, Any]) -> dict[str, Any]:
     src = config.get("sources", {})
     try:
         model_dir = Path(src["config"]["path"]).parent
@@ -33,12 +43,12 @@ def reference_for(config: dict[str, Any], loaded=None, **load_kwargs):
     if not model_dir.is_dir() or not router.is_file():
         raise WideError(f"the exported checkpoint is no longer at {model_dir}",
                         "pass --model (and --router/--lora) to verify against")
-    return load_wide_model(model_dir, router=router, lora=lora, lora_scale=config.get("lora_scale") or 2.0,
-                           checksums=False).model
+    return {"model_dir": model_dir, "router": router, "lora": lora,
+            "lora_scale": config.get("lora_scale") or 2.0}
 
 
-def debug_model_with_masks(onnx_dir: Path, config: dict[str, Any]) -> bytes:
-    """model.onnx (without its weights) with the router masks as extra graph outputs, serialized."""
+def with_masks(onnx_dir: Path, config: dict[str, Any]):
+    """model.onnx (an onnx.ModelProto, weights not loaded) with the router masks as extra graph outputs."""
     import onnx
 
     proto = onnx.load(str(onnx_dir / config["files"]["model"]), load_external_data=False)
@@ -48,24 +58,55 @@ def debug_model_with_masks(onnx_dir: Path, config: dict[str, Any]) -> bytes:
             if layer[kind] and layer[kind]["mask"] not in known:
                 proto.graph.output.append(onnx.helper.make_tensor_value_info(layer[kind]["mask"],
                                                                              onnx.TensorProto.INT32, None))
-    return proto.SerializeToString()
+    return proto
 
 
-def debug_session(onnx_dir: Path, config: dict[str, Any]):
-    """An ONNX Runtime CPU session of debug_model_with_masks. External weights are read from the export
-    folder itself (a copy or link of them elsewhere is refused by ONNX Runtime as a path escape)."""
+def debug_model_with_masks(onnx_dir: Path, config: dict[str, Any]) -> bytes:
+    """with_masks(), serialized."""
+    return with_masks(onnx_dir, config).SerializeToString()
+
+
+def debug_session(onnx_dir: Path, config: dict[str, Any], model: bytes | None = None):
+    """An ONNX Runtime CPU session of debug_model_with_masks (or of `model`, a serialized graph whose
+    external weights are the export's). External weights are read from the export folder itself (a copy
+    or link of them elsewhere is refused by ONNX Runtime as a path escape)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                      str(Path(onnx_dir).resolve()))
-    return ort.InferenceSession(debug_model_with_masks(onnx_dir, config), options,
+    return ort.InferenceSession(model or debug_model_with_masks(onnx_dir, config), options,
                                 providers=["CPUExecutionProvider"])
 
 
+def needs_slices(onnx_dir: Path, config: dict[str, Any]) -> bool:
+    """Whether the whole-graph check would not fit: ONNX Runtime's copy of the weights plus the float32
+    reference's, against the memory the kernel says is available (whole when it does not say)."""
+    files = [config["files"]["model"], config["files"].get("external_data")]
+    stored = sum((Path(onnx_dir) / name).stat().st_size for name in files if name)
+    itemsize = 2 if config["dtype"] == "float16" else 4
+    needed = stored + stored * 4 // itemsize
+    available = _available_memory()
+    return available is not None and needed > available * 0.6
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None, stages=None,
-                load_kwargs: dict | None = None, **settings) -> VerifyReport:
-    """Compare ONNX Runtime (CPU) with the reference over a prefill and decode steps."""
+                load_kwargs: dict | None = None, sliced: bool | None = None, **settings) -> VerifyReport:
+    """Compare ONNX Runtime (CPU) with the reference over a prefill and decode steps.
+
+    sliced=True runs the graph one layer slice at a time (verify/slices.py) against a reference that
+    reads its weights module by module, so neither holds the whole model; None picks it when the whole
+    check would not fit in the available memory (needs_slices)."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
     from wide_export.export.onnx_export import read_wide_config
@@ -77,19 +118,34 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
     config = read_wide_config(onnx_dir)
     dtype = config["dtype"]
     tol = tolerance_for(dtype)
+    if sliced is None:
+        sliced = needs_slices(onnx_dir, config)
     quiet_polygraphy()
     with stages.stage("reference"):
-        model = reference_for(config, loaded, **(load_kwargs or {}))
+        model = reference_for(config, loaded, lazy=sliced, **(load_kwargs or {}))
         check_same_model(model, config)
         steps = reference_steps(model, kv_dtype=dtype, **settings)
+    report = VerifyReport("onnxruntime", dtype, tol.to_dict(), {**settings, "sliced": sliced})
     with stages.stage("onnxrt"):
-        runner = OnnxrtRunner(debug_session(onnx_dir, config), name="onnxrt")
-        outs = run_steps(runner, steps, config["num_layers"])
-    report = VerifyReport("onnxruntime", dtype, tol.to_dict(), settings)
+        if sliced:
+            from wide_export.verify.slices import run_sliced
+
+            run = run_sliced(with_masks(onnx_dir, config),
+                             lambda proto: debug_session(onnx_dir, config, proto.SerializeToString()),
+                             [s.feed for s in steps], [_presents(s.ref) for s in steps], stages.update)
+            outs = run.outputs
+            report.notes.append(run.describe())
+        else:
+            runner = OnnxrtRunner(debug_session(onnx_dir, config), name="onnxrt")
+            outs = run_steps(runner, steps, config["num_layers"])
     compare(steps, outs, tol, report, "onnxrt")
     if report_path:
         report.write(report_path)
     return report
+
+
+def _presents(ref: dict) -> dict:
+    return {name: value for name, value in ref.items() if name.startswith("present.")}
 
 
 def check_same_model(model, config: dict[str, Any]) -> None:

@@ -71,3 +71,44 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
         out[0].feed[f"past_key_values.{i}.key"] = empty
         out[0].feed[f"past_key_values.{i}.value"] = empty
     return out
+
+
+def streamed(loaded):
+    """The reference model of `loaded` (load_wide_model(lazy=True), float32) with weights read per module.
+
+    The model holds placeholders (checkpoint/lazy.py). Before the embedding, each decoder layer, the final
+    norm and lm_head run, their parameters are read from the checkpoint (WeightSource: the eager loader's
+    cast and LoRA merge); afterwards the placeholders are put back. So at most one of these modules'
+    float32 weights is in memory at a time, and every step reads them again.
+    """
+    model, weights = loaded.model, loaded.weights
+    units = [("model.embed_tokens", model.model.embed_tokens), ("model.norm", model.model.norm),
+             ("lm_head", model.lm_head)]
+    units += [(f"model.layers.{i}", layer) for i, layer in enumerate(model.model.layers)]
+    for prefix, module in units:
+        held: dict[str, object] = {}
+        module.register_forward_pre_hook(lambda mod, args, prefix=prefix, held=held: _load(mod, prefix, weights,
+                                                                                             held))
+        module.register_forward_hook(lambda mod, args, out, held=held: _unload(mod, held))
+    return model
+
+
+def _load(module, prefix: str, weights, held: dict) -> None:
+    import torch
+
+    for name, param in list(module.named_parameters(remove_duplicate=False)):
+        owner, leaf = _owner(module, name)
+        held[name] = param
+        setattr(owner, leaf, torch.nn.Parameter(weights.tensor(f"{prefix}.{name}").float(), requires_grad=False))
+
+
+def _unload(module, held: dict) -> None:
+    for name, placeholder in held.items():
+        owner, leaf = _owner(module, name)
+        setattr(owner, leaf, placeholder)
+    held.clear()
+
+
+def _owner(module, name: str):
+    *path, leaf = name.split(".")
+    return (module.get_submodule(".".join(path)) if path else module), leaf
