@@ -154,12 +154,13 @@ def print_report(report: VerifyReport) -> None:
 
 
 def _grouped_outputs(rows: list[OutputRow]) -> list[OutputRow]:
-    """logits, then presents folded into one row per key/value (worst layer)."""
-    out = [r for r in rows if not r.name.startswith("present.")]
-    for kv in ("key", "value"):
-        group = [r for r in rows if r.name.startswith("present.") and r.name.endswith(kv)]
+    """logits, then presents (one row per key/value) and layer outputs folded over layers (worst layer)."""
+    out = [r for r in rows if not r.name.startswith(("present.", "layer_output."))]
+    for prefix, kv in (("present.", "key"), ("present.", "value"), ("layer_output.", "")):
+        group = [r for r in rows if r.name.startswith(prefix) and r.name.endswith(kv)]
         if group:
-            out.append(OutputRow(f"present.*.{kv} ({len(group)} layers)", max(r.max_abs for r in group),
+            label = f"{prefix}*.{kv}" if kv else f"{prefix}*"
+            out.append(OutputRow(f"{label} ({len(group)} layers)", max(r.max_abs for r in group),
                                  max(r.max_rel for r in group), float(np.mean([r.mean_abs for r in group])),
                                  all(r.passed for r in group)))
     return out

@@ -132,9 +132,12 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
 
             run = run_sliced(with_masks(onnx_dir, config),
                              lambda proto: debug_session(onnx_dir, config, proto.SerializeToString()),
-                             [s.feed for s in steps], [_presents(s.ref) for s in steps], stages.update)
-            outs = run.outputs
+                             [s.feed for s in steps], [_presents(s.ref) for s in steps],
+                             [s.hidden for s in steps], stages.update)
+            outs = run.per_layer
             report.notes.append(run.describe())
+            report.notes.append(_chained_summary(steps, run.outputs, tol))
+            steps = [_with_layer_outputs(s) for s in steps]
         else:
             runner = OnnxrtRunner(debug_session(onnx_dir, config), name="onnxrt")
             outs = run_steps(runner, steps, config["num_layers"])
@@ -142,6 +145,28 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
     if report_path:
         report.write(report_path)
     return report
+
+
+def _chained_summary(steps, outs, tol) -> str:
+    """One line on the chained run (each slice fed the previous one's output, as in the whole graph)."""
+    chained = compare(steps, outs, tol, VerifyReport("onnxruntime", "", {}, {}), "onnxrt")
+    logits = next(r for r in chained.outputs if r.name == "logits")
+    failing = [r.mask for r in chained.decisions if not r.passed]
+    where = f"; first router out of tolerance: {failing[0]}" if failing else ""
+    flips = sum(r.flips for r in chained.decisions)
+    return (f"per-layer check (the verdict): each layer and the head ran on the reference's residual stream "
+            f"and past; chained through all slices as the whole graph runs, logits max |abs| "
+            f"{logits.max_abs:.2e} (mean {logits.mean_abs:.2e}), {flips} router flips, "
+            f"{'within' if chained.passed else 'OUT OF'} tolerance{where}")
+
+
+def _with_layer_outputs(step):
+    """`step` whose reference also holds each layer's output (`layer_output.{i}`: the residual stream
+    entering layer i + 1, or the head), which the per-layer check compares too."""
+    from dataclasses import replace
+
+    extra = {f"layer_output.{i}": h for i, h in enumerate(step.hidden[1:])}
+    return replace(step, ref={**step.ref, **extra})
 
 
 def _presents(ref: dict) -> dict:

@@ -16,6 +16,7 @@ class Step:
     feed: dict[str, np.ndarray]
     ref: dict[str, np.ndarray]
     margins: dict[str, np.ndarray] = field(default_factory=dict)  # mask name -> float32 margin
+    hidden: list[np.ndarray] = field(default_factory=list)  # residual stream entering each layer, then the head
 
 
 def left_padded_prompts(vocab: int, batch: int, length: int, seed: int):
@@ -47,24 +48,32 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
     pos = positions(mask)
     out: list[Step] = []
     np_kv = np.float16 if kv_dtype == "float16" else np.float32
-    for _ in range(steps + 1):
-        collect = Collector()
-        with torch.no_grad():
-            logits, past = model(ids, mask, pos, past, collect)
-        feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "position_ids": pos.numpy()}
-        ref = {"logits": logits.numpy()}
-        for i, (k, v) in enumerate(past):
-            ref[f"present.{i}.key"], ref[f"present.{i}.value"] = k.float().numpy(), v.float().numpy()
-        margins = {}
-        for i, (masks, mrg) in enumerate(zip(collect.masks, collect.margins)):
-            for kind, m in masks.items():
-                ref[mask_output_name(i, kind)] = m.numpy().astype(np.int32)
-                margins[mask_output_name(i, kind)] = mrg[kind].numpy()
-        out.append(Step(feed, ref, margins))
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
-        ids = nxt
-        mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
-        pos = pos[:, -1:] + 1
+    hidden: list[np.ndarray] = []  # this step's residual stream entering each layer, then the final norm
+    hooks = [m.register_forward_pre_hook(lambda module, args: hidden.append(args[0].float().numpy()))
+             for m in [*model.model.layers, model.model.norm]]
+    try:
+        for _ in range(steps + 1):
+            collect = Collector()
+            hidden = []
+            with torch.no_grad():
+                logits, past = model(ids, mask, pos, past, collect)
+            feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "position_ids": pos.numpy()}
+            ref = {"logits": logits.numpy()}
+            for i, (k, v) in enumerate(past):
+                ref[f"present.{i}.key"], ref[f"present.{i}.value"] = k.float().numpy(), v.float().numpy()
+            margins = {}
+            for i, (masks, mrg) in enumerate(zip(collect.masks, collect.margins)):
+                for kind, m in masks.items():
+                    ref[mask_output_name(i, kind)] = m.numpy().astype(np.int32)
+                    margins[mask_output_name(i, kind)] = mrg[kind].numpy()
+            out.append(Step(feed, ref, margins, hidden))
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            ids = nxt
+            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+            pos = pos[:, -1:] + 1
+    finally:
+        for hook in hooks:
+            hook.remove()
     # the first feed's (empty) past; later pasts come from the graph's own presents
     empty = np.zeros((batch, cfg.num_key_value_heads, 0, cfg.head_dim), dtype=np_kv)
     for i in range(cfg.num_layers):

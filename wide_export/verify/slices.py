@@ -56,6 +56,7 @@ class SlicedRun:
     outputs: list[dict[str, np.ndarray]]
     slices: list[tuple[str, int, int]]  # (name, nodes, weight bytes)
     borrowed: dict[str, bool] = field(default_factory=dict)  # past input fed from the reference -> read as data?
+    per_layer: list[dict[str, np.ndarray]] | None = None  # outputs of the reference-fed runs (run_sliced)
 
     @property
     def largest_slice_bytes(self) -> int:
@@ -153,20 +154,30 @@ def slice_model(model, piece: Slice, types: dict[str, int]):
 
 
 def run_sliced(model, session_for: Callable, feeds: list[dict[str, np.ndarray]],
-               reference_presents: list[dict[str, np.ndarray]], progress: Callable[[str], None] | None = None
-               ) -> SlicedRun:
+               reference_presents: list[dict[str, np.ndarray]],
+               reference_hidden: list[list[np.ndarray]] | None = None,
+               progress: Callable[[str], None] | None = None) -> SlicedRun:
     """Run `model` (an onnx.ModelProto without its weights loaded) over the steps in `feeds`, slice by slice.
 
     `feeds[k]` holds step k's graph inputs; the past of step 0 is in feeds[0], later pasts are the
     graph's own presents. `session_for(model_proto)` makes an ONNX Runtime session (it knows where the
     external data lives). `reference_presents[k]` holds the reference's `present.*` after step k.
+
+    With `reference_hidden` (per step: the reference's residual stream entering each layer, then the
+    head), every layer slice and the head also run a second time per step on the reference's inputs:
+    that residual stream and, in decode steps, the reference's past. Those outputs (`SlicedRun.per_layer`)
+    measure each layer on its own; the chained ones (`outputs`) are what the whole graph computes, where
+    one near-tie router flip changes a token's state for every later layer.
     """
     from onnx import helper
 
     say = progress or (lambda _msg: None)
     graph = model.graph
     declared = {i.name: i.type.tensor_type.elem_type for i in graph.input}
-    stores = [dict(f) for f in feeds]
+    stores = [dict(f) for f in feeds]  # chained: the graph's own values
+    forced: list[dict[str, np.ndarray]] = [{} for _ in feeds]  # per layer: outputs of reference-fed runs
+    from_layers: set[str] = set()  # values that layer slices made
+    layer_outputs: list[dict[str, np.ndarray]] = [{} for _ in feeds]  # residual stream each layer gave
     run = SlicedRun(outputs=[], slices=[])
     pieces = plan_slices(graph)
     for c, piece in enumerate(pieces):
@@ -177,20 +188,62 @@ def run_sliced(model, session_for: Callable, feeds: list[dict[str, np.ndarray]],
         types = {name: declared.get(name) or helper.np_dtype_to_tensor_dtype(np.asarray(stores[0][name]).dtype)
                  for name in piece.inputs}
         session = session_for(slice_model(model, piece, types))
+        boundary = _boundary(piece, len(pieces))
         for k, store in enumerate(stores):
             # a past missing from the store: this slice's previous step may have just made it; if not,
             # the reference's stands in for this slice only (the store keeps the graph's own values)
             feed = {name: store[name] if name in store else _past(name, k, stores, reference_presents, piece, run)
                     for name in piece.inputs}
-            values = session.run(piece.outputs, feed)
-            store.update(zip(piece.outputs, values))
+            store.update(zip(piece.outputs, session.run(piece.outputs, feed)))
+            if reference_hidden is not None and boundary is not None:
+                own = {name: forced[k].get(name, value) for name, value in feed.items()}
+                stream, replaced = _reference_inputs(piece, feed, from_layers, reference_hidden[k][boundary],
+                                                     reference_presents[k - 1] if k else None)
+                if stream is not None:  # what the previous layer gave on the reference's inputs
+                    layer_outputs[k][f"layer_output.{boundary - 1}"] = forced[k][stream]
+                own.update(replaced)
+                forced[k].update(zip(piece.outputs, session.run(piece.outputs, own)))
+        if boundary is not None:
+            from_layers.update(piece.outputs)
         del session
         gc.collect()
         run.slices.append((piece.name, len(piece.nodes), piece.weight_bytes))
     names = [o.name for o in graph.output]
     run.outputs = [{name: store[name] for name in names} for store in stores]
+    if reference_hidden is not None:
+        run.per_layer = [{**{name: f.get(name, s[name]) for name in names}, **extra}
+                         for f, s, extra in zip(forced, stores, layer_outputs)]
     return run
 
+
+def _boundary(piece: Slice, count: int) -> int | None:
+    """Index of the reference residual stream a slice starts from: layer i -> i, the head -> layers."""
+    if piece.name.startswith("layer "):
+        return int(piece.name.split()[1])
+    return count - 2 if piece.name == "head" else None
+
+
+def _reference_inputs(piece: Slice, feed: dict, from_layers: set[str], hidden: np.ndarray,
+                      previous_presents: dict | None) -> tuple[str | None, dict]:
+    """The residual stream's name and the inputs a reference-fed run replaces: that stream, which an
+    earlier layer made (the one input of the reference state's shape; the prologue's embedding output is
+    kept, so it is checked too), and the past of decode steps."""
+    out = {}
+    stream = [name for name in piece.inputs if name in from_layers
+              and np.asarray(feed[name]).shape == hidden.shape and np.issubdtype(np.asarray(feed[name]).dtype,
+                                                                                  np.floating)]
+    if len(stream) != (piece.name != "layer 0"):
+        raise ValueError(f"{piece.name}: cannot tell the residual stream from the previous layer "
+                         f"(candidates: {stream})")
+    for name in stream:
+        out[name] = hidden.astype(np.asarray(feed[name]).dtype)
+    if previous_presents is not None:
+        for name in piece.inputs:
+            m = _PAST.match(name)
+            if m:
+                out[name] = previous_presents[f"present.{m.group(1)}.{m.group(2)}"].astype(
+                    np.asarray(feed[name]).dtype)
+    return (stream[0] if stream else None), out
 
 def _past(name: str, step: int, stores, reference_presents, piece: Slice, run: SlicedRun) -> np.ndarray:
     """Step `step`'s value of the past input `name`: the graph's own previous present, else the reference's."""
