@@ -8,6 +8,10 @@ ru_maxrss) belongs to that export alone:
     command (streaming weights, routers, `wide` ops, function bodies);
   * dense: the same checkpoint loaded eagerly without routers and exported as a
     user would with `torch.onnx.export(dynamo=True)` + `save(external_data=True)`.
+With `verify=True` (`--verify`), the WIDE export is then checked as a user would,
+`wide-export verify --onnx OUT --sliced` in a fresh process (one layer slice of
+ONNX Runtime at a time against a reference reading its weights module by module),
+and that run's time, peak RSS and verdict make a "verify" row.
 Wall time includes start-up and loading. The table, the JSON and a plot (time
 and peak RSS against weight bytes) show how both grow with the model.
 """
@@ -57,15 +61,16 @@ def spec_for(preset: str, layers: int | None = None) -> SyntheticSpec:
     return spec
 
 
-def _run(cmd: list[str]) -> dict[str, Any]:
-    """Run `cmd`: wall seconds and the peak RSS of that process alone (wait4 reaps it before Popen does)."""
+def _run(cmd: list[str], check: bool = True) -> dict[str, Any]:
+    """Run `cmd`: wall seconds and the peak RSS of that process alone (wait4 reaps it before Popen does).
+    check=False accepts exit 1 (a verification that ran and failed)."""
     with tempfile.TemporaryFile("w+") as log:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
         proc.returncode = code = os.waitstatus_to_exitcode(status)
-        if code:
+        if code and (check or code != 1):
             log.seek(0)
             raise RuntimeError(f"{' '.join(cmd[1:5])} ... failed (exit {code}):\n{log.read()[-3000:]}")
     return {"seconds": seconds, "peak_rss_mb": usage.ru_maxrss / 1024}
@@ -99,6 +104,14 @@ def export_once(kind: str, ckpt: Path, out: Path) -> dict[str, Any]:
     return row
 
 
+def verify_once(out: Path) -> dict[str, Any]:
+    """`wide-export verify --onnx OUT --sliced` in a fresh process: time, peak RSS and the verdict."""
+    row = _run([sys.executable, "-m", "wide_export", "verify", "--onnx", str(out), "--sliced"], check=False)
+    report = json.loads((out / "verify_report.json").read_text())
+    row.update(output_mb=0.0, passed=bool(report["passed"]), notes=report["notes"])
+    return row
+
+
 def _weights_mb(ckpt: Path) -> tuple[float, float]:
     """(all weight bytes, largest single tensor) in MiB, in the export dtype (2 bytes an element)."""
     from wide_export.checkpoint.tensor_reader import ShardReader
@@ -114,7 +127,7 @@ def _weights_mb(ckpt: Path) -> tuple[float, float]:
 
 def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = None, kinds=KINDS,
                      output: Path = Path("bench-results/export.json"), work_dir: Path | None = None,
-                     console=None) -> list[dict[str, Any]]:
+                     console=None, verify: bool = False) -> list[dict[str, Any]]:
     """Write each checkpoint of the sweep, export it with each kind, print a table, write JSON and a plot."""
     from rich.console import Console
 
@@ -143,6 +156,17 @@ def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = No
                 rows.append(row)
                 console.print(f"[green]✓[/] {kind:<5} {spec.num_layers:>3} layers: {row['seconds']:6.1f} s, "
                               f"peak RSS {row['peak_rss_mb'] / 1024:.2f} GiB")
+                if verify and kind == "wide":
+                    with console.status(f"verifying the {spec.num_layers}-layer export, sliced, in a fresh "
+                                        "process ..."):
+                        check = verify_once(out)
+                    check.update(kind="verify", preset=preset, layers=spec.num_layers, weights_mb=weights_mb,
+                                 largest_tensor_mb=largest_mb)
+                    rows.append(check)
+                    console.print(f"{'[green]✓[/]' if check['passed'] else '[red]✗[/]'} verify "
+                                  f"{spec.num_layers:>3} layers: {check['seconds']:6.1f} s, peak RSS "
+                                  f"{check['peak_rss_mb'] / 1024:.2f} GiB, "
+                                  f"{'PASSED' if check['passed'] else 'FAILED'}")
                 shutil.rmtree(out)
             shutil.rmtree(ckpt)
     _table(console, preset, rows)
@@ -170,7 +194,8 @@ def _table(console, preset: str, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         table.add_row(r["kind"], str(r["layers"]), _size(r["weights_mb"]), _size(r["largest_tensor_mb"]),
                       f"{r['seconds']:.1f} s", _size(r["peak_rss_mb"]),
-                      _size(r["peak_rss_mb"] - r["largest_tensor_mb"]), _size(r["output_mb"]))
+                      _size(r["peak_rss_mb"] - r["largest_tensor_mb"]),
+                      _size(r["output_mb"]) if r["kind"] != "verify" else ("passed" if r["passed"] else "FAILED"))
     console.print(table)
 
 
@@ -184,7 +209,7 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> Path | None:
     except ImportError:
         return None
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
-    for kind in KINDS:
+    for kind in (*KINDS, "verify"):
         rs = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["weights_mb"])
         if not rs:
             continue

@@ -24,12 +24,14 @@ def bench_export(
                                                      "the system temp folder).")] = None,
     output: Annotated[Path, typer.Option(help="JSON results (the plot goes beside it, .png).")] = Path(
         "bench-results/export.json"),
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Also time `wide-export verify --sliced` "
+                                         "on each WIDE export, with its peak RSS and verdict.")] = False,
 ) -> None:
     """Time `wide-export onnx` on checkpoints written to disk, with its peak RSS, next to a dense export."""
     from wide_export.bench.export import KINDS, run_export_bench
 
     run_export_bench(preset=preset, layers=layers, kinds=KINDS if dense else ("wide",), output=output,
-                     work_dir=work_dir)
+                     work_dir=work_dir, verify=verify)
 
 
 def register(app: typer.Typer) -> None:
