@@ -7,11 +7,15 @@ rotary tables, the attention mask), then one slice from each layer's first node
 to the next layer's, then the head (final norm, lm_head). Any cut of a
 topological order into contiguous pieces is a pipeline: a slice reads graph
 inputs and values that earlier slices computed, and hands on the values later
-slices or the caller need. Running the slices in order therefore computes
-exactly what the whole graph computes (the same nodes on the same inputs; a
-value that crosses a cut is a plain tensor, nothing is recomputed or rounded
-differently), while each ONNX Runtime session holds only the initializers its
-own nodes use, read from the export's external data file when it is created.
+slices or the caller need. Running the slices in order therefore runs the
+nodes of the whole graph on the same inputs, while each ONNX Runtime session
+holds only the initializers its own nodes use, read from the export's external
+data file when it is created. For float32 graphs with graph optimizations off
+the outputs are bit-identical to the whole graph's (tested). Otherwise
+ONNX Runtime's rewrites may differ across a cut: fusions, and on CPU the casts
+it inserts to run float16 nodes in float32 (`InsertedPrecisionFreeCast`), which
+inside one session can skip a float16 rounding that a cut makes (seen: up to
+2e-3 on float16 logits, no router decision changed).
 
 Slices run slice-major: slice c runs every step (prefill, then decodes) before
 slice c+1 is loaded, so each slice's weights are read once. A step's
@@ -21,6 +25,10 @@ length from the Shape of some layer's past input in the prologue); that
 present does not exist yet, so the reference's present of the same shape is
 fed there, and `SlicedRun.borrowed` lists every such input with whether a
 non-Shape node reads it (which would make the run differ from the whole graph's).
+
+Given the reference's residual stream per layer, each layer slice and the head
+also run on the reference's inputs (`SlicedRun.per_layer`), which checks every
+layer on its own (see run_sliced).
 """
 
 from __future__ import annotations
@@ -28,7 +36,6 @@ from __future__ import annotations
 import gc
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -57,10 +64,6 @@ class SlicedRun:
     slices: list[tuple[str, int, int]]  # (name, nodes, weight bytes)
     borrowed: dict[str, bool] = field(default_factory=dict)  # past input fed from the reference -> read as data?
     per_layer: list[dict[str, np.ndarray]] | None = None  # outputs of the reference-fed runs (run_sliced)
-
-    @property
-    def largest_slice_bytes(self) -> int:
-        return max(b for _, _, b in self.slices)
 
     def describe(self) -> str:
         name, _, size = max(self.slices, key=lambda s: s[2])
