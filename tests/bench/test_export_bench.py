@@ -13,8 +13,8 @@ def test_tiny_sweep_writes_json_and_plot(tmp_path):
     rows = run_export_bench(preset="tiny", layers=[1, 3], kinds=("wide",), output=out, work_dir=tmp_path,
                             verify=True)
     data = json.loads(out.read_text())
-    assert [(r["kind"], r["layers"]) for r in data["runs"]] == [("wide", 1), ("verify", 1), ("wide", 3),
-                                                               ("verify", 3)] == [(r["kind"], r["layers"]) for r in rows]
+    expected = [("wide", 1), ("verify", 1), ("wide", 3), ("verify", 3)]
+    assert [(r["kind"], r["layers"]) for r in data["runs"]] == expected == [(r["kind"], r["layers"]) for r in rows]
     small, _, big, _ = data["runs"]
     assert 0 < small["weights_mb"] < big["weights_mb"] and small["largest_tensor_mb"] == big["largest_tensor_mb"]
     for r in data["runs"]:

@@ -27,7 +27,8 @@ def triton(
         "--backend", help="tensorrt or onnxruntime (default: from --engines / --onnx).", show_default=False)] = None,
     model_name: Annotated[str, typer.Option("--model-name", help="Name of the generation model.")] = "wide_llm",
     max_batch: Annotated[int, typer.Option("--max-batch", help="Most prompts batched into one generation.")] = 8,
-    instances: Annotated[int, typer.Option("--instances", help="Instances of the generation model (the tensorrt_plan model has one per GPU).")] = 1,
+    instances: Annotated[int, typer.Option(
+        "--instances", help="Instances of the generation model (the tensorrt_plan model has one per GPU).")] = 1,
     streaming: Annotated[bool, typer.Option(
         "--streaming", help="Decoupled generation model: one response per new token "
                             "(HTTP generate_stream / gRPC stream).")] = False,
