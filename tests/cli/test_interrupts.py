@@ -24,8 +24,12 @@ def _app():
 
 
 def _start_and_signal(args, ready, sig, timeout=240.0):
-    """Start `wide-export *args`, send `sig` as soon as `ready(stderr so far)` is true; (returncode, stderr)."""
-    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    """Start `wide-export *args`, send `sig` as soon as `ready(stderr so far)` is true; (returncode, stderr).
+
+    The child starts with SIGINT at its default, as under a terminal: a test run started in the background
+    (`cmd &`, nohup) ignores SIGINT, and the CLI keeps an inherited SIG_IGN on purpose."""
+    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
