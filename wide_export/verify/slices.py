@@ -248,6 +248,7 @@ def _reference_inputs(piece: Slice, feed: dict, from_layers: set[str], hidden: n
                     np.asarray(feed[name]).dtype)
     return (stream[0] if stream else None), out
 
+
 def _past(name: str, step: int, stores, reference_presents, piece: Slice, run: SlicedRun) -> np.ndarray:
     """Step `step`'s value of the past input `name`: the graph's own previous present, else the reference's."""
     m = _PAST.match(name)
