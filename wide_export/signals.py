@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from typing import Iterator
 
@@ -39,7 +40,12 @@ def check_interrupted() -> None:
 @contextlib.contextmanager
 def interrupt_on_signals() -> Iterator[None]:
     """Within the block SIGINT and SIGTERM run raise_interrupt (main thread only; elsewhere a
-    no-op). A signal the process inherited as ignored (nohup, `&`) stays ignored."""
+    no-op). A signal the process inherited as ignored (nohup, `&`) stays ignored.
+
+    A KeyboardInterrupt raised inside a finalizer or weakref callback cannot propagate; Python
+    would print it as "Exception ignored ... Traceback". It is already recorded (raise_interrupt set
+    the flag that check_interrupted() and the publish step read), so within the block such reports
+    are dropped; any other unraisable exception is reported as before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -48,8 +54,16 @@ def interrupt_on_signals() -> Iterator[None]:
     for sig, handler in previous.items():
         if handler is not signal.SIG_IGN:
             signal.signal(sig, raise_interrupt)
+    report_unraisable = sys.unraisablehook
+
+    def unraisable(info) -> None:
+        if not (isinstance(info.exc_value, KeyboardInterrupt) and _INTERRUPTED.is_set()):
+            report_unraisable(info)
+
+    sys.unraisablehook = unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = report_unraisable
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -126,3 +126,34 @@ def test_verify_refuses_router_or_lora_without_model(demo_onnx, tmp_path, flag):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --router and --lora need --model (hint: ")
     assert not (tmp_path / "r.json").exists()
+
+
+def test_an_interrupt_swallowed_in_a_finalizer_is_recorded_not_printed(monkeypatch):
+    """A KeyboardInterrupt raised in a finalizer cannot propagate: inside the block it is recorded (the
+    flag the publish step reads) and not printed as 'Exception ignored ... Traceback'; any other
+    exception in a finalizer is still reported, and the previous hook is back after the block."""
+    import gc
+    import sys
+
+    from wide_export.signals import interrupt_on_signals, interrupted, raise_interrupt
+
+    reported: list = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: reported.append(type(info.exc_value)))
+    hook = sys.unraisablehook
+
+    class Interrupting:
+        def __del__(self):
+            raise_interrupt(signal.SIGINT, None)
+
+    class Failing:
+        def __del__(self):
+            raise ValueError("a real bug in a finalizer")
+
+    with interrupt_on_signals():
+        Interrupting()
+        gc.collect()
+        assert interrupted()
+        Failing()
+        gc.collect()
+    assert reported == [ValueError]
+    assert sys.unraisablehook is hook

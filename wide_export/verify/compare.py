@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from wide_export.signals import check_interrupted
 from wide_export.verify.reference import Step
 from wide_export.verify.tolerances import Tolerance
 
@@ -68,6 +69,7 @@ def run_steps(runner, steps: list[Step], num_layers: int) -> list[dict[str, np.n
                     for kv in ("key", "value"):
                         feed[f"past_key_values.{i}.{kv}"] = outs[-1][f"present.{i}.{kv}"]
             outs.append({name: np.asarray(v) for name, v in runner.infer(feed).items()})
+            check_interrupted()  # a Ctrl-C swallowed in a finalizer stops here, not at the end
     return outs
 
 

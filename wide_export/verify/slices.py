@@ -40,6 +40,8 @@ from typing import Callable
 
 import numpy as np
 
+from wide_export.signals import check_interrupted
+
 _LAYER = re.compile(r"^/model/layers\.(\d+)/")
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
@@ -210,6 +212,7 @@ def run_sliced(model, session_for: Callable, feeds: list[dict[str, np.ndarray]],
             from_layers.update(piece.outputs)
         del session
         gc.collect()
+        check_interrupted()  # a Ctrl-C swallowed in a finalizer (ONNX Runtime, torch) stops here, not at the end
         run.slices.append((piece.name, len(piece.nodes), piece.weight_bytes))
     names = [o.name for o in graph.output]
     run.outputs = [{name: store[name] for name in names} for store in stores]
