@@ -67,3 +67,6 @@ def interrupt_on_signals() -> Iterator[None]:
         sys.unraisablehook = report_unraisable
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        # The interrupt belonged to this command (it propagated, or the publish step refused): a later
+        # command or API call in the same process (tests, notebooks) must not see it.
+        _INTERRUPTED.clear()
