@@ -17,6 +17,34 @@ def load_generation_module(version_dir: Path):
     return module
 
 
+def drive_staggered(batch, rows: dict, plan: list, ticks: int):
+    """Run an in-flight `Batch` (the generated inflight.py) tick by tick: the rows whose plan entry
+    (tick it arrives at, ...) is this tick are prefilled together and join, otherwise the batch decodes
+    one step; finished rows leave. Returns (tokens per row index, the batch width at each tick that had
+    rows, how many arrivals found rows already decoding)."""
+    import numpy as np
+
+    owner: dict[int, int] = {}
+    done, widths, joined_running = {}, [], 0
+    for t in range(ticks):
+        arriving = [i for i, (at, *_) in enumerate(plan) if at == t]
+        if arriving:
+            joined_running += bool(batch.rows)
+            for i, active in zip(arriving, batch.prefill([rows[i] for i in arriving])):
+                owner[id(active)] = i
+        if batch.rows:
+            widths.append(batch.width)
+            if not arriving:
+                batch.decode()
+        finished = [a for a in batch.rows if a.remaining <= 0]
+        for a in finished:
+            done[owner[id(a)]] = np.array(a.tokens[:a.row.max_new_tokens])
+        batch.leave(finished)
+        if len(done) == len(plan):
+            break
+    return done, widths, joined_running
+
+
 def serve_until_teardown(repo: Path):
     """Fixture body: a real tritonserver on 127.0.0.1 serving `repo`; at teardown it must stop cleanly."""
     from wide_export.triton import TritonServer

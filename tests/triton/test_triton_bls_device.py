@@ -18,20 +18,25 @@ from wide_export.triton import RepoOptions, generate_repository
 
 from tests.triton import fake_pb_utils, tiny_llm
 from tests.triton.engine_manifest import write_engine_folder
-from tests.triton.support import load_generation_module
+from tests.triton.support import drive_staggered, load_generation_module
 
 ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
 
+def _repository(tmp_path, options=None):
+    """A tensorrt-flavour repository generated from a stand-in engine folder: (version folder, its model.py)."""
+    write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",
+                        heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
+    kwargs = {} if options is None else {"options": options}
+    folder = generate_repository(tmp_path / "repo", engines=tmp_path / "engines", **kwargs) / "wide_llm" / "1"
+    return folder, load_generation_module(folder)
+
+
 @pytest.fixture
 def trt(tiny, tmp_path, monkeypatch):
     """(generation module on the fake pb_utils, tensorrt Settings, fake server state)."""
-    write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",
-                        heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
-    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines", options=RepoOptions(max_batch=4))
-    folder = repo / "wide_llm" / "1"
-    gm = load_generation_module(folder)
+    folder, gm = _repository(tmp_path, RepoOptions(max_batch=4))
     settings = gm.Settings.load(str(folder))
     assert (settings.engine_model, settings.kv_cache_memory) == ("wide_llm_engine", "gpu")
     session = ort.InferenceSession(str(tiny[0] / "model.onnx"))
@@ -82,20 +87,7 @@ def test_inflight_joins_and_leaves_stay_on_the_device(trt, tiny, rng):
     # (step it arrives at, prompt length, new tokens): joins into a running batch, leaves at different steps
     plan = [(0, 3, 7), (1, 6, 3), (2, 2, 5), (4, 9, 4), (5, 1, 2)]
     rows = {i: gm.Row(rng.integers(0, tiny_llm.VOCAB, size=n), m) for i, (_, n, m) in enumerate(plan)}
-    owner, done = {}, {}
-    for t in range(30):
-        arriving = [i for i, (at, _, _) in enumerate(plan) if at == t]
-        if arriving:
-            for i, active in zip(arriving, batch.prefill([rows[i] for i in arriving])):
-                owner[id(active)] = i
-        elif batch.rows:
-            batch.decode()
-        finished = [a for a in batch.rows if a.remaining <= 0]
-        for a in finished:
-            done[owner[id(a)]] = np.array(a.tokens[:a.row.max_new_tokens])
-        batch.leave(finished)
-        if len(done) == len(plan):
-            break
+    done, _, _ = drive_staggered(batch, rows, plan, ticks=30)
     for i, row in rows.items():
         np.testing.assert_array_equal(done[i], tiny_llm.reference_greedy(tiny[1], row.prompt, row.max_new_tokens),
                                       err_msg=f"row {i} {plan[i]}")
@@ -127,11 +119,7 @@ def test_cpu_memory_keeps_the_numpy_path(trt, tiny, rng):
 
 
 def test_gpu_memory_without_cuda_torch_refuses_to_load(tmp_path, tiny):
-    write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",
-                        heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
-    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines")
-    folder = repo / "wide_llm" / "1"
-    gm = load_generation_module(folder)
+    folder, gm = _repository(tmp_path)
     fake_pb_utils.install(gm, {})
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the refusal needs a server without it")
@@ -140,11 +128,7 @@ def test_gpu_memory_without_cuda_torch_refuses_to_load(tmp_path, tiny):
 
 
 def test_settings_of_older_repositories_and_bad_ones(tmp_path, tiny):
-    write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",
-                        heads=tiny_llm.KV_HEADS, dim=tiny_llm.HEAD_DIM, max_pos=tiny_llm.MAX_POS)
-    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines")
-    folder = repo / "wide_llm" / "1"
-    gm = load_generation_module(folder)
+    folder, gm = _repository(tmp_path)
     path = folder / "generation.json"
     current = json.loads(path.read_text())
     old = {k: v for k, v in current.items() if k not in ("engine_model", "kv_cache_memory")}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.triton import tiny_llm
-from tests.triton.support import load_generation_module
+from tests.triton.support import drive_staggered, load_generation_module
 
 WAIT_S = 60.0
 
@@ -63,23 +63,7 @@ def test_rows_joining_and_leaving_a_running_batch_match_the_reference(gm, inflig
     # prompts than the batch's width, rows leaving at different steps, a 1-token row.
     plan = [(0, 3, 9), (0, 7, 4), (2, 12, 6), (3, 1, 5), (5, 5, 1), (6, 20, 2), (9, 2, 3)]
     rows = {i: _row(gm, rng, n, m) for i, (_, n, m) in enumerate(plan)}
-    done, widths, joined_running = {}, [], 0
-    owner: dict[int, int] = {}
-    for t in range(40):
-        arriving = [i for i, (at, _, _) in enumerate(plan) if at == t]
-        if arriving:
-            joined_running += bool(batch.rows)
-            for i, active in zip(arriving, batch.prefill([rows[i] for i in arriving])):
-                owner[id(active)] = i
-        if batch.rows:
-            widths.append(batch.width)
-            batch.decode() if not arriving else None
-        finished = [a for a in batch.rows if a.remaining <= 0]
-        for a in finished:
-            done[owner[id(a)]] = np.array(a.tokens[:a.row.max_new_tokens])
-        batch.leave(finished)
-        if len(done) == len(plan):
-            break
+    done, widths, joined_running = drive_staggered(batch, rows, plan, ticks=40)
     assert len(done) == len(plan) and not batch.rows
     assert joined_running >= 4  # most rows joined while others were decoding
     assert any(b < a for a, b in zip(widths, widths[1:]))  # leaving rows cut shared padding
