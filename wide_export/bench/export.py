@@ -107,7 +107,9 @@ def export_once(kind: str, ckpt: Path, out: Path) -> dict[str, Any]:
 def verify_once(out: Path) -> dict[str, Any]:
     """`wide-export verify --onnx OUT --sliced` in a fresh process: time, peak RSS and the verdict."""
     row = _run([sys.executable, "-m", "wide_export", "verify", "--onnx", str(out), "--sliced"], check=False)
-    report = json.loads((out / "verify_report.json").read_text())
+    from wide_export.names import VERIFY_REPORT
+
+    report = json.loads((out / VERIFY_REPORT).read_text())
     row.update(output_mb=0.0, passed=bool(report["passed"]), notes=report["notes"])
     return row
 

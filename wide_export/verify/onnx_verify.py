@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from wide_export.errors import WideError
+from wide_export.names import VERIFY_REPORT
 from wide_export.verify.compare import VerifyReport, compare, run_steps
 from wide_export.verify.reference import reference_steps, streamed
 from wide_export.verify.tolerances import tolerance_for
 
 DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
-REPORT_NAME = "verify_report.json"  # default report file, inside the verified folder
+REPORT_NAME = VERIFY_REPORT  # default report file, inside the verified folder
 
 
 def reference_for(config: dict[str, Any], loaded=None, lazy: bool = False, **load_kwargs):
