@@ -62,13 +62,8 @@ def with_masks(onnx_dir: Path, config: dict[str, Any]):
     return proto
 
 
-def debug_model_with_masks(onnx_dir: Path, config: dict[str, Any]) -> bytes:
-    """with_masks(), serialized."""
-    return with_masks(onnx_dir, config).SerializeToString()
-
-
 def debug_session(onnx_dir: Path, config: dict[str, Any], model: bytes | None = None):
-    """An ONNX Runtime CPU session of debug_model_with_masks (or of `model`, a serialized graph whose
+    """An ONNX Runtime CPU session of with_masks() (or of `model`, a serialized graph whose
     external weights are the export's). External weights are read from the export folder itself (a copy
     or link of them elsewhere is refused by ONNX Runtime as a path escape)."""
     import onnxruntime as ort
@@ -76,7 +71,7 @@ def debug_session(onnx_dir: Path, config: dict[str, Any], model: bytes | None = 
     options = ort.SessionOptions()
     options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                      str(Path(onnx_dir).resolve()))
-    return ort.InferenceSession(model or debug_model_with_masks(onnx_dir, config), options,
+    return ort.InferenceSession(model or with_masks(onnx_dir, config).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
 
 
