@@ -57,18 +57,23 @@ def demo_server(demo_repo):
 
 @pytest.fixture(scope="session")
 def reference():
-    """fn(prompt [T], n) -> the PyTorch reference's n greedy tokens (demo model)."""
+    """fn(prompt [T], n) -> the PyTorch reference's greedy tokens (demo model): n of them, or fewer
+    when one is the demo config's eos id (transformers' `generate` stops there, eos included)."""
     import torch
 
     from wide_export.checkpoint.demo import demo_model
+    from wide_export.model.demo import DEMO_SPEC
     from wide_export.model.generate import greedy_generate
 
     model = demo_model().eval()
+    eos = DEMO_SPEC.hf_config().eos_token_id
 
-    def tokens(prompt: np.ndarray, n: int) -> np.ndarray:
+    def tokens(prompt: np.ndarray, n: int, stop_at_eos: bool = True) -> np.ndarray:
         ids = torch.from_numpy(np.asarray(prompt, dtype=np.int64)).reshape(1, -1)
         with torch.no_grad():
-            out = greedy_generate(model, ids, torch.ones_like(ids), n)
-        return out[0].numpy()
+            out = greedy_generate(model, ids, torch.ones_like(ids), n)[0].numpy()
+        hits = np.flatnonzero(out == eos)
+        return out[:hits[0] + 1] if stop_at_eos and hits.size else out
 
+    tokens.eos = eos
     return tokens

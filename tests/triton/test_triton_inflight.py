@@ -164,7 +164,7 @@ def test_a_short_request_during_long_streams_finishes_first(server, reference, v
     outcomes = []
     for _ in range(3):
         long_prompts, short_prompt = rng.integers(0, vocab, size=(4, 5)), rng.integers(0, vocab, size=9)
-        longs = [Stream(server.endpoints.http, {"input_ids": p.tolist(), "max_new_tokens": long_n})
+        longs = [Stream(server.endpoints.http, {"input_ids": p.tolist(), "max_new_tokens": long_n, "ignore_eos": True})
                  for p in long_prompts]
         short = Stream(server.endpoints.http, {"input_ids": short_prompt.tolist(), "max_new_tokens": short_n})
 
@@ -177,7 +177,7 @@ def test_a_short_request_during_long_streams_finishes_first(server, reference, v
         _run_threads([s.run for s in longs] + [later])
         np.testing.assert_array_equal(short.tokens, reference(short_prompt, short_n))
         for s, prompt in zip(longs, long_prompts):
-            np.testing.assert_array_equal(s.tokens, reference(prompt, long_n))
+            np.testing.assert_array_equal(s.tokens, reference(prompt, long_n, stop_at_eos=False))
         assert short.times[0] > max(s.times[0] for s in longs)  # it did arrive later
         outcomes.append(round(short.times[-1] - min(s.times[-1] for s in longs), 3))
         if outcomes[-1] < 0:  # its last token came before any long stream's last one
@@ -217,11 +217,11 @@ def test_malformed_requests_while_others_decode(server, reference, vocab):
             new = grpcclient.InferInput("max_new_tokens", [1, 1], "INT32")
             new.set_data_from_numpy(np.full((1, 1), 2, np.int32))
             client.async_stream_infer(MODEL, [ids, new])
-            ids = grpcclient.InferInput("input_ids", [2, 3], "INT64")  # rows with different lengths to make
-            ids.set_data_from_numpy(np.ones((2, 3), np.int64))
-            new = grpcclient.InferInput("max_new_tokens", [2, 1], "INT32")
-            new.set_data_from_numpy(np.array([[2], [3]], np.int32))
-            client.async_stream_infer(MODEL, [ids, new])
+            ids = grpcclient.InferInput("input_ids", [1, 3], "INT64")  # token ids AND text: which one?
+            ids.set_data_from_numpy(np.ones((1, 3), np.int64))
+            text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+            text.set_data_from_numpy(np.array([[b"hello"]], dtype=object))
+            client.async_stream_infer(MODEL, [ids, text])
             for _ in range(2):
                 error = errors.get(timeout=DEADLINE_S)
                 assert isinstance(error, InferenceServerException), error
@@ -237,7 +237,7 @@ def test_malformed_requests_while_others_decode(server, reference, vocab):
         assert answer.status == 400 and len(answer.events) == 1, (answer.status, answer.events)
         assert message in answer.events[0]["error"], answer.events
     assert any("FP32" in e or "data-type" in e or "datatype" in e.lower() for e in grpc_errors), grpc_errors
-    assert any("share max_new_tokens" in e for e in grpc_errors), grpc_errors
+    assert any("exactly one of input_ids" in e for e in grpc_errors), grpc_errors
     np.testing.assert_array_equal(running.tokens, reference(prompt, 150))
     assert server.process.poll() is None and server.is_ready()
 
@@ -246,7 +246,8 @@ def test_clients_leaving_mid_stream_do_not_disturb_the_batch(server, reference, 
     rng = np.random.default_rng(13)
     url = server.endpoints.http
     before = server.log_text().count("streaming client went away")
-    leavers = [Stream(url, {"input_ids": rng.integers(0, vocab, size=6).tolist(), "max_new_tokens": 400}, keep=k)
+    leavers = [Stream(url, {"input_ids": rng.integers(0, vocab, size=6).tolist(), "max_new_tokens": 400,
+                            "ignore_eos": True}, keep=k)
                for k in (2, 10)]
     stayers = [(rng.integers(0, vocab, size=int(rng.integers(1, 16))), int(rng.integers(20, 60))) for _ in range(3)]
     streams = [Stream(url, {"input_ids": p.tolist(), "max_new_tokens": n}) for p, n in stayers]
@@ -270,7 +271,8 @@ def test_the_server_stops_cleanly_with_streams_in_flight(inflight_repo):
     server = TritonServer(inflight_repo)
     server.start(timeout=120)
     pid = server.process.pid
-    streams = [Stream(server.endpoints.http, {"input_ids": [3, 4, 5 + i], "max_new_tokens": 500}) for i in range(3)]
+    streams = [Stream(server.endpoints.http, {"input_ids": [3, 4, 5 + i], "max_new_tokens": 500, "ignore_eos": True})
+               for i in range(3)]
     threads = [threading.Thread(target=s.run, daemon=True) for s in streams]
     try:
         for t in threads:

@@ -28,13 +28,16 @@ def test_onnxruntime_repository_layout_and_config(tiny, tmp_path):
                                options=RepoOptions(model_name="my_llm", max_batch=3, instances=2))
     version = repo / "my_llm" / "1"
     assert sorted(p.name for p in version.iterdir()) == [
-        "generation.json", "inflight.py", "model.onnx", "model.py", "wide_config.json"]
+        "generation.json", "inflight.py", "metrics.py", "model.onnx", "model.py", "textgen.py", "wide_config.json"]
     assert (version / "model.onnx").read_bytes() == (tiny[0] / "model.onnx").read_bytes()
     cfg = parse_config(repo / "my_llm" / "config.pbtxt")
     assert (cfg.name, cfg.backend, cfg.max_batch_size) == ("my_llm", "python", 3)
     assert [(i.name, i.optional) for i in cfg.input] == [
-        ("input_ids", False), ("max_new_tokens", False), ("temperature", True), ("top_p", True), ("seed", True)]
-    assert [o.name for o in cfg.output] == ["output_ids"]
+        ("input_ids", True), ("text_input", True), ("add_special_tokens", True), ("max_new_tokens", True),
+        ("temperature", True), ("top_p", True), ("seed", True), ("stop_token_ids", True), ("stop_words", True),
+        ("ignore_eos", True)]
+    assert [o.name for o in cfg.output] == [
+        "output_ids", "text_output", "finish_reason", "num_input_tokens", "num_output_tokens"]
     assert cfg.instance_group[0].count == 2
     assert cfg.HasField("dynamic_batching")
     settings = json.loads((version / "generation.json").read_text())

@@ -45,18 +45,19 @@ def test_greedy_tokens_equal_the_reference(demo_server, reference, limits, proto
         assert client.is_ready()
         for _ in range(3):
             prompt, n = _prompt(rng, limits[0]), int(rng.integers(1, 12))
-            got = client.generate(prompt, n)
-            assert got.dtype == np.int64 and got.shape == (n,)
-            np.testing.assert_array_equal(got, reference(prompt, n))
+            got, expected = client.generate(prompt, n), reference(prompt, n)
+            assert got.dtype == np.int64 and got.shape == expected.shape  # n tokens, or fewer ending at eos
+            np.testing.assert_array_equal(got, expected)
 
 
 def test_batched_request_rows_equal_the_reference(demo_server, reference, limits, rng):
     prompts = rng.integers(0, limits[0], size=(3, 9), dtype=np.int64)
     with GenerationClient(demo_server.endpoints.grpc, "grpc", MODEL) as client:
         got = client.generate(prompts, 6)
-    assert got.shape == (3, 6)
-    for row, prompt in zip(got, prompts):
-        np.testing.assert_array_equal(row, reference(prompt, 6))
+    expected = [reference(prompt, 6) for prompt in prompts]
+    assert got.shape == (3, max(len(e) for e in expected))  # as long as the longest row
+    for row, want in zip(got, expected):  # a row that stopped at eos is padded with the pad id (= eos here)
+        np.testing.assert_array_equal(row, np.pad(want, (0, got.shape[1] - len(want)), constant_values=reference.eos))
 
 
 def test_eight_concurrent_clients_all_exact_none_lost(demo_server, reference, limits, rng):
@@ -111,7 +112,10 @@ def _malformed(vocab: int, max_total: int, rng) -> dict:
         "negative new tokens": ({"input_ids": (ok, "INT64"), "max_new_tokens": (np.array([[-4]], np.int32), "INT32")},
                                 "max_new_tokens must be >= 1"),
         "token out of vocab": ({"input_ids": (ok + vocab, "INT64"), "max_new_tokens": (new, "INT32")}, "must lie in"),
-        "missing max_new_tokens": ({"input_ids": (ok, "INT64")}, "max_new_tokens"),
+        "no prompt": ({"max_new_tokens": (new, "INT32")}, "exactly one of input_ids"),
+        "two prompts": ({"input_ids": (ok, "INT64"), "text_input": (np.array([[b"hi"]], object), "BYTES")},
+                        "exactly one of input_ids"),
+        "negative seed": ({"input_ids": (ok, "INT64"), "seed": (np.array([[-1]], np.int64), "INT64")}, "seed"),
         "bad top_p": ({"input_ids": (ok, "INT64"), "max_new_tokens": (new, "INT32"),
                        "top_p": (np.array([[2.0]], np.float32), "FP32")}, "top_p"),
     }

@@ -2,7 +2,10 @@
 direct ONNX Runtime calls (same decode loop, same session settings), 1 and 8
 concurrent clients, in one run; then streaming requests arriving staggered
 (seeded exponential gaps, different lengths) served with static batching and with
-in-flight batching.
+in-flight batching. With `openai`, instead: the OpenAI-compatible frontend in front
+of a streaming repository, driven through `/v1/completions` with `stream=True` by the
+official `openai` client from C concurrent clients: time to first token, inter-token
+latency and tokens/s (`openai_stats`).
 
 Numbers, not pass/fail: tokens/s over the wall time of each scenario and the
 p50/p99 of per-request latency (staggered: from sending to the last token, and
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import tempfile
 import threading
 import time
@@ -41,6 +45,9 @@ class ServingBenchConfig:
     output: Path = Path("bench-results/serving.json")
     staggered: int = 16  # streaming requests for the static vs in-flight comparison; 0 skips it
     arrival_ms: float = 10.0  # mean gap between their arrivals
+    clients: tuple = CLIENT_COUNTS  # concurrent clients, one scenario each
+    openai: bool = False  # measure the OpenAI frontend (streaming /v1/completions) instead
+    repository: Optional[Path] = None  # openai: serve this repository (default: a streaming one from `onnx`)
 
 
 @dataclass
@@ -125,7 +132,7 @@ def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
     settings = gm.Settings.load(str(version))
     step = gm.ort_step(str(version), settings)
     results = []
-    for clients in CLIENT_COUNTS:
+    for clients in cfg.clients:
         prompts = _prompts(cfg, settings.vocab_size, clients)
 
         def direct(c: int, i: int) -> int:
@@ -136,7 +143,7 @@ def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
         results.append(run_clients(clients, cfg.requests, direct, "direct onnxruntime"))
     with TritonServer(repo) as server:
         url = server.endpoints.grpc if cfg.protocol == "grpc" else server.endpoints.http
-        for clients in CLIENT_COUNTS:
+        for clients in cfg.clients:
             prompts = _prompts(cfg, settings.vocab_size, clients)
             # One client per thread, made in that thread: tritonclient.http (gevent) can't switch threads.
             local, opened, lock = threading.local(), [], threading.Lock()
@@ -232,6 +239,137 @@ def _measure_staggered(cfg: ServingBenchConfig, onnx: Path, tmp: Path) -> list[S
     return results
 
 
+@dataclass
+class StreamTiming:
+    """One streamed request: when it was sent and when each chunk carrying tokens arrived (perf_counter s)."""
+
+    sent: float
+    token_times: list = field(default_factory=list)  # one entry per chunk that carried tokens
+    tokens: int = 0  # completion tokens (the usage chunk's count)
+
+
+def percentile(values, q: float) -> Optional[float]:
+    """numpy's linear percentile, None for no values."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else None
+
+
+def openai_stats(name: str, clients: int, timings: list[StreamTiming], wall_s: float) -> dict:
+    """Tokens/s over the scenario's wall time; p50/p99 of time to first token (sent -> first token chunk),
+    of inter-token latency (gaps between consecutive token chunks of a request, all requests pooled) and of
+    request latency (sent -> last token chunk), in ms."""
+    def ms(value: Optional[float]) -> Optional[float]:
+        return None if value is None else round(value, 3)
+
+    ttft = [(t.token_times[0] - t.sent) * 1e3 for t in timings if t.token_times]
+    itl = [(b - a) * 1e3 for t in timings for a, b in zip(t.token_times, t.token_times[1:])]
+    latency = [(t.token_times[-1] - t.sent) * 1e3 for t in timings if t.token_times]
+    tokens = sum(t.tokens for t in timings)
+    return {"name": name, "clients": clients, "requests": len(timings), "tokens": tokens,
+            "wall_s": round(wall_s, 4), "tokens_per_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
+            "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
+            "itl_p50_ms": ms(percentile(itl, 50)), "itl_p99_ms": ms(percentile(itl, 99)),
+            "p50_ms": ms(percentile(latency, 50)), "p99_ms": ms(percentile(latency, 99))}
+
+
+def openai_stream(client, model: str, prompt: list, max_tokens: int) -> StreamTiming:
+    """One streaming /v1/completions request through the official client; ignore_eos so that it
+    generates exactly max_tokens (checked against the usage chunk)."""
+    timing = StreamTiming(sent=time.perf_counter())
+    stream = client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, "return_token_ids": True})
+    usage = None
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            ids = (choice.model_extra or {}).get("token_ids")
+            if (len(ids) if ids is not None else int(bool(choice.text))) > 0:
+                timing.token_times.append(now)
+    if usage is None:
+        raise WideError("the OpenAI frontend sent no usage chunk")
+    timing.tokens = int(usage.completion_tokens)
+    if timing.tokens != max_tokens:
+        raise WideError(f"a streamed request got {timing.tokens} of {max_tokens} tokens (ignore_eos not honoured?)")
+    return timing
+
+
+def _openai_repository(cfg: ServingBenchConfig, tmp: Path, console) -> Path:
+    from wide_export.triton.repository import RepoOptions, generate_repository
+
+    if cfg.repository is not None:
+        return cfg.repository
+    onnx = cfg.onnx
+    if onnx is None:
+        with console.status("exporting the demo model ..."):
+            onnx = export_onnx_cli(tmp / "onnx")
+    return generate_repository(tmp / "repo-openai", onnx=onnx, options=RepoOptions(streaming=True))
+
+
+def _measure_openai(cfg: ServingBenchConfig, repo: Path) -> tuple[list[dict], str]:
+    """Per client count: C threads, each with its own openai client, `requests` streamed completions."""
+    from openai import OpenAI
+
+    from wide_export.frontend.runner import prepare_frontend
+    from wide_export.triton.server import TritonServer
+
+    frontend = prepare_frontend(repo)
+    model = frontend.models[0]
+    try:
+        settings = json.loads((model.folder / "generation.json").read_text())
+        vocab = int(settings["vocab_size"])
+    except (OSError, KeyError, ValueError):
+        frontend.stop()
+        raise WideError(f"{model.folder} has no readable generation.json with vocab_size") from None
+    decoupled = re.search(r"decoupled\s*:\s*true", (repo / model.triton_name / "config.pbtxt").read_text()) is not None
+    rows = []
+    try:
+        with TritonServer(repo) as server:
+            frontend.start(server.endpoints.grpc)
+            for clients in cfg.clients:
+                prompts = _prompts(cfg, vocab, clients)
+                local, timings, lock = threading.local(), [], threading.Lock()
+
+                def connect(c: int) -> None:
+                    local.client = OpenAI(base_url=frontend.url, api_key="none", max_retries=0, timeout=600)
+                    openai_stream(local.client, model.name, prompts[c, 0].tolist(), cfg.new_tokens)  # warm-up
+
+                def one(c: int, i: int) -> int:
+                    timing = openai_stream(local.client, model.name, prompts[c, i].tolist(), cfg.new_tokens)
+                    with lock:
+                        timings.append(timing)
+                    return timing.tokens
+
+                scenario = run_clients(clients, cfg.requests, one, "openai completions stream", setup=connect)
+                rows.append(openai_stats(scenario.name, clients, timings, scenario.wall_s))
+    finally:
+        frontend.stop()
+    return rows, model.name if decoupled else f"{model.name} (not streaming: one response per request)"
+
+
+def _run_openai_bench(cfg: ServingBenchConfig, console) -> dict:
+    from rich.table import Table
+
+    with tempfile.TemporaryDirectory(prefix="wide-bench-openai-") as tmp:
+        repo = _openai_repository(cfg, Path(tmp), console)
+        with console.status("measuring the OpenAI frontend ..."):
+            rows, model = _measure_openai(cfg, repo)
+    table = Table(title=f"OpenAI /v1/completions, stream, model {model}: prompt {cfg.prompt_len} tokens, "
+                        f"{cfg.new_tokens} new tokens (ignore_eos), {cfg.requests} requests per client")
+    for col in ("clients", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "p50 ms", "p99 ms"):
+        table.add_column(col, justify="right")
+
+    def fmt(value) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    for r in rows:
+        table.add_row(str(r["clients"]), fmt(r["tokens_per_s"]), fmt(r["ttft_p50_ms"]), fmt(r["ttft_p99_ms"]),
+                      fmt(r["itl_p50_ms"]), fmt(r["itl_p99_ms"]), fmt(r["p50_ms"]), fmt(r["p99_ms"]))
+    console.print(table)
+    return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}, "openai": rows}
+
+
 def run_serving_bench(cfg: ServingBenchConfig) -> dict:
     """Measure, print a table, write JSON to cfg.output; returns the results."""
     from rich.console import Console
@@ -243,7 +381,19 @@ def run_serving_bench(cfg: ServingBenchConfig) -> dict:
         raise WideError(f"unknown protocol {cfg.protocol!r}", hint="http or grpc")
     if cfg.staggered < 0 or cfg.arrival_ms < 0:
         raise WideError("--staggered and --arrival-ms must be >= 0")
+    if not cfg.clients or any(c < 1 for c in cfg.clients):
+        raise WideError(f"--clients must be >= 1, got {list(cfg.clients)}")
+    if min(cfg.requests, cfg.prompt_len, cfg.new_tokens) < 1:
+        raise WideError("--requests, --prompt-len and --new-tokens must be >= 1")
+    if cfg.repository is not None and not cfg.openai:
+        raise WideError("--repository is for --openai", hint="add --openai, or give --onnx")
     console = Console(highlight=False)
+    if cfg.openai:
+        result = _run_openai_bench(cfg, console)
+        cfg.output.parent.mkdir(parents=True, exist_ok=True)
+        cfg.output.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {cfg.output}")
+        return result
     with tempfile.TemporaryDirectory(prefix="wide-bench-serving-") as tmp:
         onnx = cfg.onnx
         if onnx is None:

@@ -96,8 +96,20 @@ def serve(
     address: Annotated[str, typer.Option("--address", help="Address to bind (loopback by default).")] = "127.0.0.1",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the models to load.")] = 300.0,
     log_verbose: Annotated[int, typer.Option("--log-verbose", help="tritonserver --log-verbose level.")] = 0,
+    openai_port: Annotated[Optional[int], typer.Option(
+        "--openai-port", help="Also serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
+                              "/v1/models, /health) on this port, in front of tritonserver.",
+        show_default=False)] = None,
+    openai_address: Annotated[str, typer.Option(
+        "--openai-address", help="Address the OpenAI API binds (loopback by default).")] = "127.0.0.1",
+    served_model_name: Annotated[Optional[str], typer.Option(
+        "--served-model-name", help="The `model` name OpenAI clients use (default: the generation model's name; "
+                                    "the repository must hold exactly one).", show_default=False)] = None,
 ) -> None:
-    """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C."""
+    """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C.
+
+    With --openai-port, an OpenAI-compatible HTTP API runs in front of it (talking to it over gRPC).
+    """
     from rich.console import Console
 
     from wide_export.triton.server import TritonServer
@@ -105,16 +117,42 @@ def serve(
     from wide_export.signals import interrupt_on_signals
 
     console = Console(highlight=False)
+    if openai_port is None and served_model_name is not None:
+        from wide_export.errors import WideError
+
+        raise WideError("--served-model-name is for the OpenAI API", hint="add --openai-port PORT")
     server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                           address=address, log_verbose=log_verbose)
-    # SIGTERM while loading must stop the server as Ctrl-C does (it runs in its own session).
-    with interrupt_on_signals(), console.status("starting tritonserver ..."):
-        server.start(timeout=timeout)
+    frontend = None
+    try:
+        # SIGTERM while loading must stop the server as Ctrl-C does (it runs in its own session).
+        with interrupt_on_signals():
+            if openai_port is not None:
+                # Before tritonserver starts: a taken port or a bad repository fails at once.
+                from wide_export.frontend.runner import prepare_frontend
+
+                with console.status("loading the tokenizer for the OpenAI API ..."):
+                    frontend = prepare_frontend(repository, openai_address, openai_port, served_model_name)
+            with console.status("starting tritonserver ..."):
+                server.start(timeout=timeout)
+            if frontend is not None:
+                with console.status("starting the OpenAI API ..."):
+                    frontend.start(server.endpoints.grpc)
+    except BaseException:
+        if frontend is not None:
+            frontend.stop()
+        server.stop()
+        raise
     ends = server.endpoints
     console.print(f"[green]ready[/]  HTTP {ends.http}  gRPC {ends.grpc}"
-                  + (f"  metrics {ends.metrics}" if ends.metrics else ""))
+                  + (f"  metrics {ends.metrics}" if ends.metrics else "")
+                  + (f"  OpenAI {frontend.url}" if frontend is not None else ""), soft_wrap=True)
+    if frontend is not None:
+        console.print(f"models: {', '.join(m.name for m in frontend.models)}", markup=False)
     console.print("Ctrl-C to stop")
-    server.serve_until_signal(report=lambda line: console.print(line, markup=False))  # reloads dead models
+    server.serve_until_signal(report=lambda line: console.print(line, markup=False),  # reloads dead models
+                              check=frontend.check if frontend is not None else None,
+                              before_stop=frontend.stop if frontend is not None else None)
     console.print("stopped")
 
 
@@ -133,15 +171,26 @@ def bench_serving(
         "--staggered", help="Streaming requests arriving staggered, served with static and with in-flight "
                             "batching (0 skips this part).")] = 16,
     arrival_ms: Annotated[float, typer.Option("--arrival-ms", help="Mean gap between staggered arrivals.")] = 10.0,
+    clients: Annotated[Optional[list[int]], typer.Option(
+        "--clients", help="Concurrent clients, one scenario each (repeat the option; default: 1 and 8).",
+        show_default=False)] = None,
+    openai: Annotated[bool, typer.Option(
+        "--openai", help="Measure the OpenAI-compatible API instead: streaming /v1/completions through the "
+                         "official openai client (TTFT, inter-token latency, tokens/s).")] = False,
+    repository: Annotated[Optional[Path], typer.Option(
+        "--repository", help="--openai: serve this repository (default: a streaming one from --onnx or the demo "
+                             "model).", show_default=False)] = None,
 ) -> None:
     """Tokens/s and p50/p99 latency of the served onnxruntime flavour, 1 and 8 clients,
     next to direct ONNX Runtime calls in the same run; then staggered streaming requests,
-    static vs in-flight batching."""
-    from wide_export.bench.serving import ServingBenchConfig, run_serving_bench
+    static vs in-flight batching. With --openai: time to first token, inter-token latency
+    and tokens/s of streaming /v1/completions through the OpenAI-compatible API."""
+    from wide_export.bench.serving import CLIENT_COUNTS, ServingBenchConfig, run_serving_bench
 
     run_serving_bench(ServingBenchConfig(
         onnx=onnx, requests=requests, prompt_len=prompt_len, new_tokens=new_tokens, protocol=protocol,
         seed=seed, output=output, staggered=staggered, arrival_ms=arrival_ms,
+        clients=tuple(clients) if clients else CLIENT_COUNTS, openai=openai, repository=repository,
     ))
 
 

@@ -127,9 +127,12 @@ def write_genai_files(loaded, folder: Path, model_file: str) -> list[str]:
     (folder / GENAI_CONFIG_NAME).write_text(json.dumps(genai_config(loaded, model_file), indent=2) + "\n")
     src = model_folder(loaded)
     copied = []
-    if src is not None:
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copy2(src / name, folder / name)
-                copied.append(name)
+    if src is None:  # the in-memory demo model: its byte-level tokenizer, so the export takes text
+        from wide_export.model.demo_tokenizer import write_demo_tokenizer
+
+        return write_demo_tokenizer(folder)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, folder / name)
+            copied.append(name)
     return copied

@@ -1,17 +1,31 @@
 """WIDE generation model for Triton's Python backend (copied as `<model>/1/model.py`).
 
-Self-contained on purpose (numpy, onnxruntime, Triton's pb_utils only): a
-generated repository must run where wide_export is not installed.
+Self-contained on purpose (numpy, onnxruntime, Triton's pb_utils; `tokenizers` for text): a
+generated repository must run where wide_export is not installed. Its siblings inflight.py
+(in-flight batching), textgen.py (tokenizer, stop rules, streamed text) and metrics.py
+(Prometheus metrics through pb_utils.MetricFamily) are copied beside it.
 
-Interface (one prompt per row; rows of one request share a length):
-  inputs  input_ids INT64 [-1], max_new_tokens INT32 [1],
-          optional temperature FP32 [1], top_p FP32 [1], seed INT64 [1]
-  output  output_ids INT64 [-1]: the new tokens only.
+Interface (one prompt per row; the rows of an input_ids request share a length):
+  inputs  exactly one of input_ids INT64 [-1] or text_input BYTES [1] (UTF-8, tokenized by the
+          repository's tokenizer.json; add_special_tokens BOOL [1], default true, adds BOS as
+          the tokenizer is configured);
+          optional max_new_tokens INT32 [1] (a maximum; absent: the rest of the context),
+          temperature FP32 [1], top_p FP32 [1], seed INT64 [1], stop_token_ids INT64 [-1],
+          stop_words BYTES [-1] (stop strings), ignore_eos BOOL [1]
+  outputs output_ids INT64 [-1] (the new tokens, a stop token included; rows that ended earlier
+          are padded with pad_token_id), text_output BYTES [1] (their text, special tokens skipped,
+          cut before a stop string), finish_reason BYTES [1] ("stop": an eos id, a stop token or a
+          stop string; "length": max_new_tokens), num_input_tokens / num_output_tokens INT32 [1].
+A row stops at any eos id of generation.json (from the export's generation_config.json),
+at its stop token ids and stop strings, or after max_new_tokens (textgen.py).
 Greedy when temperature is absent or 0, else temperature / top-p sampling
 (seeded per request when `seed` is given).
 Streaming (config.pbtxt `model_transaction_policy { decoupled: true }`, from
-`wide-export triton --streaming`): one response per new token, output_ids
-[batch, 1], then a final empty response flagged TRITONSERVER_RESPONSE_COMPLETE_FINAL.
+`wide-export triton --streaming`): one response per new token: output_ids [batch, 1],
+text_output the text released by that token (a character split across tokens comes whole,
+text that may start a stop string is held back until it cannot), finish_reason "" until the
+row's last token, counts so far; then a final empty response flagged
+TRITONSERVER_RESPONSE_COMPLETE_FINAL as soon as every row of the request is done.
 A request whose client went away (cancelled) gets nothing more; a batch whose
 clients all went away stops decoding.
 In-flight batching (config parameter `batching: inflight`, the default of
@@ -41,7 +55,7 @@ import importlib.util
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -68,6 +82,8 @@ class Row:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: Optional[int] = None
+    stop_ids: tuple = ()  # the eos ids (unless ignore_eos) and the request's stop token ids
+    stop_strings: tuple = ()
 
 
 @dataclass
@@ -88,6 +104,8 @@ class Settings:
     prefill_model: str = ""  # tensorrt, engines split across files (and repositories before engine_model)
     decode_model: str = ""
     kv_cache_memory: str = "gpu"  # tensorrt: "gpu" (BLS outputs in GPU memory) or "cpu" (host numpy)
+    eos_token_ids: list = field(default_factory=list)  # generation stops at any of them
+    pad_token_id: int = 0  # fills output_ids of rows that ended before the others
 
     @classmethod
     def load(cls, folder: str) -> "Settings":
@@ -132,6 +150,9 @@ def validate_row(row: Row, settings: Settings) -> None:
     """Raise RequestError for anything the model cannot serve."""
     if row.prompt.ndim != 1 or row.prompt.size == 0:
         raise RequestError("input_ids is empty: send at least one prompt token")
+    if row.prompt.size >= settings.max_total_tokens:
+        raise RequestError(f"prompt ({row.prompt.size} tokens) + one new token exceeds the model's limit of "
+                           f"{settings.max_total_tokens} tokens")
     if row.max_new_tokens <= 0:
         raise RequestError(f"max_new_tokens must be >= 1, got {row.max_new_tokens}")
     total = row.prompt.size + row.max_new_tokens
@@ -150,6 +171,8 @@ def validate_row(row: Row, settings: Settings) -> None:
         raise RequestError(f"temperature must be >= 0, got {row.temperature}")
     if not (0.0 < row.top_p <= 1.0):
         raise RequestError(f"top_p must be in (0, 1], got {row.top_p}")
+    if row.seed is not None and row.seed < 0:
+        raise RequestError(f"seed must be >= 0, got {row.seed}")
 
 
 def choose_tokens(logits: np.ndarray, rows: list[Row], rngs: list[np.random.Generator]) -> np.ndarray:
@@ -169,9 +192,19 @@ def choose_tokens(logits: np.ndarray, rows: list[Row], rngs: list[np.random.Gene
     return out
 
 
-def generate(step: StepFn, settings: Settings, rows: list[Row],
-             on_step: Optional[OnStep] = None) -> list[np.ndarray]:
-    """Prefill all rows together (left-padded), then decode with the KV cache."""
+def row_outputs(rows: list[Row], codec=None) -> list:
+    """One textgen.RowOutput per row: its stop rule, finish reason and text."""
+    textgen = load_sibling("textgen")
+    return [textgen.RowOutput(r.prompt, r.max_new_tokens, r.stop_ids, r.stop_strings, codec) for r in rows]
+
+
+def generate(step: StepFn, settings: Settings, rows: list[Row], outputs: Optional[list] = None,
+             on_step: Optional[OnStep] = None) -> list:
+    """Prefill all rows together (left-padded), then decode with the KV cache until every row is
+    done (its output's stop rule). `on_step(s, fresh)` sees, per row, the token it chose at step
+    `s` or None for a row that ended earlier (fed pad_token_id from then on, its choices ignored).
+    Returns each row's new tokens; `outputs` (default: length-only row_outputs) hold them too."""
+    outputs = row_outputs(rows) if outputs is None else outputs
     batch = len(rows)
     longest = max(r.prompt.size for r in rows)
     steps = max(r.max_new_tokens for r in rows)
@@ -185,7 +218,6 @@ def generate(step: StepFn, settings: Settings, rows: list[Row],
     empty = np.zeros((batch, settings.num_kv_heads, 0, settings.head_dim), dtype=kv_dtype)
     past = [(empty, empty) for _ in range(settings.num_layers)]
     rngs = [np.random.default_rng(r.seed) for r in rows]
-    out = np.zeros((batch, steps), dtype=np.int64)
     phase = "prefill"
     for s in range(steps):
         feeds = {settings.io["input_ids"]: ids, settings.io["attention_mask"]: mask,
@@ -193,16 +225,21 @@ def generate(step: StepFn, settings: Settings, rows: list[Row],
         for (k_name, v_name), (k, v) in zip(settings.past_names(), past):
             feeds[k_name], feeds[v_name] = k, v
         logits, past = step(feeds, phase)
-        out[:, s] = choose_tokens(logits[:, -1, :], rows, rngs)
-        if on_step is not None and not on_step(s, out[:, s]):
+        chosen = choose_tokens(logits[:, -1, :], rows, rngs)
+        fresh: list = [None] * batch
+        for b, out in enumerate(outputs):
+            if not out.done:
+                out.add(int(chosen[b]))
+                fresh[b] = int(chosen[b])
+        if on_step is not None and not on_step(s, fresh):
             break
-        if s + 1 == steps:
+        if all(out.done for out in outputs):
             break
         phase = "decode"
-        ids = out[:, s:s + 1].copy()
+        ids = np.array([[settings.pad_token_id if t is None else t] for t in fresh], dtype=np.int64)
         mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
         positions = mask.sum(axis=1, keepdims=True) - 1
-    return [out[b, :row.max_new_tokens] for b, row in enumerate(rows)]
+    return [np.array(out.tokens, dtype=np.int64) for out in outputs]
 
 
 def padded_groups(rows: list[Row], max_total_tokens: int) -> list[list[int]]:
@@ -221,18 +258,26 @@ def padded_groups(rows: list[Row], max_total_tokens: int) -> list[list[int]]:
     return groups
 
 
-def generate_all(step: StepFn, settings: Settings, rows: list[Row],
-                 on_step: Optional[Callable[[list[int], int, np.ndarray], bool]] = None) -> list[np.ndarray]:
-    """generate() over as few batches as the length limit allows; results in row order.
+def generate_all(step: StepFn, settings: Settings, rows: list[Row], outputs: Optional[list] = None,
+                 on_step: Optional[Callable[[list[int], int, list], bool]] = None) -> list:
+    """generate() over as few batches as the length limit allows; new tokens in row order.
 
-    `on_step(row indices, step, tokens)` sees each batch's tokens as they are chosen.
+    `on_step(row indices, step, fresh)` sees each batch's tokens as they are chosen.
     """
-    out: list = [None] * len(rows)
+    outputs = row_outputs(rows) if outputs is None else outputs
     for group in padded_groups(rows, settings.max_total_tokens):
-        watch = None if on_step is None else (lambda s, tokens, group=group: on_step(group, s, tokens))
-        for i, tokens in zip(group, generate(step, settings, [rows[i] for i in group], watch)):
-            out[i] = tokens
-    return out
+        watch = None if on_step is None else (lambda s, fresh, group=group: on_step(group, s, fresh))
+        generate(step, settings, [rows[i] for i in group], [outputs[i] for i in group], watch)
+    return [np.array(out.tokens, dtype=np.int64) for out in outputs]
+
+
+def padded_tokens(outputs: list, pad: int) -> np.ndarray:
+    """[rows, longest] output ids; rows that ended earlier are padded with `pad`."""
+    longest = max(len(out.tokens) for out in outputs)
+    block = np.full((len(outputs), longest), pad, dtype=np.int64)
+    for b, out in enumerate(outputs):
+        block[b, :len(out.tokens)] = out.tokens
+    return block
 
 
 def ort_step(folder: str, settings: Settings, threads: int = 0) -> StepFn:
@@ -373,44 +418,102 @@ def check_device_cache_ops(settings: Settings, step: StepFn, inflight) -> None:
     inflight.TorchCacheOps()  # RuntimeError when PyTorch is missing
 
 
-def load_inflight():
-    """The in-flight batching module (inflight.py beside this file, in the package and in a repository)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inflight.py")
-    name = f"wide_inflight_{abs(hash(path))}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
+def load_sibling(name: str):
+    """A module of this folder (inflight.py, textgen.py, metrics.py: in the package and in a repository)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    key = f"wide_{name}_{abs(hash(path))}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the file executes
+        sys.modules[key] = module  # dataclasses look their module up while the file executes
         spec.loader.exec_module(module)
-    return sys.modules[name]
+    return sys.modules[key]
 
 
-def _optional_scalar(request, name: str, default):
+def load_inflight():
+    """The in-flight batching module (inflight.py beside this file)."""
+    return load_sibling("inflight")
+
+
+def _per_row(request, name: str, batch: int, default):
+    """Per-row first values of an optional [b, 1] input (one row broadcasts), or `default`."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
-        return [default]
-    return [v.item() for v in tensor.as_numpy().reshape(tensor.as_numpy().shape[0], -1)[:, 0]]
+        return [default] * batch
+    array = tensor.as_numpy()
+    values = [v.item() if hasattr(v, "item") else v for v in array.reshape(array.shape[0], -1)[:, 0]]
+    if len(values) == batch:
+        return values
+    if len(values) == 1:
+        return values * batch
+    raise RequestError(f"{name} has batch {len(values)}, the prompts have {batch}")
 
 
-def rows_from_request(request) -> list[Row]:
-    """Parse one Triton request (batch b >= 1) into rows; RequestError if malformed."""
-    ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
-    new = pb_utils.get_input_tensor_by_name(request, "max_new_tokens").as_numpy()
-    if ids.ndim != 2:
-        raise RequestError(f"input_ids must be [batch, tokens], got shape {list(ids.shape)}")
-    batch = ids.shape[0]
-    if new.shape[0] != batch:
-        raise RequestError(f"max_new_tokens has batch {new.shape[0]}, input_ids has {batch}")
-    if np.unique(new).size != 1:
-        raise RequestError("rows of one request must share max_new_tokens (the output is [batch, max_new_tokens])")
-    extras = {name: _optional_scalar(request, name, default)
-              for name, default in (("temperature", 0.0), ("top_p", 1.0), ("seed", None))}
+def _per_row_lists(request, name: str, batch: int) -> list[list]:
+    """Per-row lists of an optional [b, n] input (one row broadcasts); empty lists when absent."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return [[] for _ in range(batch)]
+    array = tensor.as_numpy()
+    array = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
+    if array.shape[0] not in (1, batch):
+        raise RequestError(f"{name} has batch {array.shape[0]}, the prompts have {batch}")
+    rows = [list(array[min(b, array.shape[0] - 1)]) for b in range(batch)]
+    return rows
+
+
+def _text(value, name: str) -> str:
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(f"{name} is not valid UTF-8") from None
+    return str(value)
+
+
+def _prompts(request, codec) -> list[np.ndarray]:
+    """The request's prompts as token ids: from input_ids, or text_input through the tokenizer."""
+    ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+    text = pb_utils.get_input_tensor_by_name(request, "text_input")
+    if (ids is None) == (text is None):
+        raise RequestError("send exactly one of input_ids (token ids) or text_input (text)")
+    if ids is not None:
+        ids = ids.as_numpy()
+        if ids.ndim != 2:
+            raise RequestError(f"input_ids must be [batch, tokens], got shape {list(ids.shape)}")
+        return [ids[b].astype(np.int64) for b in range(ids.shape[0])]
+    if codec is None:
+        raise RequestError("this repository has no tokenizer (tokenizer.json): send input_ids, or regenerate "
+                           "the repository from an export of a model folder with its tokenizer files")
+    texts = text.as_numpy().reshape(-1)
+    specials = _per_row(request, "add_special_tokens", texts.size, True)
+    return [codec.encode(_text(t, "text_input"), bool(add)) for t, add in zip(texts, specials)]
+
+
+def rows_from_request(request, settings: Optional[Settings] = None, codec=None) -> list[Row]:
+    """Parse one Triton request (batch b >= 1) into rows; RequestError if malformed.
+
+    Stop token ids are the settings' eos ids (unless ignore_eos) plus the request's
+    stop_token_ids; stop strings need the tokenizer."""
+    prompts = _prompts(request, codec)
+    batch = len(prompts)
+    limit = settings.max_total_tokens if settings is not None else 0
+    eos = tuple(settings.eos_token_ids) if settings is not None else ()
+    new = _per_row(request, "max_new_tokens", batch, None)
+    extras = {name: _per_row(request, name, batch, default)
+              for name, default in (("temperature", 0.0), ("top_p", 1.0), ("seed", None), ("ignore_eos", False))}
+    stop_ids = _per_row_lists(request, "stop_token_ids", batch)
+    stop_words = [[_text(w, "stop_words") for w in words] for words in _per_row_lists(request, "stop_words", batch)]
+    if codec is None and any(any(words) for words in stop_words):
+        raise RequestError("stop_words need the model's tokenizer, and this repository has none (tokenizer.json)")
     rows = []
-    for b in range(batch):
-        pick = {k: (v[b] if len(v) == batch else v[0]) for k, v in extras.items()}
-        rows.append(Row(prompt=ids[b].astype(np.int64), max_new_tokens=int(new.reshape(batch, -1)[b, 0]),
-                        temperature=float(pick["temperature"]), top_p=float(pick["top_p"]),
-                        seed=None if pick["seed"] is None else int(pick["seed"])))
+    for b, prompt in enumerate(prompts):
+        n = new[b] if new[b] is not None else max(limit - prompt.size, 0)
+        rows.append(Row(prompt=prompt, max_new_tokens=int(n), temperature=float(extras["temperature"][b]),
+                        top_p=float(extras["top_p"][b]),
+                        seed=None if extras["seed"][b] is None else int(extras["seed"][b]),
+                        stop_ids=(() if extras["ignore_eos"][b] else eos) + tuple(int(i) for i in stop_ids[b]),
+                        stop_strings=tuple(w for w in stop_words[b] if w)))
     return rows
 
 
@@ -420,6 +523,40 @@ def _invalid_argument(message: str):
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
+def _wanted(request) -> set:
+    """The outputs a request asked for (all when it named none)."""
+    names = getattr(request, "requested_output_names", None)
+    asked = set(names()) if callable(names) else set()
+    return asked or set(OUTPUTS)
+
+
+OUTPUTS = ("output_ids", "text_output", "finish_reason", "num_input_tokens", "num_output_tokens")
+
+
+def _column(values: list, dtype) -> np.ndarray:
+    return np.array([[v] for v in values], dtype=dtype)
+
+
+def response_tensors(outputs: list, tokens: np.ndarray, wanted: set, text: list) -> list:
+    """The tensors of one response: `tokens` [rows, n] (the new tokens), `text` per row."""
+    tensors = [pb_utils.Tensor("output_ids", tokens.astype(np.int64))]
+    if "text_output" in wanted:
+        tensors.append(pb_utils.Tensor("text_output", _column([t.encode("utf-8") for t in text], np.object_)))
+    if "finish_reason" in wanted:
+        tensors.append(pb_utils.Tensor("finish_reason",
+                                       _column([(o.finish_reason or "").encode() for o in outputs], np.object_)))
+    if "num_input_tokens" in wanted:
+        tensors.append(pb_utils.Tensor("num_input_tokens", _column([o.prompt_tokens for o in outputs], np.int32)))
+    if "num_output_tokens" in wanted:
+        tensors.append(pb_utils.Tensor("num_output_tokens", _column([len(o.tokens) for o in outputs], np.int32)))
+    return tensors
+
+
+def finish_reason(outputs: list) -> str:
+    """A request's finish reason for the metrics: length if any row ran out of tokens."""
+    return "length" if any(o.finish_reason == "length" for o in outputs) else "stop"
+
+
 class TritonPythonModel:
     """Triton entry point: validates requests, batches valid rows into one generation."""
 
@@ -427,6 +564,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         folder = os.path.join(args["model_repository"], args["model_version"])
         self.settings = Settings.load(folder)
+        self.codec = load_sibling("textgen").load_codec(folder)
+        metrics = load_sibling("metrics")
+        self.metrics = metrics.Metrics(pb_utils, config.get("name", args.get("model_name", "")))
+        self.timer = lambda: metrics.RequestTimer(self.metrics)
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.streaming = bool(pb_utils.using_decoupled_model_transaction_policy(config))
         if self.settings.flavour == "onnxruntime":
@@ -440,11 +581,17 @@ class TritonPythonModel:
             inflight = load_inflight()
             check_device_cache_ops(self.settings, self.step, inflight)
             batch = inflight.Batch(self.step, self.settings, choose_tokens, max(1, int(config["max_batch_size"])))
-            self.scheduler = inflight.Scheduler(batch, _log).start()
+            self.scheduler = inflight.Scheduler(batch, _log, observe=self.metrics.gauges).start()
 
     def finalize(self) -> None:
         if self.scheduler is not None:
             self.scheduler.stop()
+
+    def _parse(self, request) -> list[Row]:
+        rows = rows_from_request(request, self.settings, self.codec)
+        for row in rows:
+            validate_row(row, self.settings)
+        return rows
 
     def execute(self, requests: list) -> Optional[list]:
         if self.scheduler is not None:
@@ -454,103 +601,145 @@ class TritonPythonModel:
             self._stream(requests)
             return None
         responses: list = [None] * len(requests)
-        parsed: list[tuple[int, list[Row]]] = []
+        parsed: list[tuple[int, list[Row], object]] = []
         for i, request in enumerate(requests):
             try:
-                rows = rows_from_request(request)
-                for row in rows:
-                    validate_row(row, self.settings)
-                parsed.append((i, rows))
+                parsed.append((i, self._parse(request), self.timer()))
             except RequestError as err:
                 responses[i] = pb_utils.InferenceResponse(error=_invalid_argument(str(err)))
         if parsed:
-            all_rows = [row for _, rows in parsed for row in rows]
+            all_rows = [row for _, rows, _ in parsed for row in rows]
+            outputs = row_outputs(all_rows, self.codec)
+            self.metrics.gauges(len(all_rows), 0)
+            for _, _, timer in parsed:
+                timer.admitted()
             try:
-                tokens = generate_all(self.step, self.settings, all_rows)
+                generate_all(self.step, self.settings, all_rows, outputs)
             except Exception as err:  # noqa: BLE001 - report to every client, keep serving
-                for i, _ in parsed:
+                for i, _, _ in parsed:
                     responses[i] = pb_utils.InferenceResponse(
                         error=pb_utils.TritonError(f"generation failed: {err}"))
                 return responses
+            finally:
+                self.metrics.gauges(0, 0)
             start = 0
-            for i, rows in parsed:
-                block = np.stack(tokens[start:start + len(rows)]).astype(np.int64)
+            for i, rows, timer in parsed:
+                outs = outputs[start:start + len(rows)]
                 start += len(rows)
-                responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("output_ids", block)])
+                responses[i] = pb_utils.InferenceResponse(output_tensors=response_tensors(
+                    outs, padded_tokens(outs, self.settings.pad_token_id), _wanted(requests[i]),
+                    [o.take_text() for o in outs]))
+                timer.token()
+                timer.finished(finish_reason(outs), sum(o.prompt_tokens for o in outs),
+                               sum(len(o.tokens) for o in outs))
         return responses
 
     def _accept(self, request, sender) -> Optional[list]:
         """A decoupled request's validated rows, or None after answering it with the error (final)."""
         try:
-            rows = rows_from_request(request)
-            for row in rows:
-                validate_row(row, self.settings)
+            return self._parse(request)
         except RequestError as err:
             _send(sender, pb_utils.InferenceResponse(error=_invalid_argument(str(err))),
                   pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return None
-        return rows
+
+    def _stream_response(self, outputs: list, fresh: list, wanted: set):
+        """One streamed response: each row's token of this step (pad for rows that ended before)."""
+        tokens = np.array([[self.settings.pad_token_id if t is None else t] for t in fresh], dtype=np.int64)
+        text = [o.take_text() if "text_output" in wanted else "" for o in outputs]
+        return pb_utils.InferenceResponse(output_tensors=response_tensors(outputs, tokens, wanted, text))
 
     def _submit(self, requests: list) -> None:
         """In-flight batching: valid requests go to the scheduler thread, which streams their tokens."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for request in requests:
+            timer = self.timer()
             sender = request.get_response_sender()
             rows = self._accept(request, sender)
             if rows is None:
                 continue
+            outputs = row_outputs(rows, self.codec)
+            wanted = _wanted(request)
 
-            def emit(tokens: np.ndarray, sender=sender) -> bool:
-                return _send(sender, pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor("output_ids", tokens.reshape(-1, 1).astype(np.int64))]))
+            def emit(fresh: list, sender=sender, outputs=outputs, wanted=wanted, timer=timer) -> bool:
+                sent = _send(sender, self._stream_response(outputs, fresh, wanted))
+                if sent:
+                    timer.token()
+                return sent
 
-            def finish(error: Optional[str], sender=sender) -> None:
+            def finish(error: Optional[str], sender=sender, outputs=outputs, timer=timer) -> None:
                 last = None if error is None else pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+                gone = not all(o.done for o in outputs)
+                timer.finished("abort" if gone else finish_reason(outputs), sum(o.prompt_tokens for o in outputs),
+                               sum(len(o.tokens) for o in outputs))
                 _send(sender, last, final, even_if_cancelled=True)
 
-            self.scheduler.submit(load_inflight().Job(rows=rows, emit=emit, finish=finish))
+            self.scheduler.submit(load_inflight().Job(rows=rows, emit=emit, finish=finish, outputs=outputs,
+                                                      on_admit=timer.admitted))
 
     def _stream(self, requests: list) -> None:
-        """Decoupled mode: each request gets one response per new token, then a final empty one."""
+        """Decoupled mode, static batching: each request gets one response per new token, then a
+        final empty one as soon as its rows are done."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         streams: list[_Stream] = []
         all_rows: list[Row] = []
         for request in requests:
+            timer = self.timer()
             sender = request.get_response_sender()
             rows = self._accept(request, sender)
             if rows is None:
                 continue
             streams.append(_Stream(sender, list(range(len(all_rows), len(all_rows) + len(rows))),
-                                   rows[0].max_new_tokens))
+                                   _wanted(request), timer))
             all_rows.extend(rows)
         if not streams:
             return
+        outputs = row_outputs(all_rows, self.codec)
         owner = {i: stream for stream in streams for i in stream.rows}
+        for stream in streams:
+            stream.timer.admitted()
+        self.metrics.gauges(len(all_rows), 0)
 
-        def on_step(group: list[int], s: int, tokens: np.ndarray) -> bool:
+        def on_step(group: list[int], s: int, fresh: list) -> bool:
             # A request's rows share a shape, so they are always generated in the same batch.
             alive = False
             for stream in {id(owner[i]): owner[i] for i in group}.values():
-                if stream.gone or s >= stream.max_new_tokens:
+                if stream.closed:
                     continue
-                picked = np.array([[tokens[group.index(i)]] for i in stream.rows], dtype=np.int64)
-                if not _send(stream.sender, pb_utils.InferenceResponse(
-                        output_tensors=[pb_utils.Tensor("output_ids", picked)])):
+                outs = [outputs[i] for i in stream.rows]
+                picked = [fresh[group.index(i)] for i in stream.rows]
+                if not _send(stream.sender, self._stream_response(outs, picked, stream.wanted)):
                     stream.gone = True
-                    _log(f"streaming client went away after {s} of {stream.max_new_tokens} tokens; "
+                    _log(f"streaming client went away after {len(outs[0].tokens) - 1} of "
+                         f"{all_rows[stream.rows[0]].max_new_tokens} tokens; "
                          "its rows are no longer decoded")
+                    self._close(stream, outs)
                     continue
-                alive = alive or s + 1 < stream.max_new_tokens
+                stream.timer.token()
+                if all(o.done for o in outs):
+                    self._close(stream, outs)
+                    continue
+                alive = True
             return alive
 
         failure = None
         try:
-            generate_all(self.step, self.settings, all_rows, on_step)
+            generate_all(self.step, self.settings, all_rows, outputs, on_step)
         except Exception as err:  # noqa: BLE001 - report to every client, keep serving
             failure = pb_utils.TritonError(f"generation failed: {err}")
+        finally:
+            self.metrics.gauges(0, 0)
         for stream in streams:  # every request is closed, also those whose client left
-            last = None if failure is None or stream.gone else pb_utils.InferenceResponse(error=failure)
-            _send(stream.sender, last, final, even_if_cancelled=True)
+            if not stream.closed:
+                last = None if failure is None or stream.gone else pb_utils.InferenceResponse(error=failure)
+                self._close(stream, [outputs[i] for i in stream.rows], last)
+
+    def _close(self, stream: "_Stream", outs: list, last=None) -> None:
+        stream.closed = True
+        gone = stream.gone or not all(o.done for o in outs)
+        stream.timer.finished("abort" if gone else finish_reason(outs), sum(o.prompt_tokens for o in outs),
+                              sum(len(o.tokens) for o in outs))
+        _send(stream.sender, last, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL, even_if_cancelled=True)
 
 
 def _log(message: str) -> None:
@@ -561,12 +750,14 @@ def _log(message: str) -> None:
 
 @dataclass
 class _Stream:
-    """One streaming request: where its responses go and which rows are its own."""
+    """One streaming request: where its responses go, which rows are its own, what it asked for."""
 
     sender: object
     rows: list
-    max_new_tokens: int
+    wanted: set
+    timer: object
     gone: bool = False
+    closed: bool = False
 
 
 def _send(sender, response, flags: int = 0, even_if_cancelled: bool = False) -> bool:

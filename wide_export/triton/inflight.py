@@ -239,23 +239,54 @@ class Batch:
         self.rows = [self.rows[i] for i in keep]
 
 
+class LengthLimit:
+    """The stop rule of a row that only has a length limit (a Job given no `outputs`)."""
+
+    def __init__(self, row):
+        self.max_new_tokens, self.tokens, self.finish_reason = row.max_new_tokens, [], None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, token: int) -> None:
+        self.tokens.append(int(token))
+        if len(self.tokens) >= self.max_new_tokens:
+            self.finish_reason = "length"
+
+
 @dataclass(eq=False)
 class Job:
-    """One request: its rows decode in lock-step; `emit(tokens [b])` returns False when the
-    client has gone; `finish(error or None)` sends the final response (always called once)."""
+    """One request: its rows decode in lock-step, each leaving the batch as soon as its output says
+    it is done (`outputs[i]`: add(token), done, finish_reason; textgen.RowOutput in the model).
+    `emit(fresh)` gets, per row, the token it chose at this step or None for a row that finished
+    earlier, and returns False when the client has gone; `finish(error or None)` sends the final
+    response (always called once). `on_admit()` is called when the job's prefill starts."""
 
     rows: list
-    emit: Callable[[np.ndarray], bool]
+    emit: Callable[[list], bool]
     finish: Callable[[Optional[str]], None]
+    outputs: list = field(default_factory=list)
+    on_admit: Optional[Callable[[], None]] = None
     actives: list = field(default_factory=list)
     gone: bool = False
+
+    def __post_init__(self):
+        if not self.outputs:
+            self.outputs = [LengthLimit(row) for row in self.rows]
+
+    @property
+    def done(self) -> bool:
+        return all(out.done for out in self.outputs)
 
 
 class Scheduler:
     """A thread that admits submitted jobs into a running `Batch` at every step."""
 
-    def __init__(self, batch: Batch, log: Callable[[str], None] = lambda message: None):
+    def __init__(self, batch: Batch, log: Callable[[str], None] = lambda message: None,
+                 observe: Optional[Callable[[int, int], None]] = None):
         self.batch, self.log = batch, log
+        self.observe = observe  # called after every iteration with (rows decoding, rows waiting)
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
         self._cond = threading.Condition()
@@ -319,6 +350,9 @@ class Scheduler:
         admitted = self._admit()
         if admitted:  # newcomers are prefilled together, then join the running batch
             self._running.extend(admitted)  # from here on a failing step fails them too
+            for job in admitted:
+                if job.on_admit is not None:
+                    job.on_admit()
             actives = self.batch.prefill([row for job in admitted for row in job.rows])
             self.steps += 1
             start = 0
@@ -331,18 +365,36 @@ class Scheduler:
             self.batch.decode()
             self.steps += 1
             self._deliver(list(self._running))
+        if self.observe is not None:
+            self.observe(len(self.batch.rows), self.waiting_rows)
 
     def _deliver(self, jobs: list[Job]) -> None:
-        """Send each job's newest token; jobs that are done or whose client left leave the batch."""
+        """Hand each job its rows' newest tokens; a row that is done leaves the batch at once, a job
+        whose rows are all done or whose client left is finished."""
         leaving: list[Active] = []
         for job in jobs:
-            sent = len(job.actives[0].tokens)
-            if not job.emit(np.array([a.tokens[-1] for a in job.actives], dtype=np.int64)):
+            fresh: list = []
+            for active, out in zip(job.actives, job.outputs):
+                if out.done:  # finished at an earlier step: no longer in the batch
+                    fresh.append(None)
+                    continue
+                out.add(active.tokens[-1])
+                fresh.append(active.tokens[-1])
+                if out.done:
+                    leaving.append(active)
+            if not job.emit(fresh):
                 job.gone = True
-                self.log(f"streaming client went away after {sent - 1} of {job.rows[0].max_new_tokens} tokens; "
+                self.log(f"streaming client went away after {len(job.outputs[0].tokens) - 1} of "
+                         f"{job.rows[0].max_new_tokens} tokens; "
                          "its rows left the batch")
-            if job.gone or sent >= job.rows[0].max_new_tokens:
-                leaving += job.actives
+                leaving += [a for a, out in zip(job.actives, job.outputs) if not out.done]
+            if job.gone or job.done:
                 self._running.remove(job)
                 job.finish(None)
         self.batch.leave(leaving)
+
+    @property
+    def waiting_rows(self) -> int:
+        """Rows submitted and not admitted into the batch yet."""
+        with self._cond:
+            return sum(len(job.rows) for job in self._waiting)

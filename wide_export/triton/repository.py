@@ -5,7 +5,10 @@ Layout (standard Triton):
     REPO/<model>/config.pbtxt            generation model (Python backend)
     REPO/<model>/1/model.py              = wide_export/triton/generation_model.py
     REPO/<model>/1/inflight.py           = wide_export/triton/inflight.py (in-flight batching)
-    REPO/<model>/1/generation.json       settings read by model.py
+    REPO/<model>/1/textgen.py            = wide_export/triton/textgen.py (tokenizer, stop rules, text)
+    REPO/<model>/1/metrics.py            = wide_export/triton/metrics.py (Prometheus metrics)
+    REPO/<model>/1/generation.json       settings read by model.py (eos / pad ids included)
+    REPO/<model>/1/tokenizer.json, ...   the export's tokenizer files and generation_config.json
     REPO/<model>/1/model.onnx(.data)     onnxruntime flavour
     REPO/<model>_engine/config.pbtxt     tensorrt flavour: one tensorrt_plan model per engine
     REPO/<model>_engine/1/model.plan     file, its instance group listing every profile
@@ -31,6 +34,7 @@ from wide_export.outdir import atomic_output_dir, check_output_dir
 from wide_export.triton.engines import EngineSource, EngineSpec, ProfileSpec, read_engine_folder
 from wide_export.triton.sources import OnnxSource, read_onnx_folder
 from wide_export.triton.templates import render
+from wide_export.triton.textfiles import check_tokenizer, generation_tokens, serving_files
 
 BACKENDS = ("onnxruntime", "tensorrt")
 BATCHING = ("inflight", "static")
@@ -73,7 +77,13 @@ def link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, settings: dict) -> Path:
+SIBLINGS = ("inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its own folder
+
+
+def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, settings: dict, source: Path) -> Path:
+    """The Python-backend model; `source` (export or engine folder) gives its tokenizer and eos ids."""
+    settings.update(generation_tokens(source, settings["vocab_size"]))
+    check_tokenizer(source, settings["vocab_size"])
     folder = repo / opts.model_name
     version = folder / "1"
     version.mkdir(parents=True)
@@ -84,8 +94,11 @@ def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, setting
     ))
     package = files("wide_export.triton")
     (version / "model.py").write_text(package.joinpath("generation_model.py").read_text())
-    (version / "inflight.py").write_text(package.joinpath("inflight.py").read_text())
+    for name in SIBLINGS:
+        (version / name).write_text(package.joinpath(name).read_text())
     (version / "generation.json").write_text(json.dumps({"flavour": flavour, **settings}, indent=2) + "\n")
+    for path in serving_files(source):
+        shutil.copyfile(path, version / path.name)
     return version
 
 
@@ -97,7 +110,7 @@ def _onnx_repository(repo: Path, src: OnnxSource, opts: RepoOptions) -> None:
         "max_total_tokens": shape.max_position_embeddings, "io": src.io, "onnx_file": ONNX_FILE,
         "_max_batch": opts.max_batch,
     }
-    version = _write_generation_model(repo, opts, "onnxruntime", settings)
+    version = _write_generation_model(repo, opts, "onnxruntime", settings, src.folder)
     for path in (src.onnx_file, *src.data_files, src.folder / "wide_config.json"):
         link_or_copy(path, version / path.name)
     (repo / "README.md").write_text(render(
@@ -182,7 +195,7 @@ def _tensorrt_repository(repo: Path, src: EngineSource, opts: RepoOptions) -> No
         "kv_cache_memory": "gpu", **_engine_limits(src, prefill[2], decode[2], opts),
     }
     max_total = settings["max_total_tokens"]
-    version = _write_generation_model(repo, opts, "tensorrt", settings)
+    version = _write_generation_model(repo, opts, "tensorrt", settings, src.folder)
     link_or_copy(src.manifest, version / src.manifest.name)
     if src.plugins:
         # Files at the repository root are ignored by Triton (only folders are models).

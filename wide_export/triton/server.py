@@ -434,11 +434,15 @@ class TritonServer:
             self._final_log = self.log_path.read_text(errors="replace")
             self.log_path = None
 
-    def serve_until_signal(self, poll: float = 0.5, report: Callable[[str], None] = print) -> None:
+    def serve_until_signal(self, poll: float = 0.5, report: Callable[[str], None] = print,
+                           check: Optional[Callable[[], None]] = None,
+                           before_stop: Optional[Callable[[], None]] = None) -> None:
         """Block until SIGINT/SIGTERM (then stop cleanly) or until the server dies (WideError).
 
         Every `poll` seconds the models are watched too: a model whose backend process died is
-        reloaded (watch_models), and a failed reload stops the server with a WideError.
+        reloaded (watch_models), and a failed reload stops the server with a WideError. `check`
+        runs at each poll as well (it raises to stop, e.g. a frontend that died); `before_stop`
+        runs before the server is stopped (e.g. stopping a frontend in front of it).
         """
         stop = threading.Event()
         handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -448,12 +452,18 @@ class TritonServer:
                     code = None if self.process is None else self.process.returncode
                     raise WideError(f"tritonserver exited unexpectedly (code {code}):\n{self.log_tail()}")
                 self.watch_models(report)
+                if check is not None:
+                    check()
         finally:
             try:
-                self.stop()  # still under our handlers: a second Ctrl-C cannot cut the shutdown short
+                if before_stop is not None:
+                    before_stop()
             finally:
-                for sig, handler in handlers.items():
-                    signal.signal(sig, handler)
+                try:
+                    self.stop()  # still under our handlers: a second Ctrl-C cannot cut the shutdown short
+                finally:
+                    for sig, handler in handlers.items():
+                        signal.signal(sig, handler)
 
     def __enter__(self) -> "TritonServer":
         if self.process is not None and self.process.poll() is None:

@@ -6,6 +6,7 @@ Output folder (plugins/trt/README.md):
                           profiles, I/O names/dtypes/shapes, plugin-layer report)
   wide_config.json        copied from the ONNX folder
   libwide_trt_plugins.so  copy of the plugin library the engine was built with
+  tokenizer.json, ...     the ONNX folder's tokenizer files, generation_config.json, genai_config.json
   timing.cache            TensorRT timing cache (reused by the next build)
 """
 
@@ -253,6 +254,10 @@ def _build(onnx_path: Path, graph_dir: Path, out: Path, model, config: dict[str,
     copies = {PLUGIN_LIB_NAME: lib.path} if lib else {}
     if config:
         copies[WIDE_CONFIG] = graph_dir / WIDE_CONFIG
+    from wide_export.triton.textfiles import serving_files
+
+    # The tokenizer and generation settings travel with the engine: `wide-export triton` serves text from them.
+    copies.update({path.name: path for path in serving_files(graph_dir)})
     if timing_cache is None:
         files[TIMING_CACHE] = cache
     _write_outputs(out, files, copies, force)

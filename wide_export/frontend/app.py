@@ -1,0 +1,263 @@
+"""The OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions, /health.
+
+The routes turn a request into a `GenerationRequest`, run it on the `Engine` and
+answer in OpenAI's shapes, whole or as server-sent events. A stream's first model
+response is awaited before the answer starts, so a request the model refuses still
+gets its HTTP status (400, 503, ...); an error after that goes out in the stream as
+`data: {"error": ...}` followed by `data: [DONE]`. A client that disconnects cancels
+its request (`sse.until_disconnect`, `sse.EventStream`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from wide_export.frontend.engine import Engine, EngineError, GenerationChunk, GenerationRequest
+from wide_export.frontend.errors import OpenAIError, bad_request, install_handlers, model_not_found
+from wide_export.frontend.models import ServedModel
+from wide_export.frontend.protocol import ChatCompletionRequest, CompletionRequest, _Generation
+from wide_export.frontend.sse import DONE, ClientGone, EventStream, event, until_disconnect
+
+log = logging.getLogger("wide_export.frontend")
+
+# OpenAI's default when a request has no temperature: sampling at 1.0 (send temperature=0 for greedy).
+DEFAULT_TEMPERATURE = 1.0
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (in the schema)
+OWNER = "wide-export"
+
+
+def text_of(model: ServedModel):
+    """The model's chat.ModelText (one without a tokenizer when none was loaded)."""
+    if model.text is None:
+        from wide_export.frontend.chat import ModelText
+
+        model.text = ModelText(missing="this model has no tokenizer: only token-id prompts to /v1/completions "
+                                       "are served")
+    return model.text
+
+
+def error_of(err: EngineError) -> OpenAIError:
+    status = {"invalid": 400, "unavailable": 503}.get(err.kind, 500)
+    return OpenAIError(status, err.message, param=err.param)
+
+
+@dataclass
+class _Kind:
+    """What differs between the two generation endpoints' answers."""
+
+    chat: bool
+    prefix: str
+    object: str
+    chunk_object: str
+
+
+_COMPLETION = _Kind(False, "cmpl-", "text_completion", "text_completion")
+_CHAT = _Kind(True, "chatcmpl-", "chat.completion", "chat.completion.chunk")
+
+
+class _Call:
+    """One generation request on its way to an answer."""
+
+    def __init__(self, kind: _Kind, body: _Generation, model: str, gen: GenerationRequest):
+        self.kind, self.body, self.model, self.gen = kind, body, model, gen
+        self.id = kind.prefix + gen.request_id
+        self.created = int(time.time())
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def count(self, chunk: GenerationChunk) -> None:
+        if chunk.prompt_tokens is not None:
+            self.prompt_tokens = chunk.prompt_tokens
+        if chunk.completion_tokens is not None:
+            self.completion_tokens = chunk.completion_tokens
+        else:
+            self.completion_tokens += len(chunk.token_ids)
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    def head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    # -- whole answers
+    def full(self, chunks: list[GenerationChunk]) -> dict[str, Any]:
+        text = "".join(c.text for c in chunks)
+        finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), None)
+        if self.kind.chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        if self.body.return_token_ids:
+            choice["token_ids"] = [t for c in chunks for t in c.token_ids]
+        return {**self.head(self.kind.object), "choices": [choice], "usage": self.usage(),
+                "system_fingerprint": None}
+
+    # -- streamed answers
+    def chunk(self, content: Optional[str], finish: Optional[str], token_ids=None, role: bool = False
+              ) -> dict[str, Any]:
+        if self.kind.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
+                {"content": content} if content else {})
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+        if self.body.return_token_ids and token_ids is not None:
+            choice["token_ids"] = list(token_ids)
+        out = {**self.head(self.kind.chunk_object), "choices": [choice], "system_fingerprint": None}
+        if self.body.include_usage():
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {**self.head(self.kind.chunk_object), "choices": [], "usage": self.usage(),
+                "system_fingerprint": None}
+
+    async def events(self, first: GenerationChunk, rest: AsyncIterator[GenerationChunk]) -> AsyncIterator[str]:
+        """SSE events: (chat: a role-only delta,) one chunk per model response, usage, [DONE]."""
+        try:
+            if self.kind.chat:
+                yield event(self.chunk(None, None, token_ids=(), role=True))
+            chunk: Optional[GenerationChunk] = first
+            while chunk is not None:
+                self.count(chunk)
+                send = bool(chunk.text or chunk.finish_reason) or (not self.kind.chat and bool(chunk.token_ids))
+                if send:
+                    yield event(self.chunk(chunk.text, chunk.finish_reason, chunk.token_ids))
+                if chunk.finish_reason:
+                    break
+                chunk = await anext(rest, None)
+            if self.body.include_usage():
+                yield event(self.usage_chunk())
+        except EngineError as err:
+            yield event(error_of(err).body())
+        except Exception as err:  # noqa: BLE001 - the stream has started: report it in the stream
+            log.exception("error while streaming a generation")
+            yield event(OpenAIError(500, f"internal error: {type(err).__name__}: {err}").body())
+        finally:
+            await rest.aclose()  # stops the engine request when the client went away
+        yield DONE
+
+
+def create_app(engine: Engine, models: Sequence[ServedModel]) -> FastAPI:
+    """The FastAPI app serving `models` through `engine` (started and closed with the app)."""
+    by_name = {m.name: m for m in models}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            await engine.start()
+        except Exception as err:  # noqa: BLE001 - the runner reports it as one line and stops the server
+            app.state.startup_error = err
+        try:
+            yield
+        finally:
+            await engine.close()
+
+    app = FastAPI(title="wide-export OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.startup_error = None
+    install_handlers(app)
+
+    def card(m: ServedModel) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": m.name, "object": "model", "created": 0, "owned_by": OWNER, "root": m.triton_name}
+        if m.max_model_len is not None:
+            out["max_model_len"] = m.max_model_len
+        return out
+
+    def resolve(name: Optional[str]) -> ServedModel:
+        if name is None:
+            if len(by_name) == 1:
+                return next(iter(by_name.values()))
+            raise bad_request("model is required (this server serves several)", param="model")
+        if name not in by_name:
+            raise model_not_found(name)
+        return by_name[name]
+
+    def common(body: _Generation, model: ServedModel, **kw) -> GenerationRequest:
+        ignored = sorted(body.model_extra or {})
+        if ignored:
+            log.warning("ignored request fields: %s", ", ".join(ignored))
+        return GenerationRequest(
+            model=model.name,
+            temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
+            top_p=body.top_p, seed=body.seed, stop=tuple(body.stop_list()),
+            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=bool(body.ignore_eos),
+            request_id=uuid.uuid4().hex, **kw)
+
+    async def run(request: Request, call: _Call) -> Response:
+        chunks = engine.generate(call.gen)
+        try:
+            try:
+                first = await until_disconnect(request, anext(chunks))
+            except StopAsyncIteration:
+                first = GenerationChunk(finish_reason="stop")
+            if call.body.stream:
+                return EventStream(call.events(first, chunks))
+            collected = [first]
+
+            async def rest() -> None:
+                while not collected[-1].finish_reason:
+                    nxt = await anext(chunks, None)
+                    if nxt is None:
+                        break
+                    collected.append(nxt)
+
+            await until_disconnect(request, rest())
+        except ClientGone:
+            await chunks.aclose()
+            return Response(status_code=499)
+        except EngineError as err:
+            await chunks.aclose()
+            raise error_of(err) from None
+        except BaseException:
+            await chunks.aclose()
+            raise
+        await chunks.aclose()
+        for c in collected:
+            call.count(c)
+        return JSONResponse(call.full(collected))
+
+    @app.get("/health")
+    async def health():
+        if await engine.ready():
+            return {"status": "ok"}
+        raise OpenAIError(503, "the model server is not ready")
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [card(m) for m in models]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        return card(resolve(model_id))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        model = resolve(body.model)
+        ids = body.prompt_ids()
+        if ids is None:
+            text_of(model).require_text("prompt")
+            gen = common(body, model, prompt=body.prompt_text(), add_special_tokens=True, max_tokens=body.max_tokens
+                         if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS)
+        else:
+            gen = common(body, model, prompt_ids=ids, max_tokens=body.max_tokens
+                         if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS)
+        return await run(request, _Call(_COMPLETION, body, model.name, gen))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        model = resolve(body.model)
+        prompt = text_of(model).render_chat(body.template_messages())
+        gen = common(body, model, prompt=prompt, add_special_tokens=False, max_tokens=body.max_new_tokens())
+        return await run(request, _Call(_CHAT, body, model.name, gen))
+
+    return app

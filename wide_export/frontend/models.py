@@ -1,0 +1,60 @@
+"""Which models of a repository the frontend serves, under which names."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from wide_export.errors import WideError
+
+SETTINGS_FILE = "generation.json"  # = wide_export.triton.generation_model.SETTINGS_FILE (not imported: numpy)
+VERSION = "1"
+
+
+@dataclass
+class ServedModel:
+    """One generation model as the OpenAI API shows it."""
+
+    name: str  # the `model` clients send
+    triton_name: str  # the Triton model it runs on
+    folder: Optional[Path] = None  # REPO/<model>/1 (tokenizer, generation.json)
+    max_model_len: Optional[int] = None
+    text: object = field(default=None, repr=False)  # chat.ModelText, loaded by load_text()
+
+    def load_text(self) -> None:
+        from wide_export.frontend.chat import ModelText, load_model_text
+
+        self.text = load_model_text(self.folder) if self.folder is not None else ModelText(
+            missing="this model has no tokenizer")
+
+
+def discover(repository: Path, served_model_name: Optional[str] = None) -> list[ServedModel]:
+    """The repository's generation models (folders with `1/generation.json`), sorted by name.
+
+    `served_model_name` renames the one model (WideError when there are several).
+    """
+    repository = Path(repository)
+    found = sorted(p.parent.parent for p in repository.glob(f"*/{VERSION}/{SETTINGS_FILE}"))
+    if not found:
+        raise WideError(f"{repository} holds no generation model (no */{VERSION}/{SETTINGS_FILE})",
+                        hint="generate the repository with `wide-export triton`")
+    if served_model_name is not None:
+        if not served_model_name.strip():
+            raise WideError("--served-model-name must not be empty")
+        if len(found) > 1:
+            raise WideError(f"--served-model-name names one model, and {repository} has {len(found)} generation "
+                            f"models ({', '.join(p.name for p in found)})",
+                            hint="drop --served-model-name to serve each under its own name")
+    models = []
+    for folder in found:
+        max_len = None
+        try:
+            settings = json.loads((folder / VERSION / SETTINGS_FILE).read_text())
+            max_len = int(settings["max_total_tokens"]) if "max_total_tokens" in settings else None
+        except (OSError, ValueError, TypeError):
+            pass
+        models.append(ServedModel(name=served_model_name or folder.name, triton_name=folder.name,
+                                  folder=folder / VERSION, max_model_len=max_len))
+    return models

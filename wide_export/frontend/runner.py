@@ -1,0 +1,141 @@
+"""Run the OpenAI frontend on uvicorn in a background thread of `wide-export serve` (or a benchmark).
+
+`prepare_frontend` does everything that can fail before tritonserver starts: it
+finds the repository's generation models, reserves the port (a port in use is one
+WideError line with a hint) and loads the tokenizers. `Frontend.start(grpc_url)`
+then connects to the running tritonserver and serves; `stop()` shuts uvicorn down
+(open streams get a few seconds, then they are cancelled, which cancels their
+Triton requests) before the caller stops tritonserver.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from wide_export.errors import WideError
+from wide_export.frontend.models import ServedModel, discover
+
+LOOPBACK = "127.0.0.1"
+GRACEFUL_S = 3  # seconds open connections get at shutdown before their tasks are cancelled
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on host:port (port 0: any free one); WideError when it cannot bind."""
+    if not 0 <= port < 65536:
+        raise WideError(f"--openai-port {port} is not a TCP port", hint="use 1..65535")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: reuse after TIME_WAIT
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise WideError(f"the OpenAI port {host}:{port} is already in use",
+                            hint="choose another --openai-port, or stop what listens there") from None
+        raise WideError(f"cannot listen on {host}:{port} for the OpenAI frontend: {err.strerror or err}",
+                        hint="check --openai-address") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+class Frontend:
+    """The OpenAI frontend of one repository, served by uvicorn in a daemon thread."""
+
+    def __init__(self, models: Sequence[ServedModel], sock: socket.socket, engine=None):
+        self.models = list(models)
+        self._sock: Optional[socket.socket] = sock
+        self.host, self.port = sock.getsockname()[:2]
+        self.engine = engine  # default: a TritonEngine made in start()
+        self._server = None
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self.app = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the API (what OpenAI clients take as base_url)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def start(self, grpc_url: Optional[str] = None, timeout: float = 60.0) -> "Frontend":
+        """Connect to tritonserver at `grpc_url` (host:port) and serve; returns once serving."""
+        import uvicorn
+
+        from wide_export.frontend.app import create_app
+        from wide_export.frontend.engine import TritonEngine
+
+        if self._sock is None:
+            raise WideError("this frontend was stopped; prepare a new one")
+        if self.engine is None:
+            if grpc_url is None:
+                raise ValueError("grpc_url is required without an engine")
+            self.engine = TritonEngine(grpc_url, {m.name: m.triton_name for m in self.models})
+        self.app = create_app(self.engine, self.models)
+        config = uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False, loop="asyncio",
+                                lifespan="on", timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="openai-frontend", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                why = f": {self._error}" if self._error is not None else ""
+                raise WideError(f"the OpenAI frontend did not start{why}")
+            time.sleep(0.02)
+        failure = getattr(self.app.state, "startup_error", None)
+        if failure is not None:
+            self.stop()
+            raise WideError(f"the OpenAI frontend cannot use tritonserver at {grpc_url}: "
+                            f"{getattr(failure, 'message', None) or failure}",
+                            hint="is the model loaded? read the server log")
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        except BaseException as err:  # noqa: BLE001 - uvicorn exits with SystemExit on startup failure
+            self._error = err
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def check(self) -> None:
+        """WideError when the frontend thread ended while it should serve."""
+        if self._thread is not None and not self._thread.is_alive() and self._server is not None \
+                and not self._server.should_exit:
+            raise WideError(f"the OpenAI frontend stopped unexpectedly{f': {self._error}' if self._error else ''}")
+
+    def stop(self, timeout: float = GRACEFUL_S + 7.0) -> None:
+        """Shut down (idempotent): open connections get GRACEFUL_S seconds, then are cancelled."""
+        if self._server is not None:
+            self._server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(timeout)
+                if self._thread.is_alive():
+                    self._server.force_exit = True
+                    self._thread.join(5)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def prepare_frontend(repository: Path, host: str = LOOPBACK, port: int = 0,
+                     served_model_name: Optional[str] = None) -> Frontend:
+    """Models found, port reserved, tokenizers loaded: ready to start once tritonserver is."""
+    models = discover(repository, served_model_name)
+    sock = bind_socket(host, port)
+    try:
+        for model in models:
+            model.load_text()
+    except BaseException:
+        sock.close()
+        raise
+    return Frontend(models, sock)
+
