@@ -58,3 +58,40 @@ def demo_onnx(tmp_path_factory) -> Path:
     from wide_export.cli_process import export_onnx_cli
 
     return export_onnx_cli(tmp_path_factory.mktemp("demo") / "onnx")
+
+
+@pytest.fixture(scope="session")
+def text_ckpt(tmp_path_factory):
+    """A checkpoint with a tokenizer and chat template whose greedy chat answer holds a character
+    split across tokens and ends at an eos id of its generation_config.json (tests/text_checkpoint.py)."""
+    from tests.text_checkpoint import write_text_checkpoint
+
+    return write_text_checkpoint(tmp_path_factory.mktemp("text_ckpt"))
+
+
+@pytest.fixture(scope="session")
+def text_repo(text_ckpt, tmp_path_factory) -> Path:
+    """`wide-export onnx --model CKPT` then `wide-export triton --streaming`, the real commands."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("text_export")
+    cli = [sys.executable, "-c", "from wide_export.cli import main; main()"]
+    for args in (["onnx", "--model", str(text_ckpt.folder), "--output", str(out / "onnx"), "--no-verify"],
+                 ["triton", "--onnx", str(out / "onnx"), "--output", str(out / "repo"), "--streaming"]):
+        done = subprocess.run(cli + args, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    return out / "repo"
+
+
+@pytest.fixture(scope="session")
+def text_server(text_repo):
+    """A real tritonserver on 127.0.0.1 serving the text repository, metrics on."""
+    from wide_export.triton import TritonServer
+    from wide_export.triton.server import free_port
+
+    server = TritonServer(text_repo, metrics_port=free_port("127.0.0.1"))
+    server.start(timeout=120)
+    yield server
+    code = server.stop()
+    assert code == 0, f"tritonserver did not stop cleanly (code {code}):\n{server.log_tail(10)}"

@@ -319,3 +319,35 @@ def test_stop_finishes_every_open_job_once(gm, inflight, runner, rng):
     late = Recorder()
     sched.submit(late.job(inflight, [_row(gm, rng, 3, 2)]))
     assert late.final and "shutting down" in late.final[0]
+
+
+def test_a_row_that_stops_leaves_the_batch_at_once_while_its_request_goes_on(gm, inflight, runner, tiny, rng):
+    """A two-row request whose first row hits a stop token at its 3rd token: from the next step
+    the graph decodes one row, not two; the other row still gets the reference tokens, and the
+    stopped row's later slots are None (padding) in what the client receives."""
+    rows_per_step = []
+
+    def step(feeds, phase):
+        rows_per_step.append((phase, feeds["input_ids"].shape[0]))
+        return runner[1](feeds, phase)
+
+    prompts = [rng.integers(0, tiny_llm.VOCAB, size=5) for _ in range(2)]
+    first = tiny_llm.reference_greedy(tiny[1], prompts[0], 10)
+    second = tiny_llm.reference_greedy(tiny[1], prompts[1], 10)
+    stop = int(first[2])
+    assert stop not in first[:2].tolist() and stop not in second.tolist(), "pick another seed"
+    rows = [gm.Row(p, 10, stop_ids=(stop,)) for p in prompts]
+    outputs = gm.row_outputs(rows)
+    client = Recorder()
+    job = inflight.Job(rows=rows, emit=client.emit, finish=client.finish, outputs=outputs)
+    sched = _scheduler(gm, inflight, runner, step=step)
+    try:
+        sched.submit(job)
+        assert client.done.wait(WAIT_S)
+    finally:
+        sched.stop()
+    assert [o.finish_reason for o in outputs] == ["stop", "length"]
+    np.testing.assert_array_equal(outputs[0].tokens, first[:3])
+    np.testing.assert_array_equal(outputs[1].tokens, second)
+    assert [n for _, n in rows_per_step] == [2, 2, 2] + [1] * 7  # prefill, 2 decodes of both, then one row
+    assert [t[0] for t in client.tokens[3:]] == [None] * 7  # the stopped row's slots

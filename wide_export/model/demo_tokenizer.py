@@ -10,7 +10,8 @@ is several tokens. The model has random weights: its text is noise, but it
 flows through the same tokenizer, stop rules and streaming as a real model's.
 
 `byte_of_id` lets tests place bytes on chosen ids (e.g. the ids a model
-generates greedily), to build a checkpoint whose output text is known.
+generates greedily), to build a checkpoint whose output text is known; an id
+3..255 it leaves out becomes a special token `<|special_ID|>` (no text).
 """
 
 from __future__ import annotations
@@ -36,17 +37,19 @@ def demo_tokenizer(byte_of_id: Optional[dict[int, int]] = None, chat_template: O
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     byte_of_id = default_byte_of_id() if byte_of_id is None else byte_of_id
-    if set(byte_of_id) & set(range(len(SPECIALS))) or len(set(byte_of_id.values())) != len(byte_of_id):
-        raise ValueError("byte_of_id must map ids >= 3 to distinct bytes")
+    if not set(byte_of_id) <= set(range(len(SPECIALS), 256)) or len(set(byte_of_id.values())) != len(byte_of_id):
+        raise ValueError("byte_of_id must map ids 3..255 to distinct bytes")
     char = bytes_to_unicode()
     vocab = {name: i for i, name in enumerate(SPECIALS)}
     vocab.update({char[b]: i for i, b in byte_of_id.items()})
+    extra = {f"<|special_{i}|>": i for i in range(len(SPECIALS), 256) if i not in byte_of_id}
+    vocab.update(extra)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                        special_tokens=[("<s>", 1)])
-    tok.add_special_tokens(list(SPECIALS))
+    tok.add_special_tokens(list(SPECIALS) + list(extra))
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                    chat_template=chat_template)
 
