@@ -39,13 +39,20 @@ def test_every_subcommand_help_works():
         assert "Usage" in proc.stdout
 
 
+def test_serve_help_lists_the_openai_options():
+    out = run("serve", "--help").stdout
+    for option in ("--repository", "--openai-port", "--openai-address", "--served-model-name"):
+        assert option in out, option
+
+
 def test_demo_export_end_to_end(tmp_path):
     out = tmp_path / "demo"
     proc = run("onnx", "--output", str(out))
     assert "embedded demo model" in proc.stderr
     assert "PASSED" in proc.stderr
     assert {p.name for p in out.iterdir()} == {"model.onnx", "wide_config.json", "genai_config.json",
-                                            "verify_report.json"}
+                                            "verify_report.json", "tokenizer.json", "tokenizer_config.json",
+                                            "chat_template.jinja"}  # the demo's byte-level tokenizer
     report = json.loads((out / "verify_report.json").read_text())
     assert report["passed"] and report["decisions"]
     onnx.checker.check_model(str(out / "model.onnx"), full_check=True)

@@ -93,9 +93,13 @@ def test_not_ready_is_503(live):
     with pytest.raises(openai.InternalServerError) as err:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
     assert err.value.status_code == 503
-    import httpx2 as httpx
+    import urllib.error
+    import urllib.request
 
-    assert httpx.get(frontend.url.removesuffix("/v1") + "/health").status_code == 503
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with pytest.raises(urllib.error.HTTPError) as err:
+        opener.open(frontend.url.removesuffix("/v1") + "/health", timeout=10)
+    assert err.value.code == 503
 
 
 def test_error_after_the_first_token_raises_in_the_stream(live):
@@ -160,3 +164,18 @@ def test_stop_closes_the_port_and_the_engine(live):
     frontend.stop()
     assert engine.closed and not frontend.alive()
     bind_socket("127.0.0.1", port).close()  # free again
+
+
+def test_an_engine_that_cannot_connect_stops_the_start_with_one_line():
+    from wide_export.frontend.runner import Frontend
+
+    class Unreachable(FakeEngine):
+        async def start(self):
+            raise EngineError("unavailable", "failed to connect to all addresses")
+
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    with pytest.raises(WideError, match="failed to connect to all addresses") as err:
+        Frontend([served()], sock, engine=Unreachable()).start(grpc_url="127.0.0.1:1")
+    assert "\n" not in str(err.value)
+    bind_socket("127.0.0.1", port).close()  # the port was released

@@ -357,7 +357,7 @@ def _run_openai_bench(cfg: ServingBenchConfig, console) -> dict:
             rows, model = _measure_openai(cfg, repo)
     table = Table(title=f"OpenAI /v1/completions, stream, model {model}: prompt {cfg.prompt_len} tokens, "
                         f"{cfg.new_tokens} new tokens (ignore_eos), {cfg.requests} requests per client")
-    for col in ("clients", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "p50 ms", "p99 ms"):
+    for col in ("clients", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "p50 ms", "p99 ms"):
         table.add_column(col, justify="right")
 
     def fmt(value) -> str:

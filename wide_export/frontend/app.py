@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from wide_export.frontend.engine import Engine, EngineError, GenerationChunk, GenerationRequest
 from wide_export.frontend.errors import OpenAIError, bad_request, install_handlers, model_not_found
 from wide_export.frontend.models import ServedModel
-from wide_export.frontend.protocol import ChatCompletionRequest, CompletionRequest, _Generation
+from wide_export.frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from wide_export.frontend.sse import DONE, ClientGone, EventStream, event, until_disconnect
 
 log = logging.getLogger("wide_export.frontend")
@@ -66,7 +66,7 @@ _CHAT = _Kind(True, "chatcmpl-", "chat.completion", "chat.completion.chunk")
 class _Call:
     """One generation request on its way to an answer."""
 
-    def __init__(self, kind: _Kind, body: _Generation, model: str, gen: GenerationRequest):
+    def __init__(self, kind: _Kind, body: SamplingRequest, model: str, gen: GenerationRequest):
         self.kind, self.body, self.model, self.gen = kind, body, model, gen
         self.id = kind.prefix + gen.request_id
         self.created = int(time.time())
@@ -130,7 +130,9 @@ class _Call:
             chunk: Optional[GenerationChunk] = first
             while chunk is not None:
                 self.count(chunk)
-                send = bool(chunk.text or chunk.finish_reason) or (not self.kind.chat and bool(chunk.token_ids))
+                # completions: one chunk per token; chat: only chunks with text (unless token ids are asked for)
+                send = bool(chunk.text or chunk.finish_reason) or (
+                    bool(chunk.token_ids) and (not self.kind.chat or bool(self.body.return_token_ids)))
                 if send:
                     yield event(self.chunk(chunk.text, chunk.finish_reason, chunk.token_ids))
                 if chunk.finish_reason:
@@ -182,7 +184,7 @@ def create_app(engine: Engine, models: Sequence[ServedModel]) -> FastAPI:
             raise model_not_found(name)
         return by_name[name]
 
-    def common(body: _Generation, model: ServedModel, **kw) -> GenerationRequest:
+    def common(body: SamplingRequest, model: ServedModel, **kw) -> GenerationRequest:
         ignored = sorted(body.model_extra or {})
         if ignored:
             log.warning("ignored request fields: %s", ", ".join(ignored))

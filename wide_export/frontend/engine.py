@@ -20,6 +20,7 @@ request in Triton (the model sees `is_cancelled()` at its next token).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ log = logging.getLogger("wide_export.frontend")
 STOP = "stop"
 LENGTH = "length"
 OUTPUTS = ("output_ids", "text_output", "finish_reason", "num_input_tokens", "num_output_tokens")
+# Triton core's messages for a model that cannot take requests now (stream errors have no status).
+_UNAVAILABLE_SIGNS = ("Request for unknown model", "has no available versions", "is not ready", "is not healthy")
 _DRAIN_TIMEOUT = 30.0  # seconds a finished stream may take to close before it is cancelled
 
 
@@ -210,6 +213,10 @@ def engine_error(err: BaseException) -> EngineError:
         if status:
             code = getattr(grpc.StatusCode, str(status).replace("StatusCode.", ""), None)
     message = message or str(err)
+    if code is None and any(sign in message for sign in _UNAVAILABLE_SIGNS):
+        # Errors Triton sends inside a stream carry no status even with triton_grpc_error (e.g. a
+        # model being reloaded: "Request for unknown model: 'x' has no available versions").
+        return EngineError("unavailable", message)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return EngineError("invalid", message)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
@@ -220,11 +227,11 @@ def engine_error(err: BaseException) -> EngineError:
 class TritonEngine:
     """Engine on a running tritonserver, over gRPC. `models`: served name -> Triton model name."""
 
-    def __init__(self, url: str, models: Mapping[str, str], timeout: float = 10.0):
+    def __init__(self, url: str, models: Mapping[str, str], timeout: float = 10.0, client=None):
         self.url = url
         self._names = dict(models)
         self._timeout = timeout
-        self._client = None
+        self._client = client  # a tritonclient.grpc.aio client; made in start() when not given
         self._info: dict[str, ModelInfo] = {}
         self._drains: set[asyncio.Task] = set()
 
@@ -232,9 +239,10 @@ class TritonEngine:
         return list(self._names)
 
     async def start(self) -> None:
-        import tritonclient.grpc.aio as grpcclient
+        if self._client is None:
+            import tritonclient.grpc.aio as grpcclient
 
-        self._client = grpcclient.InferenceServerClient(self.url)
+            self._client = grpcclient.InferenceServerClient(self.url)
         for served in self._names:
             await self._model(served)  # fail early when a model is missing or not loaded
 
@@ -280,8 +288,10 @@ class TritonEngine:
             inputs.append(tensor)
         outputs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS if name in info.outputs]
         if info.decoupled:
-            async for chunk in self._stream(info, inputs, outputs, request):
-                yield chunk
+            # aclosing: when our consumer closes us early, the stream is cancelled now, not at GC
+            async with contextlib.aclosing(self._stream(info, inputs, outputs, request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         else:
             try:
                 result = await self._client.infer(info.name, inputs, outputs=outputs, request_id=request.request_id)
@@ -310,6 +320,12 @@ class TritonEngine:
                     finished = True  # the server ended the stream: nothing to cancel
                     raise engine_error(err) from None
                 if error is not None:
+                    # Triton rejected the request (an error without a status): close our side and let the
+                    # stream end, never cancel it (a cancelled stream after a rejection keeps tritonserver
+                    # from exiting until its exit timeout, docs/triton.md).
+                    finished = True
+                    done.set()
+                    self._drain(responses)
                     raise engine_error(error)
                 chunk = parse_response(result)
                 tokens += len(chunk.token_ids)

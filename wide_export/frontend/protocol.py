@@ -32,7 +32,7 @@ class StreamOptions(_Model):
     include_usage: Optional[bool] = None
 
 
-class _Generation(_Model):
+class SamplingRequest(_Model):
     """Fields shared by completions and chat completions."""
 
     model: Optional[str] = None
@@ -82,7 +82,7 @@ class _Generation(_Model):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
-class CompletionRequest(_Generation):
+class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: Union[str, List[str], List[int], List[List[int]]]
@@ -139,7 +139,7 @@ class ChatMessage(_Model):
     name: Optional[str] = None
 
 
-class ChatCompletionRequest(_Generation):
+class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
     messages: List[ChatMessage]

@@ -24,6 +24,16 @@ LOOPBACK = "127.0.0.1"
 GRACEFUL_S = 3  # seconds open connections get at shutdown before their tasks are cancelled
 
 
+def check_installed() -> None:
+    """WideError naming what to install when the frontend's libraries are missing."""
+    from importlib.util import find_spec
+
+    missing = [name for name in ("fastapi", "uvicorn", "tritonclient") if find_spec(name) is None]
+    if missing:
+        raise WideError(f"the OpenAI API needs {', '.join(missing)}, which is not installed",
+                        hint="pip install 'wide-export[triton]'")
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening-ready TCP socket on host:port (port 0: any free one); WideError when it cannot bind."""
     if not 0 <= port < 65536:
@@ -129,6 +139,7 @@ class Frontend:
 def prepare_frontend(repository: Path, host: str = LOOPBACK, port: int = 0,
                      served_model_name: Optional[str] = None) -> Frontend:
     """Models found, port reserved, tokenizers loaded: ready to start once tritonserver is."""
+    check_installed()
     models = discover(repository, served_model_name)
     sock = bind_socket(host, port)
     try:

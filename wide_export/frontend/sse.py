@@ -74,6 +74,11 @@ class EventStream(StreamingResponse):
                     await self.stream_response(send)
                 except OSError:  # the connection broke while sending
                     pass
+                finally:
+                    # Cancelled while sending: close the events now (their `finally` cancels the engine
+                    # request), not whenever the garbage collector finalizes them.
+                    with anyio.CancelScope(shield=True):
+                        await self.body_iterator.aclose()
                 group.cancel_scope.cancel()
 
             group.start_soon(body)
