@@ -63,7 +63,8 @@ def check_inflated_size(path: Path, what: str) -> None:
         with zipfile.ZipFile(path) as archive:
             inflated = sum(info.file_size for info in archive.infolist())
     except (zipfile.BadZipFile, OSError, ValueError) as err:
-        raise WideError(f"cannot read {what} file {path}: not a readable zip archive ({err})", hint) from None
+        raise WideError(f"cannot read {what} file {path}: not a torch.save file of tensors (a damaged zip "
+                        f"archive: {err})", f"pass the {what} .pth written by the WIDE trainer") from None
     size = path.stat().st_size
     if inflated > size + MAX_INFLATE_BYTES:
         raise WideError(f"{what} file {path} inflates to {inflated} bytes from {size} on disk, more than "
