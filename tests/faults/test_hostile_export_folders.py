@@ -152,3 +152,13 @@ def test_triton_refuses_an_engine_manifest_of_impossible_limits(tmp_path):
     (engines / "wide_engine.json").write_text(json.dumps(manifest))
     out = tmp_path / "repo"
     refused(cli("triton", "--engines", engines, "-o", out), out, "max_position_embeddings")
+
+
+# ---------------------------------------------------------------- `wide-export trt --onnx`
+def test_trt_refuses_external_data_outside_the_export(tiny, secret, tmp_path):
+    """TensorRT's ONNX parser reads external data by location too: checked before it (or a child) runs."""
+    folder = _export_folder(tiny, tmp_path)
+    _external(folder, os.path.relpath(secret, folder))
+    out = tmp_path / "engines"
+    refused(cli("trt", "--onnx", folder, "-o", out, "--max-seq-len", 64, "--max-input-len", 32), out,
+            "external data", "outside")
