@@ -107,6 +107,17 @@ def test_a_deep_config_json_is_one_line(ckpt, tmp_path):
     refused(cli("onnx", "--model", model, "-o", out, "--no-verify"), out, str(model / "config.json"), "deep")
 
 
+def test_a_config_json_nested_beyond_the_depth_limit_is_one_line(ckpt, tmp_path):
+    """100 levels parse in Python, but nothing we read nests beyond a few: refused before transformers
+    (or json.dumps of the recorded config) recurses through it."""
+    model = copy(ckpt, tmp_path / "model")
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "extra": json.loads("[" * 100 + "]" * 100)}))
+    out = tmp_path / "out"
+    refused(cli("onnx", "--model", model, "-o", out, "--no-verify"), out, str(model / "config.json"),
+            "nested deeper than 64")
+
+
 def test_a_million_layers_fail_on_the_missing_weights_at_once(ckpt, tmp_path):
     """Why 7: num_hidden_layers 1000000 built decoder modules until memory ran out (a subprocess, so
     that the old behaviour fails by its timeout instead of hanging the suite)."""
