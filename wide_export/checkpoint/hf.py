@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
 from wide_export.errors import WideError
 from wide_export.model.arch import arch_for
+from wide_export.paths import confined, parse_json, read_json
+
+
+# Files a Hugging Face folder keeps next to its weights that a generator needs (tokenizer + defaults):
+# `wide-export onnx` copies them into the export (export/genai_config.py).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+)
+
+
+def check_companion_files(model_dir: Path) -> None:
+    """The tokenizer files present lie inside the folder (or its Hugging Face blob store): a symlink
+    elsewhere is refused when the folder is read, not after minutes of export."""
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            confined(model_dir / name, model_dir, "tokenizer file")
 
 
 def read_hf_config(model_dir: Path) -> Any:
@@ -22,10 +38,8 @@ def read_hf_config(model_dir: Path) -> Any:
     if not cfg_path.is_file():
         raise WideError(f"{model_dir} has no config.json",
                         "pass a Hugging Face causal-LM folder (config.json + *.safetensors)")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as err:
-        raise WideError(f"cannot parse {cfg_path}: {err}", "the model folder looks damaged") from None
+    confined(cfg_path, model_dir, "config file")
+    raw = read_json(cfg_path, hint="the model folder looks damaged")
     check_config_values(raw, cfg_path)
     arch_for(raw.get("model_type"))  # refuse unknown architectures before transformers sees them
     from transformers import AutoConfig
@@ -60,6 +74,10 @@ def check_config_values(raw: Any, cfg_path: Path) -> None:
                             f"fix {key} in config.json")
 
 
+# The safetensors library refuses headers above 100 MB (MAX_HEADER_SIZE in safetensors/src/tensor.rs).
+SAFETENSORS_HEADER_MAX = 100_000_000
+
+
 def check_safetensors(path: Path) -> None:
     """Refuse an empty, truncated or garbled safetensors file from its header, before loading anything.
 
@@ -77,10 +95,10 @@ def check_safetensors(path: Path) -> None:
         if 8 + header_len > size:
             raise WideError(f"{path} is truncated: its header needs {header_len} bytes, the file has "
                             f"{size - 8} after the length", hint)
-        try:
-            header = json.loads(f.read(header_len))
-        except (ValueError, UnicodeDecodeError):
-            raise WideError(f"{path} is damaged: its header is not valid JSON", hint) from None
+        if header_len > SAFETENSORS_HEADER_MAX:
+            raise WideError(f"{path} is damaged: its header claims {header_len} bytes, more than the "
+                            f"{SAFETENSORS_HEADER_MAX} safetensors allows", hint)
+        header = parse_json(f.read(header_len), f"{path} header", hint)
     if not isinstance(header, dict):
         raise WideError(f"{path} is damaged: its header is not a JSON object", hint)
     data = size - 8 - header_len
@@ -95,6 +113,13 @@ def check_safetensors(path: Path) -> None:
             raise WideError(f"{path} is damaged: tensor {name!r} has no valid data_offsets", hint) from None
     if need > data:
         raise WideError(f"{path} is truncated: its tensors need {need} bytes of data, the file has {data}", hint)
+    from safetensors import SafetensorError, safe_open
+
+    try:  # the format library's own header checks (dtypes, shapes vs offsets, metadata types)
+        with safe_open(str(path), framework="pt"):
+            pass
+    except SafetensorError as err:
+        raise WideError(f"{path} is damaged: {str(err).splitlines()[0][:200]}", hint) from None
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -102,24 +127,53 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
+        confined(index, model_dir, "weight index")
+        hint = "download the complete model folder again"
+        raw = read_json(index, hint=hint)
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            raise WideError(f"{index} is damaged (no readable weight_map)", "download the complete model "
-                            "folder again") from None
+            names = sorted(set(raw["weight_map"].values()))
+        except (TypeError, KeyError, AttributeError):
+            raise WideError(f"{index} is damaged (no readable weight_map)", hint) from None
+        if not all(isinstance(n, str) for n in names):
+            raise WideError(f"{index} is damaged (a weight_map entry is not a file name)", hint)
         files = [model_dir / n for n in names]
+        for f in files:
+            confined(f, model_dir, f"weight shard listed in {index.name}:")
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise WideError(f"{model_dir}: shards listed in the index are missing: {', '.join(missing[:3])}",
                             "download the complete model folder")
     else:
         files = sorted(model_dir.glob("*.safetensors"))
+        for f in files:
+            confined(f, model_dir, "weight shard")
     if not files:
         raise WideError(f"{model_dir} has no *.safetensors weights",
                         "save the model with save_pretrained(safe_serialization=True); .bin pickles are not read")
     for f in files:
         check_safetensors(f)  # a damaged shard is named before minutes of loading
     return files
+
+
+def check_layer_count(files: list[Path], num_layers: int, where: Path) -> None:
+    """Every decoder layer config.json announces has weights (`model.layers.N.*`), checked from the
+    shard headers before any module is built: a wrong num_hidden_layers (1000000) fails here, not after
+    building a million decoder layers."""
+    import re
+
+    from safetensors import safe_open
+
+    layer = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+    present: set[int] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            present.update(int(m.group(1)) for key in st.keys() if (m := layer.search(key)))
+    missing = next((i for i in range(num_layers) if i not in present), None)
+    if missing is not None:
+        raise WideError(f"{where}: num_hidden_layers is {num_layers}, but the weights have no "
+                        f"model.layers.{missing}.* tensors ({len(present)} layers present)",
+                        "config.json does not match the weights: fix num_hidden_layers or download the "
+                        "complete model folder")
 
 
 def iter_tensors(files: list[Path]) -> Iterator[tuple[str, Any]]:

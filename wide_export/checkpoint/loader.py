@@ -22,6 +22,7 @@ class LoadedModel:
     lora_pairs: int = 0
     lora_scale: float | None = None
     weights: Any = None  # lazy.WeightSource when `model` holds placeholders (load_wide_model(lazy=True))
+    model_dir: Path | None = None  # the folder as given (a Hugging Face snapshot's files resolve elsewhere)
 
     @property
     def config(self):
@@ -61,16 +62,24 @@ def load_wide_model(
         check_group_flags(model.config, attn_group_size, ffn_group_size)
         return LoadedModel(model, is_demo=True)
 
-    from wide_export.checkpoint.hf import iter_tensors, read_hf_config, safetensors_files
+    from wide_export.checkpoint.hf import (
+        check_companion_files, check_layer_count, iter_tensors, read_hf_config, safetensors_files,
+    )
     from wide_export.checkpoint.router import read_routers
     from wide_export.model.build import build_model
     from wide_export.model.config import WideConfig
+    from wide_export.paths import confined
 
     model_dir = Path(model_dir)
     hf = read_hf_config(model_dir)
-    cfg = WideConfig.from_hf(hf)
+    check_companion_files(model_dir)
     shards = safetensors_files(model_dir)
-    router = Path(router) if router else model_dir / "router.pth"
+    check_layer_count(shards, hf.num_hidden_layers, model_dir / "config.json")  # before building layers
+    cfg = WideConfig.from_hf(hf)
+    if not router:  # the default is a file of the model folder: it must lie inside it
+        router = model_dir / "router.pth"
+        confined(router, model_dir, "router file")
+    router = Path(router)
     if not router.is_file():
         raise WideError(f"no router file: {router} does not exist",
                         "pass --router PATH (the WIDE trainer's router.pth) or put router.pth in the model folder")
@@ -98,7 +107,7 @@ def load_wide_model(
     sources = {role: _describe(p, checksums) for role, p in files.items()}
     model.eval()
     return LoadedModel(model, is_demo=False, sources=sources, lora_pairs=pairs,
-                       lora_scale=lora_scale if lora else None, weights=weights)
+                       lora_scale=lora_scale if lora else None, weights=weights, model_dir=model_dir)
 
 
 def _describe(path: Path, checksum: bool) -> dict[str, Any]:

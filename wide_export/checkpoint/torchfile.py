@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import zipfile
 from pathlib import Path
 
 from wide_export.errors import WideError
@@ -17,8 +19,11 @@ def load_tensor_dict(path: Path, what: str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise WideError(f"{what} file not found: {path}", f"check the path given for the {what} file")
+    is_zip = _is_zip(path)
+    if is_zip:
+        check_inflated_size(path, what)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
     except Exception as err:  # pickle, zip and unpickler-policy errors all mean the same to a user
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise WideError(
@@ -41,6 +46,30 @@ def strip_to_layer_keys(sd: dict) -> dict[tuple[int, str], object]:
         if m:
             out[(int(m.group(1)), m.group(2))] = value
     return out
+
+
+# torch.save writes its zip archive uncompressed (entries stored, so that torch.load(mmap=True) maps
+# them), so a real router.pth / lora.pth inflates to its own size. A compressed archive -- re-zipped by
+# some tool -- is still read, but may expand by at most this much: a zip bomb (14 MB on disk, 3 GiB of
+# zeros inflated) is refused before torch.load allocates anything. $WIDE_PTH_MAX_INFLATE raises it.
+MAX_INFLATE_BYTES = int(os.environ.get("WIDE_PTH_MAX_INFLATE", 64 << 20))
+
+
+def check_inflated_size(path: Path, what: str) -> None:
+    """Refuse a zip archive whose entries inflate to more than the file's size + MAX_INFLATE_BYTES
+    (sizes read from the zip's central directory, which torch's reader also allocates by)."""
+    hint = f"pass the {what} .pth written by the WIDE trainer (torch.save)"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            inflated = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise WideError(f"cannot read {what} file {path}: not a torch.save file of tensors (a damaged zip "
+                        f"archive: {err})", f"pass the {what} .pth written by the WIDE trainer") from None
+    size = path.stat().st_size
+    if inflated > size + MAX_INFLATE_BYTES:
+        raise WideError(f"{what} file {path} inflates to {inflated} bytes from {size} on disk, more than "
+                        f"{MAX_INFLATE_BYTES >> 20} MiB of expansion (a zip bomb?)",
+                        f"{hint}; set WIDE_PTH_MAX_INFLATE=BYTES to allow more")
 
 
 def _is_zip(path: Path) -> bool:

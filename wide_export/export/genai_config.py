@@ -15,19 +15,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from wide_export.errors import WideError
 from wide_export.model.arch import arch_for
 from wide_export.names import GENAI_CONFIG as GENAI_CONFIG_NAME
+from wide_export.paths import confined, read_json
 
-# Files a Hugging Face folder keeps next to its weights that a generator needs (tokenizer + defaults).
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
-)
+from wide_export.checkpoint.hf import TOKENIZER_FILES  # copied into the export
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def model_folder(loaded) -> Path | None:
     """The Hugging Face folder the model was loaded from (None for the in-memory demo model)."""
+    if getattr(loaded, "model_dir", None) is not None:
+        return Path(loaded.model_dir)  # as given: in a Hugging Face snapshot, config.json resolves into blobs/
     path = loaded.sources.get("config", {}).get("path")
     return Path(path).parent if path else None
 
@@ -51,10 +51,13 @@ def special_tokens(loaded) -> dict[str, Any]:
             path = folder / name
             if not path.is_file():
                 continue
+            confined(path, folder, "token defaults file")
             try:
-                raw = json.loads(path.read_text())
-            except ValueError:
+                raw = read_json(path)
+            except WideError:
                 continue  # config.json was parsed at load time; a broken generation_config is ignored
+            if not isinstance(raw, dict):
+                continue
             ids.update({k: raw[k] for k in TOKEN_KEYS if raw.get(k) is not None})
     if ids["bos_token_id"] is None:
         ids["bos_token_id"] = 1
@@ -125,14 +128,30 @@ def write_genai_files(loaded, folder: Path, model_file: str) -> list[str]:
     """Write genai_config.json into `folder` and copy the tokenizer files; returns the copied names."""
     folder = Path(folder)
     (folder / GENAI_CONFIG_NAME).write_text(json.dumps(genai_config(loaded, model_file), indent=2) + "\n")
-    src = model_folder(loaded)
     copied = []
-    if src is None:  # the in-memory demo model: its byte-level tokenizer, so the export takes text
+    if model_folder(loaded) is None:  # the in-memory demo model: its byte-level tokenizer, so the export takes text
         from wide_export.model.demo_tokenizer import write_demo_tokenizer
 
         return write_demo_tokenizer(folder)
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, folder / name)
-            copied.append(name)
+    for path in tokenizer_files(loaded):
+        shutil.copy2(path, folder / path.name)
+        copied.append(path.name)
     return copied
+
+
+def tokenizer_files(loaded) -> list[Path]:
+    """The model folder's tokenizer files that write_genai_files copies, each checked to lie inside the
+    folder (or its Hugging Face blob store): a symlink to anywhere else is refused, not copied."""
+    src = model_folder(loaded)
+    if src is None:
+        return []
+    files = [src / name for name in TOKENIZER_FILES if (src / name).is_file()]
+    for path in files:
+        confined(path, src, "tokenizer file")
+    return files
+
+
+def check_genai_sources(loaded) -> None:
+    """Refuse escaping tokenizer / generation_config files before minutes of export, not at the end."""
+    tokenizer_files(loaded)
+    special_tokens(loaded)

@@ -14,7 +14,7 @@ from typing import Any
 
 from wide_export import __version__
 from wide_export.errors import WideError
-from wide_export.export.genai_config import GENAI_CONFIG_NAME, write_genai_files
+from wide_export.export.genai_config import GENAI_CONFIG_NAME, check_genai_sources, write_genai_files
 from wide_export.export.io_spec import axes_of, input_names, mask_output_name, output_names
 from wide_export.names import ONNX_DATA_FILE, ONNX_FILE, WIDE_CONFIG
 from wide_export.ops.spec import DOMAIN, OPS, OPSET_VERSION
@@ -49,6 +49,7 @@ def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool
     streamed = loaded.weights is not None  # placeholders traced, weights read while saving (streaming.py)
     from wide_export.export.provenance import hash_in_background
 
+    check_genai_sources(loaded)  # files copied at the end are checked first
     hashing = hash_in_background(loaded.sources)  # sources loaded with checksums=False: hashed meanwhile
     with atomic_output_dir(output, force) as tmp:
         with stages.stage("trace"):
@@ -236,7 +237,16 @@ def read_wide_config(folder: Path) -> dict[str, Any]:
     if not (folder / MODEL_NAME).is_file() or not path.is_file():
         raise WideError(f"{folder} is not a wide-export ONNX folder (no {MODEL_NAME} / {CONFIG_NAME})",
                         "create one with `wide-export onnx --output DIR`")
-    try:
-        return json.loads(path.read_text())
-    except ValueError as err:
-        raise WideError(f"cannot parse {path}: {err}", "re-run `wide-export onnx`") from None
+    from wide_export.paths import confined, read_json
+
+    hint = "re-run `wide-export onnx`"
+    confined(path, folder, "export description")
+    config = read_json(path, hint=hint)
+    files = config.get("files") if isinstance(config, dict) else None
+    if not isinstance(files, dict) or not isinstance(files.get("model"), str) \
+            or not isinstance(files.get("external_data") or "", str):
+        raise WideError(f"{path} does not name the export's files (files.model, files.external_data)", hint)
+    for key in ("model", "external_data"):
+        if files.get(key):
+            confined(folder / files[key], folder, f"{path.name} files.{key}:")
+    return config

@@ -23,7 +23,6 @@ fixed at 0; the decode one otherwise. One profile may serve both phases.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -31,8 +30,9 @@ from typing import Optional
 from wide_export.errors import WideError
 from wide_export.names import ENGINE_MANIFEST as MANIFEST
 from wide_export.names import WIDE_CONFIG
+from wide_export.paths import confined, read_json
 from wide_export.triton.sources import (
-    DEFAULT_IO, ModelShape, check_io_names, count_layers, parse_model_shape, read_model_shape,
+    DEFAULT_IO, ModelShape, check_io_names, check_vocab, count_layers, parse_model_shape, read_model_shape,
 )
 
 # Engine/ONNX dtype names -> Triton config data types.
@@ -113,6 +113,7 @@ def _phase(raw: dict, past_name: str) -> str:
 
 def _engine(raw: dict, folder: Path, where: str) -> EngineSpec:
     file = folder / str(raw.get("file", ""))
+    confined(file, folder, f"{where}: engine file")
     if not file.is_file():
         raise WideError(f"{where}: engine file {file} not found")
     inputs = tuple(_tensor(t, where) for t in raw.get("inputs", []))
@@ -132,13 +133,12 @@ def read_engine_folder(folder: Path) -> EngineSource:
     """Parse and validate `wide_engine.json` in `folder`."""
     folder = Path(folder)
     manifest = folder / MANIFEST
-    try:
-        raw = json.loads(manifest.read_text())
-    except FileNotFoundError:
-        raise WideError(f"{manifest} not found",
-                        hint="point --engines at the folder written by `wide-export trt`") from None
-    except json.JSONDecodeError as err:
-        raise WideError(f"{manifest} is not valid JSON: {err}") from None
+    if not manifest.is_file():
+        raise WideError(f"{manifest} not found", hint="point --engines at the folder written by `wide-export trt`")
+    confined(manifest, folder, "engine manifest")
+    raw = read_json(manifest, hint="rebuild the engines with `wide-export trt`")
+    if not isinstance(raw, dict):
+        raise WideError(f"{manifest}: expected a JSON object", hint="rebuild the engines with `wide-export trt`")
     engines = tuple(_engine(e, folder, str(manifest)) for e in raw.get("engines", []))
     if not engines:
         raise WideError(f"{manifest}: no engines listed")
@@ -154,8 +154,11 @@ def read_engine_folder(folder: Path) -> EngineSource:
                             f"the model {shape.num_layers}")
         check_io_names(names_in, [t.name for t in engine.outputs], layers, DEFAULT_IO,
                        f"{manifest} ({engine.file.name})")
-    plugins = tuple(folder / p for p in raw.get("plugins", []))
+        logits = next(t for t in engine.outputs if t.name == DEFAULT_IO["logits"])
+        check_vocab(shape, list(logits.dims), f"{manifest} ({engine.file.name})")
+    plugins = tuple(folder / str(p) for p in raw.get("plugins", []))
     for plugin in plugins:
+        confined(plugin, folder, f"{manifest}: plugin library")
         if not plugin.is_file():
             raise WideError(f"{manifest}: plugin library {plugin} not found")
     trt = raw.get("tensorrt", {})

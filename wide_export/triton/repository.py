@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -70,11 +71,24 @@ class RepoOptions:
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-link big files when possible (same filesystem), else copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+    """Hard-link a big file of the user's own export when possible (same filesystem), else copy.
+
+    A hard link shares the inode: writing through the repository's name changes the source. So we link
+    only a file that is the user's own export output -- already confined to its folder by the readers
+    (sources.py, engines.py), a regular file owned by the user running us, with no other name
+    (st_nlink == 1: not itself a hard link to some other file) -- and copy anything else (a file owned
+    by someone else, or one already linked elsewhere, e.g. into an earlier repository). Symlinks are
+    followed to their (confined) target, never linked as such.
+    """
+    real = Path(src).resolve()
+    info = real.stat()
+    if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_nlink == 1:
+        try:
+            os.link(real, dst, follow_symlinks=False)
+            return
+        except OSError:
+            pass  # another filesystem, or links not allowed: copy
+    shutil.copy2(real, dst)
 
 
 SIBLINGS = ("inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its own folder

@@ -4,13 +4,13 @@ and graph I/O, so nothing about the model is typed by hand.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from wide_export.errors import WideError
 from wide_export.names import ONNX_FILE, WIDE_CONFIG
+from wide_export.paths import confined, external_data_files, load_graph, read_json
 
 # The graph contract (Hugging Face / onnxruntime-genai names); {i} is the layer index.
 DEFAULT_IO = {
@@ -60,21 +60,22 @@ def kv_dtype_name(raw: object, where: Path) -> str:
 
 def read_model_shape(config_path: Path) -> ModelShape:
     """Parse wide_config.json (the fields written by `wide-export onnx`)."""
-    try:
-        cfg = json.loads(config_path.read_text())
-    except FileNotFoundError:
+    return parse_model_shape(_read_config(config_path), config_path)
+
+
+def _read_config(config_path: Path) -> object:
+    if not config_path.is_file():
         raise WideError(f"{config_path} not found",
-                        hint="point at the folder written by `wide-export onnx --output DIR`") from None
-    except json.JSONDecodeError as err:
-        raise WideError(f"{config_path} is not valid JSON: {err}") from None
-    return parse_model_shape(cfg, config_path)
+                        hint="point at the folder written by `wide-export onnx --output DIR`")
+    confined(config_path, config_path.parent, "model description")
+    return read_json(config_path, hint="re-export the model with `wide-export onnx`")
 
 
 def parse_model_shape(cfg: object, config_path: Path) -> ModelShape:
     """Validate wide_config.json fields (already parsed); `config_path` names them in errors."""
     if not isinstance(cfg, dict):
         raise WideError(f"{config_path}: expected a JSON object")
-    return ModelShape(
+    shape = ModelShape(
         num_layers=_int_field(cfg, ("num_layers", "num_hidden_layers"), config_path),
         num_kv_heads=_int_field(cfg, ("num_key_value_heads",), config_path),
         head_dim=_int_field(cfg, ("head_dim",), config_path),
@@ -82,6 +83,40 @@ def parse_model_shape(cfg: object, config_path: Path) -> ModelShape:
         kv_dtype=kv_dtype_name(cfg.get("dtype", "float32"), config_path),
         max_position_embeddings=_int_field(cfg, ("max_position_embeddings",), config_path),
     )
+    check_limits(shape, config_path)
+    return shape
+
+
+# One sequence's KV cache at the model's length limit must fit some machine: 1 TiB is far above any
+# accelerator's memory (a 70B model at 128k positions needs 43 GB) and far below what a hostile
+# max_position_embeddings of 10^12 asks for, which would switch the server's length limit off.
+KV_CACHE_MAX_BYTES = 1 << 40
+# Token ids are int32 in tokenizers and onnxruntime-genai; a larger vocabulary cannot be real.
+VOCAB_MAX = 2**31 - 1
+
+
+def check_limits(shape: ModelShape, where: Path) -> None:
+    """Refuse a vocabulary or length limit that no tokenizer or KV cache could hold."""
+    if shape.vocab_size > VOCAB_MAX:
+        raise WideError(f"{where}: vocab_size {shape.vocab_size} is more than token ids can number ({VOCAB_MAX})",
+                        hint="the model description is damaged; re-export the model with `wide-export onnx`")
+    itemsize = 2 if shape.kv_dtype == "float16" else 4
+    per_position = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * itemsize
+    need = per_position * shape.max_position_embeddings
+    if need > KV_CACHE_MAX_BYTES:
+        raise WideError(f"{where}: max_position_embeddings {shape.max_position_embeddings} needs a "
+                        f"{need / (1 << 40):.3g} TiB KV cache for one sequence, more than the "
+                        f"{KV_CACHE_MAX_BYTES >> 40} TiB any server holds",
+                        hint="the model description is damaged; re-export the model with `wide-export onnx`")
+
+
+def check_vocab(shape: ModelShape, logits_dims: list, where: str) -> None:
+    """The graph's or engine's logits width, when static, is the vocabulary size."""
+    last = logits_dims[-1] if logits_dims else None
+    if isinstance(last, int) and last > 0 and last != shape.vocab_size:
+        raise WideError(f"{where}: logits have {last} values per token, the model description says "
+                        f"vocab_size {shape.vocab_size}",
+                        hint="the folder mixes files from different exports; re-export")
 
 
 def check_io_names(inputs: list[str], outputs: list[str], num_layers: int, io: dict, where: str) -> None:
@@ -118,31 +153,22 @@ class OnnxSource:
 
 def read_onnx_folder(folder: Path) -> OnnxSource:
     """Validate the folder from `wide-export onnx --output DIR` against the graph contract."""
-    import onnx
-
     folder = Path(folder)
     onnx_file = folder / ONNX_FILE
     if not onnx_file.is_file():
         raise WideError(f"{onnx_file} not found", hint="point --onnx at the folder written by `wide-export onnx`")
-    shape = read_model_shape(folder / WIDE_CONFIG)
-    try:
-        model = onnx.load(str(onnx_file), load_external_data=False)
-    except Exception as err:  # onnx raises DecodeError and friends
-        raise WideError(f"{onnx_file} is not a readable ONNX model: {err}") from None
+    confined(onnx_file, folder, "model file")
+    cfg = _read_config(folder / WIDE_CONFIG)
+    shape = parse_model_shape(cfg, folder / WIDE_CONFIG)
+    model = load_graph(onnx_file)
     inputs = [v.name for v in model.graph.input]
     outputs = [v.name for v in model.graph.output]
     check_io_names(inputs, outputs, shape.num_layers, DEFAULT_IO, str(onnx_file))
-    _check_config_io(json.loads((folder / WIDE_CONFIG).read_text()), inputs, outputs, folder / WIDE_CONFIG)
-    data = sorted({
-        entry.value
-        for tensor in _all_initializers(model)
-        for entry in tensor.external_data
-        if entry.key == "location"
-    })
-    data_files = tuple(folder / name for name in data)
-    for path in data_files:
-        if not path.is_file():
-            raise WideError(f"{onnx_file} refers to external data {path.name}, which is missing")
+    _check_config_io(cfg, inputs, outputs, folder / WIDE_CONFIG)
+    logits = next(v for v in model.graph.output if v.name == DEFAULT_IO["logits"])
+    check_vocab(shape, [d.dim_value if d.HasField("dim_value") else None
+                        for d in logits.type.tensor_type.shape.dim], str(onnx_file))
+    data_files = external_data_files(model, onnx_file)
     return OnnxSource(folder=folder, onnx_file=onnx_file, data_files=data_files, shape=shape, io=dict(DEFAULT_IO))
 
 
@@ -156,13 +182,3 @@ def _check_config_io(cfg: dict, inputs: list[str], outputs: list[str], where: Pa
         if listed and sorted(listed) != sorted(have):
             raise WideError(f"{where}: io.{kind} does not match the graph's {kind}",
                             hint="the folder mixes files from different exports; re-export")
-
-
-def _all_initializers(model):
-    import onnx
-
-    yield from model.graph.initializer
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t

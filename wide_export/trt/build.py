@@ -49,21 +49,23 @@ def trt_dtype_name(trt, dtype) -> str:
 
 
 def _read_onnx_folder(onnx_dir: Path):
-    """(onnx ModelProto without weights, wide_config dict or {})."""
-    import onnx
+    """(onnx ModelProto without weights, wide_config dict or {}); model.onnx, its external-data
+    locations and wide_config.json must lie inside onnx_dir (checked before TensorRT opens any)."""
+    from wide_export.paths import confined, external_data_files, load_graph, read_json
 
     path = onnx_dir / ONNX_FILE
     if not path.is_file():
         raise WideError(f"{path} not found", hint="export first: wide-export onnx --output DIR")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as err:  # onnx raises DecodeError and friends
-        raise WideError(f"{path} is not a readable ONNX model: {err}") from None
+    confined(path, onnx_dir, "model file")
+    model = load_graph(path)
+    external_data_files(model, path)
     cfg_path = onnx_dir / WIDE_CONFIG
-    try:
-        config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise WideError(f"{cfg_path} is not valid JSON: {err}", hint="export the folder again") from None
+    config = {}
+    if cfg_path.is_file():
+        confined(cfg_path, onnx_dir, "model description")
+        config = read_json(cfg_path, hint="export the folder again")
+        if not isinstance(config, dict):
+            raise WideError(f"{cfg_path}: expected a JSON object", hint="export the folder again")
     return model, config
 
 
@@ -283,6 +285,7 @@ def build_engine(onnx_dir: Path, output_dir: Path, *, backend: Optional[str] = N
     if not (Path(onnx_dir) / ONNX_FILE).is_file():
         raise WideError(f"{Path(onnx_dir) / ONNX_FILE} not found", hint="export first: wide-export onnx --output DIR")
     check_engine_output(Path(onnx_dir), Path(output_dir), bool(kwargs.get("force")))
+    _read_onnx_folder(Path(onnx_dir))  # its files lie inside onnx_dir before TensorRT (or a child) opens them
     base = load_recipe(args["recipe"]).limits if args.get("recipe") else ProfileLimits()
     base.override(**(args.get("limits") or {})).checked()
     if args.get("plugins") and not Path(args["plugins"]).is_file():

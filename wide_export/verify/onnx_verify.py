@@ -52,7 +52,9 @@ def with_masks(onnx_dir: Path, config: dict[str, Any]):
     """model.onnx (an onnx.ModelProto, weights not loaded) with the router masks as extra graph outputs."""
     import onnx
 
-    proto = onnx.load(str(onnx_dir / config["files"]["model"]), load_external_data=False)
+    from wide_export.paths import load_graph
+
+    proto = load_graph(Path(onnx_dir) / config["files"]["model"])
     known = {o.name for o in proto.graph.output}
     for layer in config["layers"]:
         for kind in ("attention", "ffn"):
@@ -60,6 +62,15 @@ def with_masks(onnx_dir: Path, config: dict[str, Any]):
                 proto.graph.output.append(onnx.helper.make_tensor_value_info(layer[kind]["mask"],
                                                                              onnx.TensorProto.INT32, None))
     return proto
+
+
+def check_graph_files(onnx_dir: Path, config: dict[str, Any]) -> None:
+    """model.onnx parses and its external-data locations lie inside onnx_dir -- checked before the
+    reference is built or ONNX Runtime opens anything."""
+    from wide_export.paths import external_data_files, load_graph
+
+    graph = Path(onnx_dir) / config["files"]["model"]
+    external_data_files(load_graph(graph), graph)
 
 
 def debug_session(onnx_dir: Path, config: dict[str, Any], model: bytes | None = None):
@@ -111,7 +122,8 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
     stages = stages or Stages(quiet=True)
     settings = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     onnx_dir = Path(onnx_dir)
-    config = read_wide_config(onnx_dir)
+    config = read_wide_config(onnx_dir)  # its files.* lie inside onnx_dir
+    check_graph_files(onnx_dir, config)
     dtype = config["dtype"]
     tol = tolerance_for(dtype)
     if sliced is None:

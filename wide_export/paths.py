@@ -1,0 +1,159 @@
+"""Files read from a user's folder stay inside it; JSON files are parsed within size and depth limits.
+
+A model folder, export folder or engine folder names other files (safetensors shards in an index,
+external-data `location`s in model.onnx, `files.*` in wide_config.json, engines and plugins in
+wide_engine.json) and may hold symlinks. Every such file must resolve -- after symlinks and `..` --
+inside its folder, so that a crafted folder cannot make us read, copy or link a file elsewhere
+(`ln -s /etc/shadow special_tokens_map.json`, `location: ../../etc/shadow`).
+
+One exception, by design of the Hugging Face cache: a snapshot folder
+`.../models--ORG--NAME/snapshots/<rev>/` holds symlinks to `../../blobs/<hash>`, so for a folder
+inside `snapshots/` the `blobs/` folder beside `snapshots/` counts as inside too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from wide_export.errors import WideError
+
+# JSON files we parse (configs, manifests, indexes) are a few KB; 64 MiB leaves room for anything
+# legitimate (a sharded index lists every tensor) while keeping a hostile file from filling memory.
+JSON_MAX_BYTES = int(os.environ.get("WIDE_JSON_MAX_BYTES", 64 << 20))
+# Our JSON files nest a few levels; Python's parser gives up (RecursionError) near 1000.
+JSON_MAX_DEPTH = 64
+
+
+def _resolve(path: Path) -> Path:
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError, ValueError) as err:  # a loop (RuntimeError before 3.13), a NUL byte
+        raise WideError(f"cannot resolve {path}: {err}", "replace the broken or looping symlink") from None
+
+
+def allowed_roots(folder: Path) -> list[Path]:
+    """The folder itself and, for a Hugging Face cache snapshot, the cache's blob store."""
+    root = _resolve(folder)
+    roots = [root]
+    for parent in root.parents:
+        if parent.name == "snapshots" and parent.parent.name.startswith("models--"):
+            roots.append(parent.parent / "blobs")
+            break
+    return roots
+
+
+def confined(path: Path | str, folder: Path, what: str) -> Path:
+    """`path` (a file of `folder`, joined to it by the caller: `folder / name`) resolved, symlinks
+    followed; a WideError naming it when that lies outside `folder` (or its Hugging Face blob store).
+    An absolute or `..` name a folder holds (an external-data location) ends up outside and is refused
+    the same way. The file need not exist."""
+    given = Path(path)
+    target = _resolve(given)
+    if not any(target.is_relative_to(root) for root in allowed_roots(folder)):
+        where = f"{given} is" if target == given else f"{given} resolves to {target},"
+        raise WideError(f"{what} {where} outside {folder}",
+                        f"files named by the folder must lie inside it: copy the file into {folder} "
+                        "instead of linking or pointing to it")
+    return target
+
+
+def read_json(path: Path, what: str | None = None, hint: str = "the file is damaged; replace it",
+              max_bytes: int | None = None) -> Any:
+    """json.loads of a file after checking its size, with one-line errors for bad, huge or deep JSON."""
+    path = Path(path)
+    what = what or str(path)
+    limit = JSON_MAX_BYTES if max_bytes is None else max_bytes
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise WideError(f"{what} is {size} bytes, more than the {limit} a JSON file here may hold", hint)
+        text = path.read_bytes()
+    except OSError as err:
+        raise WideError(f"cannot read {what}: {err.strerror or err}", hint) from None
+    return parse_json(text, what, hint)
+
+
+def parse_json(text: bytes | str, what: str, hint: str = "the file is damaged; replace it") -> Any:
+    """json.loads of `text` with one-line errors, refusing nesting deeper than JSON_MAX_DEPTH."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise WideError(f"{what} is not usable JSON: nested too deep", hint) from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise WideError(f"{what} is not valid JSON: {err}", hint) from None
+    check_depth(value, what, hint)
+    return value
+
+
+def check_depth(value: Any, what: str, hint: str) -> None:
+    """Refuse JSON nested deeper than JSON_MAX_DEPTH (walked without recursion)."""
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if depth > JSON_MAX_DEPTH:
+            raise WideError(f"{what} is not usable JSON: nested deeper than {JSON_MAX_DEPTH} levels", hint)
+        if isinstance(item, dict):
+            todo.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            todo.extend((v, depth + 1) for v in item)
+
+
+# ---------------------------------------------------------------- ONNX graphs and their external data
+def load_graph(onnx_file: Path):
+    """model.onnx without its external data (nothing but the graph file is opened)."""
+    import onnx
+
+    try:
+        return onnx.load(str(onnx_file), load_external_data=False)
+    except Exception as err:  # onnx raises DecodeError and friends
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise WideError(f"{onnx_file} is not a readable ONNX model: {first}",
+                        hint="the file is damaged or truncated; re-export the model with `wide-export onnx`") from None
+
+
+def external_data_files(model, onnx_file: Path) -> tuple[Path, ...]:
+    """The files model.onnx keeps its weights in, each checked -- before anything opens or links it -- to
+    lie inside the graph's folder (an absolute or `..` location, or a symlink out, is refused) and to exist."""
+    from onnx.external_data_helper import uses_external_data
+
+    folder = onnx_file.parent
+    names = set()
+    for tensor in _all_initializers(model):
+        if not uses_external_data(tensor) and not tensor.external_data:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+        if not location:
+            raise WideError(f"{onnx_file}: tensor {tensor.name!r} keeps its data externally but names no file",
+                            hint="the file is damaged; re-export the model with `wide-export onnx`")
+        names.add(location)
+    files = []
+    for name in sorted(names):
+        confined(folder / name, folder, f"external data of {onnx_file.name}:")
+        if not (folder / name).is_file():
+            raise WideError(f"{onnx_file} refers to external data {name}, which is missing",
+                            hint="copy the whole folder written by `wide-export onnx`")
+        files.append(folder / name)
+    return tuple(files)
+
+
+def _all_initializers(model):
+    """Every tensor of the model: initializers and tensor attributes, in subgraphs and functions too."""
+    graphs, nodes = [model.graph], [n for f in model.functions for n in f.node]
+    while graphs or nodes:
+        if graphs:
+            graph = graphs.pop()
+            yield from graph.initializer
+            for sparse in graph.sparse_initializer:
+                yield from (sparse.values, sparse.indices)
+            nodes.extend(graph.node)
+            continue
+        for attr in nodes.pop().attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                graphs.append(attr.g)
+            graphs.extend(attr.graphs)
