@@ -16,31 +16,32 @@ as transformers' `generate` does.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 from wide_export.errors import WideError
 from wide_export.export.genai_config import TOKENIZER_FILES
 from wide_export.names import GENAI_CONFIG
+from wide_export.paths import confined, read_json
 
 TOKENIZER_JSON = "tokenizer.json"
 SERVED_FILES = (*TOKENIZER_FILES, GENAI_CONFIG)
 
 
 def serving_files(folder: Path) -> list[Path]:
-    """The tokenizer / generation files present in an export or engine folder."""
-    return [folder / name for name in SERVED_FILES if (folder / name).is_file()]
+    """The tokenizer / generation files present in an export or engine folder, each resolving inside it
+    (a symlink to anywhere else is refused with one line, not copied)."""
+    files = [folder / name for name in SERVED_FILES if (folder / name).is_file()]
+    for path in files:
+        confined(path, folder, "tokenizer file")
+    return files
 
 
 def _json(path: Path) -> Optional[dict]:
     if not path.is_file():
         return None
-    try:
-        raw = json.loads(path.read_text())
-    except (ValueError, RecursionError, UnicodeDecodeError) as err:
-        raise WideError(f"{path} is not valid JSON: {str(err)[:120]}",
-                        hint="restore it from the model folder, or delete it to serve without its settings") from None
+    raw = read_json(confined(path, path.parent, "generation settings"),
+                    hint="restore it from the model folder, or delete it to serve without its settings")
     if not isinstance(raw, dict):
         raise WideError(f"{path}: expected a JSON object")
     return raw
