@@ -1,5 +1,5 @@
 """`wide-export serve` against faults on a real tritonserver (127.0.0.1): a python-backend stub
-killed with SIGKILL is noticed and its model reloaded within 30 s (Triton alone keeps
+killed with SIGKILL is noticed and tritonserver restarted within 30 s (Triton alone keeps
 answering ready while every request fails); a model that cannot come back stops `serve` with
 one line and exit 2; the dead stubs' shared memory is gone once `serve` stops; repository
 paths with spaces and non-ASCII characters are served.
@@ -89,7 +89,7 @@ def _repo(tiny, tmp_path: Path, name: str = "repo") -> Path:
     return generate_repository(tmp_path / name, onnx=tiny[0])
 
 
-def test_a_killed_stub_is_reloaded_within_30_s_and_its_shared_memory_removed(tiny, tmp_path, rng):
+def test_a_killed_stub_restarts_the_server_within_30_s_and_its_shared_memory_removed(tiny, tmp_path, rng):
     from wide_export.triton.client import GenerationClient
 
     repo = _repo(tiny, tmp_path)
@@ -110,7 +110,7 @@ def test_a_killed_stub_is_reloaded_within_30_s_and_its_shared_memory_removed(tin
                 try:
                     got = client.generate(prompt, 4)
                     break
-                except Exception as err:  # noqa: BLE001 - "not healthy" until reloaded
+                except Exception as err:  # noqa: BLE001 - "not healthy" until restarted
                     last = err
                     time.sleep(0.1)
             else:
@@ -123,7 +123,7 @@ def test_a_killed_stub_is_reloaded_within_30_s_and_its_shared_memory_removed(tin
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, rest
-        assert "wide_llm" in rest and "reloaded" in rest, rest
+        assert "wide_llm" in rest and "restarted" in rest, rest
         left = [r for r in regions if (Path("/dev/shm") / r).exists()]
         assert not left, f"shared memory left behind: {left}"
     finally:
@@ -160,7 +160,7 @@ def test_serve_gives_up_when_a_model_keeps_dying(tiny, tmp_path):
     model_py = repo / "wide_llm" / "1" / "model.py"
     server = TritonServer(repo, max_reloads=1).start(timeout=60)
     try:
-        # Model control is ours alone: an unload from anyone else is refused, the model stays.
+        # There is no model control: an unload from anyone is refused, the model stays.
         import urllib.error
         import urllib.request
 
@@ -169,16 +169,16 @@ def test_serve_gives_up_when_a_model_keeps_dying(tiny, tmp_path):
         with pytest.raises(urllib.error.HTTPError) as refused:
             direct.open(urllib.request.Request(f"{base}/v2/repository/models/wide_llm/unload", data=b"{}",
                                                method="POST"), timeout=10)
-        assert refused.value.code in (401, 403), refused.value.code
+        assert refused.value.code >= 400, refused.value.code  # 503: model control is not enabled
         assert direct.open(f"{base}/v2/models/wide_llm/ready", timeout=10).status == 200
         events: list[str] = []
         pid, _ = _wait_stub(model_py)
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + DETECT_LIMIT_S
-        while not any("reloaded" in e for e in events) and time.monotonic() < deadline:
+        while not any("restarted" in e for e in events) and time.monotonic() < deadline:
             server.watch_models(events.append)
             time.sleep(0.1)
-        assert any("reloaded" in e for e in events), events
+        assert any("restarted" in e for e in events), events
         pid2, _ = _wait_stub(model_py, not_pid=pid)
         os.kill(pid2, signal.SIGKILL)
         with pytest.raises(WideError, match="giving up"):
@@ -221,7 +221,7 @@ def test_a_stub_that_died_before_the_first_look_is_noticed_too(tiny, tmp_path, r
         while not events and time.monotonic() < deadline:
             server.watch_models(events.append)
             time.sleep(0.1)
-        assert any("reloaded" in e for e in events), events
+        assert any("restarted" in e for e in events), events
         prompt = rng.integers(0, tiny_llm.VOCAB, size=4)
         with GenerationClient(server.endpoints.grpc, "grpc") as client:
             np.testing.assert_array_equal(client.generate(prompt, 3), tiny_llm.reference_greedy(tiny[1], prompt, 3))

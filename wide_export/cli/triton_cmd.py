@@ -88,7 +88,9 @@ def triton(
 @user_errors
 def serve(
     repository: Annotated[Path, typer.Option("--repository", help="Model repository (from `wide-export triton`).")],
-    http_port: Annotated[Optional[int], _port_option("--http-port", "HTTP")] = None,
+    http_port: Annotated[Optional[int], typer.Option(
+        "--http-port", help="Triton's HTTP port (default: a free one; with --openai-port, Triton's HTTP endpoint is "
+                            "off unless this is given).", show_default=False)] = None,
     grpc_port: Annotated[Optional[int], _port_option("--grpc-port", "gRPC")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(
         "--metrics-port", help="Serve Prometheus metrics on this port (default: metrics off).",
@@ -108,7 +110,9 @@ def serve(
 ) -> None:
     """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C.
 
-    With --openai-port, an OpenAI-compatible HTTP API runs in front of it (talking to it over gRPC).
+    With --openai-port, an OpenAI-compatible HTTP API runs in front of it (talking to it over gRPC) and
+    Triton's own HTTP endpoint is off unless --http-port asks for it. A tritonserver that dies, or whose
+    model process dies or hangs, is restarted (at most 5 times in 10 minutes).
     """
     from rich.console import Console
 
@@ -122,7 +126,8 @@ def serve(
 
         raise WideError("--served-model-name is for the OpenAI API", hint="add --openai-port PORT")
     server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          address=address, log_verbose=log_verbose)
+                          address=address, log_verbose=log_verbose,
+                          http=openai_port is None or http_port is not None)
     frontend = None
     try:
         # SIGTERM while loading must stop the server as Ctrl-C does (it runs in its own session).
@@ -144,13 +149,13 @@ def serve(
         server.stop()
         raise
     ends = server.endpoints
-    console.print(f"[green]ready[/]  HTTP {ends.http}  gRPC {ends.grpc}"
+    console.print(f"[green]ready[/]  HTTP {ends.http if server.http else 'off'}  gRPC {ends.grpc}"
                   + (f"  metrics {ends.metrics}" if ends.metrics else "")
                   + (f"  OpenAI {frontend.url}" if frontend is not None else ""), soft_wrap=True)
     if frontend is not None:
         console.print(f"models: {', '.join(m.name for m in frontend.models)}", markup=False)
     console.print("Ctrl-C to stop")
-    server.serve_until_signal(report=lambda line: console.print(line, markup=False),  # reloads dead models
+    server.serve_until_signal(report=lambda line: console.print(line, markup=False),  # restarts a dead or hung server
                               check=frontend.check if frontend is not None else None,
                               before_stop=frontend.stop if frontend is not None else None)
     console.print("stopped")

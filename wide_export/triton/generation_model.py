@@ -552,6 +552,17 @@ def response_tensors(outputs: list, tokens: np.ndarray, wanted: set, text: list)
     return tensors
 
 
+def _is_probe(request) -> bool:
+    """A liveness probe of `wide-export serve` (request parameter wide_probe)."""
+    parameters = getattr(request, "parameters", None)
+    if not callable(parameters):
+        return False
+    try:
+        return bool(json.loads(parameters() or "{}").get("wide_probe"))
+    except (ValueError, AttributeError):
+        return False
+
+
 def finish_reason(outputs: list) -> str:
     """A request's finish reason for the metrics: length if any row ran out of tokens."""
     return "length" if any(o.finish_reason == "length" for o in outputs) else "stop"
@@ -567,7 +578,8 @@ class TritonPythonModel:
         self.codec = load_sibling("textgen").load_codec(folder)
         metrics = load_sibling("metrics")
         self.metrics = metrics.Metrics(pb_utils, config.get("name", args.get("model_name", "")))
-        self.timer = lambda: metrics.RequestTimer(self.metrics)
+        unmetered = metrics.Metrics(None, "")  # `serve`'s liveness probes stay out of the LLM metrics
+        self.timer = lambda request: metrics.RequestTimer(unmetered if _is_probe(request) else self.metrics)
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.streaming = bool(pb_utils.using_decoupled_model_transaction_policy(config))
         if self.settings.flavour == "onnxruntime":
@@ -604,7 +616,7 @@ class TritonPythonModel:
         parsed: list[tuple[int, list[Row], object]] = []
         for i, request in enumerate(requests):
             try:
-                parsed.append((i, self._parse(request), self.timer()))
+                parsed.append((i, self._parse(request), self.timer(request)))
             except RequestError as err:
                 responses[i] = pb_utils.InferenceResponse(error=_invalid_argument(str(err)))
         if parsed:
@@ -653,7 +665,7 @@ class TritonPythonModel:
         """In-flight batching: valid requests go to the scheduler thread, which streams their tokens."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for request in requests:
-            timer = self.timer()
+            timer = self.timer(request)
             sender = request.get_response_sender()
             rows = self._accept(request, sender)
             if rows is None:
@@ -684,7 +696,7 @@ class TritonPythonModel:
         streams: list[_Stream] = []
         all_rows: list[Row] = []
         for request in requests:
-            timer = self.timer()
+            timer = self.timer(request)
             sender = request.get_response_sender()
             rows = self._accept(request, sender)
             if rows is None:

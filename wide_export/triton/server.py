@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
@@ -43,7 +42,6 @@ STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
 # The python backend launches its stub through `bash -c` with the model path unquoted: a
 # path with anything but these characters breaks the stub (`std::invalid_argument: stol`).
-_CONTROL_HEADER = "wide-export-control"
 _STUB_SAFE_PATH = re.compile(r"[A-Za-z0-9_./+@%:,=-]+")
 
 
@@ -181,6 +179,7 @@ class TritonServer:
         extra_args: Sequence[str] = (),
         max_reloads: int = 5,
         reload_window: float = 600.0,
+        http: bool = True,
     ):
         self.repository = Path(repository).resolve()
         for flag, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
@@ -194,11 +193,13 @@ class TritonServer:
         self.log_verbose = log_verbose
         self.exit_timeout = exit_timeout  # seconds the server waits for open connections on SIGTERM
         self.extra_args = list(extra_args)
-        # A model whose python-backend stub dies is reloaded (explicit model control), at most
-        # max_reloads times per reload_window seconds; beyond that serve_until_signal gives up.
+        # A dead or hung server or stub restarts tritonserver (supervise.py), at most max_reloads
+        # times per reload_window seconds; beyond that serve_until_signal gives up.
         self.max_reloads = max_reloads
         self.reload_window = reload_window
-        self.reloads: list[float] = []  # monotonic times of the reloads done
+        self.reloads: list[float] = []  # monotonic times of the restarts done
+        self.http = http  # False: no HTTP endpoint (`serve --openai-port` without --http-port)
+        self._supervisor = None
         self._stubs: dict[int, Stub] = {}
         self._shm_regions: set[str] = set()  # our stubs' shared-memory regions, removed at stop()
         self.process: Optional[subprocess.Popen] = None
@@ -206,7 +207,6 @@ class TritonServer:
         self.log_path: Optional[Path] = None
         self._final_log = ""
         self._served_repository: Optional[Path] = None
-        self._control_key = secrets.token_hex(16)
         self._python_models: Optional[set[str]] = None
 
     @property
@@ -227,13 +227,12 @@ class TritonServer:
             "--disable-auto-complete-config",
             f"--exit-timeout-secs={self.exit_timeout}",
             f"--log-verbose={self.log_verbose}",
-            # Explicit model control: every model is loaded at start, and one whose backend
-            # died can be unloaded and loaded again (see watch_models).
-            "--model-control-mode=explicit", "--load-model=*",
-            # ... and only we may: load/unload need a header with a secret of this run.
-            f"--http-restricted-api=model-repository:{_CONTROL_HEADER}={self._control_key}",
-            f"--grpc-restricted-protocol=model-repository:{_CONTROL_HEADER}={self._control_key}",
+            # No model control: nobody can load a model (code) into the running server, and no
+            # secret has to sit on this command line. A broken model restarts the server (supervise.py).
+            "--model-control-mode=none",
         ]
+        if not self.http:
+            cmd.append("--allow-http=false")
         if self.metrics_port:
             cmd += ["--allow-metrics=true", f"--metrics-address={self.address}", f"--metrics-port={self.metrics_port}"]
         else:
@@ -305,30 +304,10 @@ class TritonServer:
         self._shm_regions.update(s.shm_region for s in stubs.values())
         return stubs
 
-    def _post(self, path: str, timeout: float) -> tuple[int, str]:
-        request = urllib.request.Request(f"http://{self.address}:{self.http_port}{path}", data=b"{}",
-                                         method="POST", headers={"Content-Type": "application/json",
-                                                                 _CONTROL_HEADER: self._control_key})
-        try:
-            with _DIRECT.open(request, timeout=timeout) as resp:
-                return resp.status, resp.read().decode(errors="replace")
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode(errors="replace")
-        except (urllib.error.URLError, OSError) as err:
-            return 0, str(err)
-
-    def reload_model(self, model: str, timeout: float = 120.0) -> None:
-        """Unload then load `model` (explicit model control); WideError if it does not come back."""
-        code, body = self._post(f"/v2/repository/models/{model}/unload", timeout)
-        if code == 200:
-            code, body = self._post(f"/v2/repository/models/{model}/load", timeout)
-        if code != 200:
-            try:
-                body = json.loads(body).get("error", body)
-            except (ValueError, AttributeError):
-                pass
-            raise WideError(f"model {model} could not be reloaded: {' '.join(str(body).split())}",
-                            hint="read the server log; restart `wide-export serve`")
+    def restart(self, timeout: float = 120.0) -> None:
+        """Kill tritonserver and its stubs (they may be hung), start it again on the same ports."""
+        self.stop(timeout=0)
+        self._start_once(find_tritonserver(), timeout)
 
     def python_models(self) -> set[str]:
         """Names of the repository's python-backend models (each runs at least one stub)."""
@@ -339,33 +318,27 @@ class TritonServer:
         return self._python_models
 
     def watch_models(self, report: Callable[[str], None] = print) -> list[str]:
-        """One check: a model whose python-backend stub died is reloaded. Returns the models reloaded.
+        """One supervision check (supervise.Supervisor): a dead server, a dead or hung stub restarts
+        tritonserver. Returns why it restarted (empty when all was well); WideError when it cannot
+        come back or keeps failing."""
+        from wide_export.triton.supervise import Supervisor
 
-        Triton itself never restarts a dead stub and keeps answering ready, so this is what
-        keeps health honest. WideError when a reload fails or models keep dying.
-        """
-        current = self._current_stubs()
-        dead = [stub for pid, stub in self._stubs.items() if pid not in current]
-        # A python model without any stub lost it before we first looked (e.g. during the start).
-        orphans = self.python_models() - {stub.model for stub in current.values()}
-        models = sorted({stub.model for stub in dead} | orphans)
-        for model in models:
-            now = time.monotonic()
-            self.reloads = [t for t in self.reloads if now - t < self.reload_window] + [now]
-            names = ", ".join(f"{s.instance} (pid {s.pid})" for s in dead if s.model == model) or "(all stubs)"
-            if len(self.reloads) > self.max_reloads:
-                raise WideError(f"model {model}: its backend process {names} died, the {len(self.reloads)}th "
-                                f"time in {self.reload_window:.0f} s; giving up",
-                                hint="read the server log; a supervisor should restart `wide-export serve`")
-            report(f"model {model}: backend process {names} died; reloading it")
-            started = time.monotonic()
-            self.reload_model(model)
-            report(f"model {model}: reloaded in {time.monotonic() - started:.1f} s")
-        self._stubs = self._current_stubs() if models else current
-        return models
+        if self._supervisor is None:
+            self._supervisor = Supervisor(self)
+        self._supervisor.report = report
+        why = self._supervisor.check()
+        return [why] if why else []
 
     def is_ready(self) -> bool:
-        """True when /v2/health/ready answers 200."""
+        """True when the server says it is ready (HTTP /v2/health/ready, or gRPC without HTTP)."""
+        if not self.http:
+            try:
+                import tritonclient.grpc as grpcclient
+
+                with grpcclient.InferenceServerClient(self.endpoints.grpc) as client:
+                    return bool(client.is_server_ready(client_timeout=1.0))
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
         url = f"http://{self.address}:{self.http_port}/v2/health/ready"
         try:
             with _DIRECT.open(url, timeout=1.0) as resp:
@@ -403,9 +376,9 @@ class TritonServer:
         code = None
         if self.process is not None:
             if self.process.poll() is None:
-                self.process.send_signal(signal.SIGTERM)
+                self.process.send_signal(signal.SIGTERM if timeout > 0 else signal.SIGKILL)
                 try:
-                    self.process.wait(timeout)
+                    self.process.wait(max(timeout, 5))
                 except subprocess.TimeoutExpired:
                     os.killpg(self.process.pid, signal.SIGKILL)
                     self.process.wait(5)
@@ -439,8 +412,8 @@ class TritonServer:
                            before_stop: Optional[Callable[[], None]] = None) -> None:
         """Block until SIGINT/SIGTERM (then stop cleanly) or until the server dies (WideError).
 
-        Every `poll` seconds the models are watched too: a model whose backend process died is
-        reloaded (watch_models), and a failed reload stops the server with a WideError. `check`
+        Every `poll` seconds the server is supervised (watch_models): a dead tritonserver, a dead or
+        hung stub restarts it; one that cannot come back stops with a WideError. `check`
         runs at each poll as well (it raises to stop, e.g. a frontend that died); `before_stop`
         runs before the server is stopped (e.g. stopping a frontend in front of it).
         """
@@ -448,9 +421,6 @@ class TritonServer:
         handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             while not stop.wait(poll):
-                if self.process is None or self.process.poll() is not None:
-                    code = None if self.process is None else self.process.returncode
-                    raise WideError(f"tritonserver exited unexpectedly (code {code}):\n{self.log_tail()}")
                 self.watch_models(report)
                 if check is not None:
                     check()
