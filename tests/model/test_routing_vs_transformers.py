@@ -54,8 +54,9 @@ def write_mixed_router(folder: Path, *, hidden: int, layers: int, groups: dict[s
     torch.save({k: v.to(torch.bfloat16) for k, v in state.items()}, folder / "router.pth")
 
 
-def checkpoint(tmp_path: Path, arch: str, target: str, *, lora: bool = False) -> Path:
-    folder = make_checkpoint(tmp_path / "ckpt", arch=arch, sparse_target=target, lora=lora, **ARCH[arch], **GROUPS)
+def checkpoint(tmp_path: Path, arch: str, target: str, *, lora: bool = False, **extra) -> Path:
+    folder = make_checkpoint(tmp_path / "ckpt", arch=arch, sparse_target=target, lora=lora, **ARCH[arch], **GROUPS,
+                             **extra)
     groups = {"attention": GROUPS["attn_groups"], "ffn": GROUPS["ffn_groups"]}
     kinds = {k: v for k, v in groups.items() if target in ("all", k)}
     write_mixed_router(folder, hidden=64, layers=2, groups=kinds)
@@ -215,3 +216,24 @@ def test_onnx_matches_routed_transformers(tmp_path, arch, target):
 def test_onnx_with_lora_matches_hand_merged_transformers(tmp_path):
     folder = checkpoint(tmp_path, "qwen2", "all", lora=True)
     _compare_onnx(folder, tmp_path / "onnx", "all", lora=folder / "lora.pth")
+
+
+# ---- attention_bias: transformers' Llama (and Qwen3) then give q, k, v AND o_proj a bias --------------------
+def _bias_checkpoint(tmp_path: Path, arch: str) -> Path:
+    folder = checkpoint(tmp_path, arch, "all", attention_bias=True)
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        biases = {k for k in f.keys() if k.endswith(".bias")}
+    assert "model.layers.0.self_attn.o_proj.bias" in biases and "model.layers.1.self_attn.q_proj.bias" in biases
+    return folder
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_reference_with_attention_bias_matches_routed_transformers(tmp_path, arch):
+    _compare_reference(_bias_checkpoint(tmp_path, arch), "all")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_onnx_with_attention_bias_matches_routed_transformers(tmp_path, arch):
+    _compare_onnx(_bias_checkpoint(tmp_path, arch), tmp_path / "onnx", "all")
