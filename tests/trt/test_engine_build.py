@@ -129,7 +129,7 @@ def test_every_wide_node_becomes_a_plugin_layer(demo_onnx, plugin_lib, tmp_path)
 def test_one_op_network_builds_as_plugin_layer(op, dtype, plugin_lib, tmp_path):
     from wide_export.trt.oneop import build_one_op_engine, one_op_model
 
-    model, _ = one_op_model(op, dtype=dtype, has_bias=(op == "WideMaskedGemmN"))
+    model, _ = one_op_model(op, dtype=dtype, has_bias=op in ("WideMaskedGemmN", "WideMaskedGemmK"))
     onnx.save(model, str(tmp_path / "m.onnx"))
     info = build_one_op_engine(tmp_path / "m.onnx", tmp_path / "m.engine", plugins=plugin_lib)
     assert info["plugin_layers"] == 1 and info["layers"].count("PLUGIN_V3") == 1
