@@ -46,6 +46,8 @@ def test_build_embeds_a_cubin_for_every_spec_and_arch(kernels_build, kernels_lib
             assert kernels_lib.wide_kernels_has_cubin(key.encode(), arch), (key, arch)
     # an sm_86 GPU runs the sm_80 cubins; Blackwell (sm_100) has none in this build
     assert kernels_lib.wide_kernels_has_cubin(b"gemv_k/float16", 86) == (80 in _archs())
+    for key in (b"gemv_k/bfloat16/bias", b"tile_k/float32/bias", b"cast/float16/bias"):  # the o_proj bias
+        assert kernels_lib.wide_kernels_has_cubin(key, 86) == (80 in _archs()), key
     assert not kernels_lib.wide_kernels_has_cubin(b"gemv_k/float16", 100)
     assert not kernels_lib.wide_kernels_has_cubin(b"no/such/kernel", 90)
 
@@ -74,7 +76,7 @@ def test_library_reports_its_api(kernels_lib):
         ("wide_gemm_n", dict(x=None), 1),                  # NULL input
         ("wide_gemm_n", dict(w2=0x5000), 1),               # w2 only for the gated op
         ("wide_gemm_n_gated", dict(), 1),                  # gated without w2
-        ("wide_gemm_k", dict(bias=0x6000), 1),             # bias only for gemm_n
+        ("wide_gemm_k", dict(w2=0x6000), 1),               # w2 only for the gated op (a bias is fine: o_proj)
         ("wide_gemm_n", dict(dtype=7), 2),                 # unknown dtype
         ("wide_gemm_n", dict(algo=9), 1),                  # unknown algo
         ("wide_gemm_n", dict(algo=2, group_size=8, N=64), 1),  # grouped needs group_size % 16 == 0

@@ -21,7 +21,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # max |y - ref| / max(1, max |ref|): float32 accumulation everywhere, so this is output rounding + order.
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
 ALGOS = ("gemv", "grouped", "tile")
-KINDS = ("n", "n_bias", "gated", "k")
+KINDS = ("n", "n_bias", "gated", "k", "k_bias")
 # (lead shape, group_size, groups, sparsity): K/N tails (24, 40 are not block multiples), M = 1 .. 2x70.
 CPU_SHAPES = (((1,), 16, 4, 0.5), ((2, 3), 32, 3, 0.5), ((2, 35), 48, 2, 0.5), ((70,), 16, 5, 0.0),
               ((70,), 16, 5, 1.0), ((9,), 24, 5, 0.5), ((33,), 40, 3, 0.7))
@@ -37,13 +37,13 @@ def _case_seed(*parts) -> int:
 def make_inputs(kind, lead, gs, G, sparsity, dtype, device, seed):
     gen = torch.Generator().manual_seed(seed)
     other = 200 if device == "cpu" else 1024  # the non-grouped width
-    N, K = (other, G * gs) if kind == "k" else (G * gs, other)
+    N, K = (other, G * gs) if kind.startswith("k") else (G * gs, other)
     x = torch.randn(*lead, K, generator=gen).to(dtype)
     w = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
     w2 = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
     b = torch.randn(N, generator=gen).to(dtype)
     mask = (torch.rand(*lead, G, generator=gen) >= sparsity).to(torch.int32)
-    if kind == "k":  # garbage in skipped input groups must be ignored
+    if kind.startswith("k"):  # garbage in skipped input groups must be ignored
         keep = mask.bool().repeat_interleave(gs, dim=-1)
         x = torch.where(keep, x, torch.full_like(x, 3e3 if dtype != torch.float16 else 3e2))
     t = {k: v.to(device) for k, v in dict(x=x, w=w, w2=w2, b=b, mask=mask).items()}
@@ -51,9 +51,10 @@ def make_inputs(kind, lead, gs, G, sparsity, dtype, device, seed):
 
 
 def run(kind, t, gs, algo):
-    if kind == "k":
-        return (kernels.masked_gemm_k(t["x"], t["w"], t["mask"], gs, algo=algo),
-                ref.masked_gemm_k(t["x"], t["w"], t["mask"], gs))
+    if kind.startswith("k"):  # k_bias: the o_proj bias of attention_bias checkpoints, added to every output
+        bias = t["b"] if kind == "k_bias" else None
+        return (kernels.masked_gemm_k(t["x"], t["w"], t["mask"], gs, bias, algo=algo),
+                ref.masked_gemm_k(t["x"], t["w"], t["mask"], gs, bias))
     if kind == "gated":
         return (kernels.masked_gated_mlp(t["x"], t["w"], t["w2"], t["mask"], gs, algo=algo),
                 ref.masked_gated_mlp(t["x"], t["w"], t["w2"], t["mask"], gs))
@@ -68,7 +69,7 @@ def check(kind, got, want, t, gs, dtype):
     err = (got.float() - want.float()).abs().max().item()
     scale = max(1.0, want.float().abs().max().item())
     assert err <= TOL[dtype] * scale, f"max error {err:.3g} (scale {scale:.3g})"
-    if kind != "k":  # outputs of skipped groups are exactly zero
+    if not kind.startswith("k"):  # outputs of skipped groups are exactly zero
         off = ~t["mask"].bool().repeat_interleave(gs, dim=-1)
         assert (got[off] == 0).all()
 
@@ -76,7 +77,7 @@ def check(kind, got, want, t, gs, dtype):
 def _params(shapes, gpu=False):
     for kind, algo, dtype, shape in itertools.product(KINDS, ALGOS, DTYPES, shapes):
         lead, gs, G, s = shape
-        if algo == "grouped" and kind != "k" and gs % 16:
+        if algo == "grouped" and not kind.startswith("k") and gs % 16:
             continue  # grouped N needs a 16-multiple group size (tile covers the rest)
         if gpu and dtype == torch.float32 and shape != shapes[0]:
             continue
@@ -107,7 +108,7 @@ def test_auto_runs_a_kernel_on_cpu(kind, M):
     """`auto` on CPU picks one of the kernels (never a torch fallback) and matches the reference."""
     from wide_export.kernels import launch, policy
 
-    algo = policy.choose(kind if kind != "n_bias" else "n", M, 16, policy.policy_for("interpreter"))
+    algo = policy.choose({"n_bias": "n", "k_bias": "k"}.get(kind, kind), M, 16, policy.policy_for("interpreter"))
     assert algo in ("gemv", "grouped", "tile")
     t = make_inputs(kind, (M,), 16, 3, 0.5, torch.float32, "cpu", _case_seed("auto", kind, M))
     got, want = run(kind, t, 16, "auto")

@@ -54,8 +54,9 @@ def write_mixed_router(folder: Path, *, hidden: int, layers: int, groups: dict[s
     torch.save({k: v.to(torch.bfloat16) for k, v in state.items()}, folder / "router.pth")
 
 
-def checkpoint(tmp_path: Path, arch: str, target: str, *, lora: bool = False) -> Path:
-    folder = make_checkpoint(tmp_path / "ckpt", arch=arch, sparse_target=target, lora=lora, **ARCH[arch], **GROUPS)
+def checkpoint(tmp_path: Path, arch: str, target: str, *, lora: bool = False, **extra) -> Path:
+    folder = make_checkpoint(tmp_path / "ckpt", arch=arch, sparse_target=target, lora=lora, **ARCH[arch], **GROUPS,
+                             **extra)
     groups = {"attention": GROUPS["attn_groups"], "ffn": GROUPS["ffn_groups"]}
     kinds = {k: v for k, v in groups.items() if target in ("all", k)}
     write_mixed_router(folder, hidden=64, layers=2, groups=kinds)
@@ -215,3 +216,64 @@ def test_onnx_matches_routed_transformers(tmp_path, arch, target):
 def test_onnx_with_lora_matches_hand_merged_transformers(tmp_path):
     folder = checkpoint(tmp_path, "qwen2", "all", lora=True)
     _compare_onnx(folder, tmp_path / "onnx", "all", lora=folder / "lora.pth")
+
+
+# ---- attention_bias: transformers' Llama (and Qwen3) then give q, k, v AND o_proj a bias --------------------
+def _bias_checkpoint(tmp_path: Path, arch: str) -> Path:
+    folder = checkpoint(tmp_path, arch, "all", attention_bias=True)
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        biases = {k for k in f.keys() if k.endswith(".bias")}
+    assert "model.layers.0.self_attn.o_proj.bias" in biases and "model.layers.1.self_attn.q_proj.bias" in biases
+    return folder
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_reference_with_attention_bias_matches_routed_transformers(tmp_path, arch):
+    _compare_reference(_bias_checkpoint(tmp_path, arch), "all")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_onnx_with_attention_bias_matches_routed_transformers(tmp_path, arch):
+    _compare_onnx(_bias_checkpoint(tmp_path, arch), tmp_path / "onnx", "all")
+
+
+def test_bf16_onnx_matches_routed_transformers_at_bf16_tolerance(tmp_path):
+    """A bfloat16 export of an attention_bias Llama, run as written by onnx's reference evaluator (ONNX
+    Runtime's CPU provider has no bf16 kernels), against the float32 routed transformers model: router
+    decisions agree (a flip only on a near-tie, |margin| < 0.25) and logits within bf16 rounding."""
+    import onnx
+
+    from wide_export.export.onnx_export import export_onnx
+    from wide_export.verify.evaluator import EvaluatorSession, bfloat16
+
+    folder = _bias_checkpoint(tmp_path, "llama")
+    steps = routed_steps(folder, "all")
+    export_onnx(load_wide_model(folder, dtype="bfloat16"), tmp_path / "onnx")
+    model = onnx.load(str(tmp_path / "onnx" / "model.onnx"))
+    routers = {}
+    for node in model.graph.node:
+        if node.op_type == "WideRouter":
+            m = re.match(r"/model/layers\.(\d+)/router_(attention|ffn)/", node.name)
+            routers[node.output[0]] = (int(m.group(1)), m.group(2))
+            model.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.INT32, None))
+    session = EvaluatorSession(model)
+    past = {f"past_key_values.{i}.{kv}": np.zeros((BATCH, 2, 0, 8), bfloat16()) for i in range(2)
+            for kv in ("key", "value")}
+    decisions = flips = 0
+    for k, step in enumerate(steps):
+        feed = {"input_ids": step.ids.numpy(), "attention_mask": step.mask.numpy(), "position_ids": step.pos.numpy()}
+        res = dict(zip(session.output_names, session.run(None, {**feed, **past})))
+        past = {n.replace("present.", "past_key_values."): v for n, v in res.items() if n.startswith("present.")}
+        assert res["present.0.key"].dtype == bfloat16()
+        for name, key in routers.items():
+            got = torch.from_numpy(res[name]).bool()[step.real]
+            want, margin = step.masks[key][step.real], step.margins[key][step.real]
+            flipped = got != want
+            assert (margin[flipped].abs() < 0.25).all(), f"step {k} {key}: a clear decision flipped"
+            decisions, flips = decisions + want.numel(), flips + int(flipped.sum())
+        err = (torch.from_numpy(res["logits"])[step.real] - step.logits[step.real]).abs()
+        assert err.mean() < 0.1 and err.max() < 1.0, (k, float(err.mean()), float(err.max()))
+        assert err.max() > 0  # a bf16 run, not float32
+    assert 1 - flips / decisions >= 0.9, (flips, decisions)

@@ -72,8 +72,19 @@ def test_masked_gemms_match_reference(case, sparsity, dtype):
     xk = torch.randn(b, t, n, generator=gen).to(dtype)
     xk[torch.repeat_interleave(mask, gs, -1) == 0] = 1e4  # skipped inputs are ignored whatever they hold
     wk = (torch.randn(k, n, generator=gen) / n**0.5).to(dtype)
-    y = run_node("WideMaskedGemmK", [np_(xk), np_(wk), np_(mask)], out_type, group_size=gs)
+    zeros = torch.zeros(k, dtype=dtype)
+    y = run_node("WideMaskedGemmK", [np_(xk), np_(wk), np_(mask), np_(zeros)], out_type, group_size=gs, has_bias=0)
     torch.testing.assert_close(torch.from_numpy(y), R.masked_gemm_k(xk, wk, mask, gs), **TOL[dtype])
+    # with a bias (o_proj of attention_bias checkpoints): added to every output, whatever the mask
+    bk = torch.randn(k, generator=gen).to(dtype)
+    y = run_node("WideMaskedGemmK", [np_(xk), np_(wk), np_(mask), np_(bk)], out_type, group_size=gs, has_bias=1)
+    keep = torch.repeat_interleave(mask, gs, -1).bool()
+    by_hand = torch.where(keep, xk.double(), 0.0) @ wk.double().T + bk.double()
+    torch.testing.assert_close(torch.from_numpy(y).double(), by_hand, **TOL[dtype])
+    torch.testing.assert_close(R.masked_gemm_k(xk, wk, mask, gs, bk).double(), by_hand, **TOL[dtype])
+    off = mask.sum(-1) == 0
+    if off.any():  # all groups off gives exactly the bias
+        assert np.array_equal(y[off.numpy()], np.broadcast_to(np_(bk), y[off.numpy()].shape))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

@@ -129,7 +129,7 @@ def test_every_wide_node_becomes_a_plugin_layer(demo_onnx, plugin_lib, tmp_path)
 def test_one_op_network_builds_as_plugin_layer(op, dtype, plugin_lib, tmp_path):
     from wide_export.trt.oneop import build_one_op_engine, one_op_model
 
-    model, _ = one_op_model(op, dtype=dtype, has_bias=(op == "WideMaskedGemmN"))
+    model, _ = one_op_model(op, dtype=dtype, has_bias=op in ("WideMaskedGemmN", "WideMaskedGemmK"))
     onnx.save(model, str(tmp_path / "m.onnx"))
     info = build_one_op_engine(tmp_path / "m.onnx", tmp_path / "m.engine", plugins=plugin_lib)
     assert info["plugin_layers"] == 1 and info["layers"].count("PLUGIN_V3") == 1
@@ -276,3 +276,43 @@ def test_backend_spellings_of_the_readme(monkeypatch):
     assert imported == ["tensorrt_rtx", "tensorrt"]
     with pytest.raises(WideError, match="unknown TensorRT backend 'tensorrt-llm'"):
         backend.select_backend("tensorrt-llm")
+
+
+# ---- issue 21: an attention_bias checkpoint, and bfloat16 engines ---------------------------------------------
+@pytest.fixture(scope="module")
+def bias_exports(tmp_path_factory):
+    """(bf16 export, float32 export) of a Llama checkpoint with attention_bias: true (o_proj has a bias)."""
+    from tests.helpers import make_checkpoint
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.export.onnx_export import export_onnx
+
+    tmp = tmp_path_factory.mktemp("bias")
+    folder = make_checkpoint(tmp / "ckpt", arch="llama", attention_bias=True)
+    export_onnx(load_wide_model(folder, dtype="bfloat16"), tmp / "bf16")
+    export_onnx(load_wide_model(folder, dtype="float32"), tmp / "f32")
+    return tmp / "bf16", tmp / "f32"
+
+
+@pytest.mark.parametrize("which,flag,precision", [("bf16", "--bf16", "bfloat16"), ("f32", "--bf16", "bfloat16"),
+                                                  ("f32", "--fp16", "float16"), ("f32", None, "float32")])
+def test_attention_bias_checkpoint_builds_engines(bias_exports, tmp_path, which, flag, precision):
+    folder = bias_exports[0] if which == "bf16" else bias_exports[1]
+    result = _run_cli(["--onnx", str(folder), "--output", str(tmp_path / "out"), *([flag] if flag else []), *SMALL])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "wide_engine.json").read_text())
+    assert manifest["precision"] == precision and manifest["strongly_typed"]
+    dtypes = {t["name"]: t["dtype"] for t in manifest["engines"][0]["inputs"]}
+    assert dtypes["past_key_values.1.value"] == precision
+    assert {t["name"]: t["dtype"] for t in manifest["engines"][0]["outputs"]}["logits"] == "float32"
+    assert manifest["wide_nodes"]["total"] == 12  # 2 layers x (2 routers, q, gate/up, o, down)
+    if which == "f32" and flag:
+        assert manifest["fp16_conversion"]["to"] == precision
+
+
+def test_bf16_flag_errors_are_one_line(bias_exports, tmp_path):
+    line = assert_one_line_error(_run_cli(["--onnx", str(bias_exports[0]), "--output", str(tmp_path / "a"),
+                                           "--fp16", *SMALL]))
+    assert "bfloat16" in line
+    line = assert_one_line_error(_run_cli(["--onnx", str(bias_exports[1]), "--output", str(tmp_path / "b"),
+                                           "--fp16", "--bf16", *SMALL]))
+    assert "exclude" in line

@@ -49,8 +49,8 @@ def load_wide_model(
     import torch
 
     say = progress or (lambda _msg: None)
-    if dtype not in ("float32", "float16"):
-        raise WideError(f"unsupported dtype {dtype!r}", "use float32 or float16")
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise WideError(f"unsupported dtype {dtype!r}", "use float32, float16 or bfloat16")
     torch_dtype = getattr(torch, dtype)
     if model_dir is None:
         if router or lora:

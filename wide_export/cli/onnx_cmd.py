@@ -25,8 +25,9 @@ def onnx(
     lora_scale: LoraScaleOpt = 2.0,
     attn_group_size: AttnGroupOpt = None,
     ffn_group_size: FfnGroupOpt = None,
-    dtype: Annotated[str, typer.Option(help="Weights/activations dtype: float32 or float16 "
-                                            "(routers and norms stay float32).")] = "float32",
+    dtype: Annotated[str, typer.Option(help="Weights/activations dtype: float32, float16 or bfloat16 "
+                                            "(routers, norm statistics and logits stay float32; a bfloat16 "
+                                            "export is verified with onnx's reference evaluator).")] = "float32",
     opset: Annotated[int, typer.Option(help="Default-domain ONNX opset.")] = 20,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check ONNX Runtime against the "

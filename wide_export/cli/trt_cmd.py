@@ -20,6 +20,9 @@ def trt(
         "--fp16", help="Build fp16. A float32 export is converted first (onnxconverter-common; routers, norm "
         "statistics, rotary angles, softmax and logits stay float32, as in `wide-export onnx --dtype float16`); "
         "the network is built strongly typed (no FP16 builder flag, as TensorRT 11 requires).")] = False,
+    bf16: Annotated[bool, typer.Option(
+        "--bf16", help="Build bfloat16: from a `--dtype bfloat16` export, or a float32 export converted as "
+        "--fp16 converts it (the same float32 islands), strongly typed.")] = False,
     plugins: Annotated[Optional[Path], typer.Option(
         "--plugins", help="libwide_trt_plugins.so to load (default: $WIDE_TRT_PLUGIN_LIB). Without it the "
         "`wide` nodes are inlined from their function bodies.", show_default=False)] = None,
@@ -58,7 +61,7 @@ def trt(
 
     limits = {"max_batch": max_batch, "max_input_len": max_input_len, "max_seq_len": max_seq_len}
     manifest = build_engine(
-        onnx, output, backend=backend, fp16=fp16, plugins=plugins or default_plugin_library(),
+        onnx, output, backend=backend, fp16=fp16, bf16=bf16, plugins=plugins or default_plugin_library(),
         limits={k: v for k, v in limits.items() if v is not None}, recipe=recipe, timing_cache=timing_cache,
         compute_capability=compute_capability, mask_outputs=mask_outputs, force=force,
     )

@@ -66,10 +66,11 @@ def fp32_node_names(graph) -> list[str]:
     return sorted(keep)
 
 
-def convert_model(model, weights_dir: Path | None = None):
-    """The fp16 ModelProto for a float32 wide-export ModelProto; `model` is modified. With
+def convert_model(model, weights_dir: Path | None = None, dtype: str = "float16"):
+    """The fp16 (or bf16) ModelProto for a float32 wide-export ModelProto; `model` is modified. With
     `weights_dir`, `model` was loaded without its external data, which is read after the shape
-    inference (which cannot handle protos over 2 GB)."""
+    inference (which cannot handle protos over 2 GB). dtype="bfloat16": the same graph with bfloat16
+    where the fp16 one has float16 (to_bfloat16), the weights rounded from their float32 values."""
     import onnx
     from onnx.shape_inference import infer_shapes
     from onnxconverter_common import float16
@@ -84,12 +85,19 @@ def convert_model(model, weights_dir: Path | None = None):
     model = infer_shapes(model)
     if weights_dir is not None:
         onnx.load_external_data_for_model(model, str(weights_dir))
+    originals = {}
+    if dtype == "bfloat16":  # float32 values, to round once to bf16 (not via fp16)
+        from onnx import numpy_helper
+
+        originals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == _FLOAT}
     model = float16.convert_float_to_float16(
         model, min_positive_val=FP16_MIN_POSITIVE, max_finite_val=FP16_MAX, keep_io_types=False,
         disable_shape_infer=True, op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *KEEP_FP32_OPS],
         node_block_list=fp32_node_names(model.graph))
     _router_hidden_fp16(model.graph)
     _logits_fp32(model.graph)
+    if dtype == "bfloat16":
+        to_bfloat16(model.graph, originals)
     return model
 
 
@@ -106,6 +114,36 @@ def _router_hidden_fp16(graph) -> None:
         graph.node.remove(node)
 
 
+_BFLOAT16 = 16
+
+
+def to_bfloat16(graph, originals: dict) -> None:
+    """Turn the converter's fp16 graph into the bf16 one: every float16 type, Cast target and tensor
+    (initializers from their float32 `originals` by name) becomes bfloat16. The float32 islands stay."""
+    import ml_dtypes
+    import numpy as np
+    from onnx import AttributeProto, numpy_helper
+
+    def bf16(t):
+        src = originals.get(t.name)
+        value = (src if src is not None else numpy_helper.to_array(t).astype(np.float32)).astype(ml_dtypes.bfloat16)
+        new = numpy_helper.from_array(value, t.name)
+        t.CopyFrom(new)
+
+    for t in graph.initializer:
+        if t.data_type == _FLOAT16:
+            bf16(t)
+    for node in graph.node:
+        for a in node.attribute:
+            if a.name == "to" and a.type == AttributeProto.INT and a.i == _FLOAT16:
+                a.i = _BFLOAT16
+            elif a.type == AttributeProto.TENSOR and a.t.data_type == _FLOAT16:
+                bf16(a.t)
+    for v in [*graph.input, *graph.output, *graph.value_info]:
+        if v.type.tensor_type.elem_type == _FLOAT16:
+            v.type.tensor_type.elem_type = _BFLOAT16
+
+
 def _logits_fp32(graph) -> None:
     """`logits` stays a float32 output: the fp16 lm_head result cast to float32."""
     import onnx
@@ -120,28 +158,32 @@ def _logits_fp32(graph) -> None:
     out.type.tensor_type.elem_type = _FLOAT
 
 
-def fp16_config(config: dict[str, Any], external: bool) -> dict[str, Any]:
-    """wide_config.json of the converted graph: dtype float16, KV-cache I/O float16, logits float32."""
+def fp16_config(config: dict[str, Any], external: bool, dtype: str = "float16") -> dict[str, Any]:
+    """wide_config.json of the converted graph: dtype float16 (or bfloat16), KV-cache I/O likewise, logits
+    float32."""
     from onnxconverter_common import __version__ as converter_version
 
     from wide_export.export.onnx_export import DATA_NAME
 
     out = json.loads(json.dumps(config))
-    out["dtype"] = "float16"
+    out["dtype"] = dtype
     for entry in [*out.get("io", {}).get("inputs", []), *out.get("io", {}).get("outputs", [])]:
         if entry["name"] not in (*_INT_IO, LOGITS):
-            entry["dtype"] = "float16"
+            entry["dtype"] = dtype
     out.setdefault("files", {})["external_data"] = DATA_NAME if external else None
-    out["fp16_conversion"] = {"from": config.get("dtype", "float32"),
-                              "tool": f"onnxconverter-common {converter_version} float16.convert_float_to_float16",
+    tool = f"onnxconverter-common {converter_version} float16.convert_float_to_float16"
+    if dtype == "bfloat16":
+        tool += ", then float16 -> bfloat16 (wide_export.export.fp16.to_bfloat16)"
+    out["fp16_conversion"] = {"from": config.get("dtype", "float32"), "to": dtype,
+                              "tool": tool,
                               "kept_float32": ["WideRouter", "RMSNorm statistics", "rotary angles",
                                                "attention softmax", "logits"]}
     return out
 
 
-def convert_export(src: Path, dst: Path) -> dict[str, Any]:
-    """Write dst/model.onnx (+ data) and dst/wide_config.json: the fp16 version of the float32 export
-    folder `src`. Returns the new wide_config. `dst` must exist."""
+def convert_export(src: Path, dst: Path, dtype: str = "float16") -> dict[str, Any]:
+    """Write dst/model.onnx (+ data) and dst/wide_config.json: the fp16 (or bf16) version of the float32
+    export folder `src`. Returns the new wide_config. `dst` must exist."""
     import onnx
 
     from wide_export.errors import WideError
@@ -151,8 +193,8 @@ def convert_export(src: Path, dst: Path) -> dict[str, Any]:
     src, dst = Path(src), Path(dst)
     config = read_wide_config(src)
     if config.get("dtype") != "float32":
-        raise WideError(f"{src} is a {config.get('dtype')} export; only a float32 one can be converted to fp16")
-    model = convert_model(onnx.load(str(src / MODEL_NAME), load_external_data=False), weights_dir=src)
+        raise WideError(f"{src} is a {config.get('dtype')} export; only a float32 one can be converted to {dtype}")
+    model = convert_model(onnx.load(str(src / MODEL_NAME), load_external_data=False), weights_dir=src, dtype=dtype)
     size = sum(len(t.raw_data) for t in model.graph.initializer)
     external = size > EXTERNAL_DATA_THRESHOLD
     if external:
@@ -160,6 +202,6 @@ def convert_export(src: Path, dst: Path) -> dict[str, Any]:
                   location=DATA_NAME, size_threshold=1024)
     else:
         onnx.save(model, str(dst / MODEL_NAME))
-    new = fp16_config(config, external)
+    new = fp16_config(config, external, dtype)
     (dst / CONFIG_NAME).write_text(json.dumps(new, indent=2) + "\n")
     return new

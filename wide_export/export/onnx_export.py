@@ -19,7 +19,7 @@ from wide_export.export.io_spec import axes_of, input_names, mask_output_name, o
 from wide_export.names import ONNX_DATA_FILE, ONNX_FILE, WIDE_CONFIG
 from wide_export.ops.spec import DOMAIN, OPS, OPSET_VERSION
 
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_OPSET = 20
 # Bytes of weights above which they go to model.onnx.data. Inline weights are serialized in memory all at
 # once (several copies), so this bounds what an inline save adds to peak RSS (~4x at 1 GiB, measured).
@@ -184,7 +184,7 @@ def _io_entry(name: str, dtype: str, cfg) -> dict[str, Any]:
 def wide_config(loaded, opset: int, external: bool, counts: dict[str, int]) -> dict[str, Any]:
     """Everything downstream (engines, Triton, verification) needs to know about the export."""
     cfg = loaded.config
-    dtype = "float16" if str(loaded.model.dtype) == "torch.float16" else "float32"
+    dtype = str(loaded.model.dtype).replace("torch.", "")  # float32, float16 or bfloat16
     n = cfg.num_layers
     layers = []
     for i in range(n):

@@ -85,13 +85,18 @@ def specs() -> list[Spec]:
                     out.append(Spec(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
                                     flags + (("PRECISE", False), ("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
                                              ("BLOCK_K", t.block_k)), t.num_warps))
-        out.append(Spec(f"gemv_k/{dtype}", "wide_gemv_k_kernel", _ptrs(dt, "x_ptr", "w_ptr", "mask_ptr", "y_ptr",
-                                                                        mask_ptr="*i32"),
-                        (("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)), cfg.GEMV_WARPS))
-        out.append(Spec(f"tile_k/{dtype}", "wide_tile_gemm_k_kernel", _ptrs(dt, "x_ptr", "w_ptr", "mask_ptr", "y_ptr",
-                                                                             mask_ptr="*i32"),
-                        (("PRECISE", precise), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
-                         ("BLOCK_K", tile.block_k)), tile.num_warps))
+        gemm_k_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
+        for suffix, has_bias in (("", False), ("/bias", True)):  # K-pruned: plain keys unchanged, "/bias" added
+            out.append(Spec(f"gemv_k/{dtype}{suffix}", "wide_gemv_k_kernel", gemm_k_ptrs,
+                            (("HAS_BIAS", has_bias), ("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)),
+                            cfg.GEMV_WARPS))
+            out.append(Spec(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
+                            (("HAS_BIAS", has_bias), ("PRECISE", precise), ("BLOCK_M", tile.block_m),
+                             ("BLOCK_N", tile.block_n), ("BLOCK_K", tile.block_k)), tile.num_warps))
+            if not precise:
+                out.append(Spec(f"cast/{dtype}{suffix}", "wide_cast_kernel",
+                                (("src_ptr", "*fp32"), ("dst_ptr", f"*{dt}"), ("b_ptr", f"*{dt}")),
+                                (("HAS_BIAS", has_bias), ("BLOCK", cfg.CAST_BLOCK)), 4))
         if not precise:
             t = cfg.grouped_k_tile()
             out.append(Spec(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
@@ -99,8 +104,6 @@ def specs() -> list[Spec]:
                                   counts_ptr="*i32", acc_ptr="*fp32"),
                             (("PRECISE", False), ("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
                              ("BLOCK_K", t.block_k)), t.num_warps))
-            out.append(Spec(f"cast/{dtype}", "wide_cast_kernel", (("src_ptr", "*fp32"), ("dst_ptr", f"*{dt}")),
-                            (("BLOCK", cfg.CAST_BLOCK),), 4))
     return out
 
 

@@ -300,30 +300,42 @@ def masked_gated_mlp(x, w_gate, w_up, mask, group_size: int, *, algo: str = "aut
     return _gemm_n("gated", x, w_gate, w_up, mask, group_size, None, algo)
 
 
-def masked_gemm_k(x, w, mask, group_size: int, *, algo: str = "auto"):
-    """WideMaskedGemmK: inputs of skipped groups ignored, y = x_masked W^T; [..., K] -> [..., N]."""
+def _bias(bias, N: int, x):
+    if bias is None:
+        return None
+    _tensor(bias, "bias")
+    if bias.dim() != 1 or bias.shape[0] != N or bias.dtype != x.dtype:
+        raise ValueError(f"bias must be a [{N}] {x.dtype} tensor, got {tuple(bias.shape)} {bias.dtype}")
+    return bias.contiguous()
+
+
+def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto"):
+    """WideMaskedGemmK: inputs of skipped groups ignored, y = x_masked W^T + b; [..., K] -> [..., N]."""
     torch = _torch()
     w = _weight(w, "weight")
     N, K = w.shape
     x2 = _rows(x, "x", K)
     _like_x(w, "weight", x)
+    bias = _bias(bias, N, x)
     G = _group_count(K, group_size, "K")
     lead = tuple(x.shape[:-1])
     m2 = _mask(mask, lead, G)
     M = x2.shape[0]
-    _check_device(x2, w, m2)
+    _check_device(x2, w, bias, m2)
     how = _pick("k", algo, M, group_size, x.device)
     if how == "dense":
         keep = m2.bool().repeat_interleave(group_size, dim=1)
-        return torch.nn.functional.linear(x2.masked_fill(~keep, 0), w).reshape(*lead, N)
+        return torch.nn.functional.linear(x2.masked_fill(~keep, 0), w, bias).reshape(*lead, N)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return y.reshape(*lead, N)
     ks = kernels()
+    b = bias if bias is not None else w  # never read when HAS_BIAS is False
+    has_bias = bias is not None
     if how == "gemv":
         grid = (M, triton_cdiv(N, cfg.GEMV_BLOCK_N))
-        _launch(ks.wide_gemv_k_kernel, grid, x2, w, m2, y, M, N, K, G, group_size, K,
-                num_warps=cfg.GEMV_WARPS, BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
+        _launch(ks.wide_gemv_k_kernel, grid, x2, w, b, m2, y, M, N, K, G, group_size, K,
+                num_warps=cfg.GEMV_WARPS, HAS_BIAS=has_bias, BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
     elif how == "grouped":
         rows, counts = group_rows(m2)
         t = cfg.grouped_k_tile()
@@ -332,12 +344,12 @@ def masked_gemm_k(x, w, mask, group_size: int, *, algo: str = "auto"):
         _launch(ks.wide_grouped_gemm_k_kernel, grid, x2, w, rows, counts, acc, M, N, K, group_size, K,
                 num_warps=t.num_warps, num_stages=t.num_stages, PRECISE=_precise(x.dtype),
                 BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
-        _launch(ks.wide_cast_kernel, (triton_cdiv(M * N, cfg.CAST_BLOCK),), acc, y, M * N, num_warps=4,
-                BLOCK=cfg.CAST_BLOCK)
+        _launch(ks.wide_cast_kernel, (triton_cdiv(M * N, cfg.CAST_BLOCK),), acc, y, b, M * N, N, num_warps=4,
+                HAS_BIAS=has_bias, BLOCK=cfg.CAST_BLOCK)
     else:  # tile
         t = cfg.tile_tile()
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
-        _launch(ks.wide_tile_gemm_k_kernel, grid, x2, w, m2, y, M, N, K, G, group_size, K,
-                num_warps=t.num_warps, num_stages=t.num_stages, PRECISE=_precise(x.dtype),
+        _launch(ks.wide_tile_gemm_k_kernel, grid, x2, w, b, m2, y, M, N, K, G, group_size, K,
+                num_warps=t.num_warps, num_stages=t.num_stages, HAS_BIAS=has_bias, PRECISE=_precise(x.dtype),
                 BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
     return y.reshape(*lead, N)

@@ -22,7 +22,7 @@ Kernels:
   channel skips its K loop and writes zeros). The grid puts the tokens of one
   weight tile next to each other so rows that share a tile share it through
   L2 instead of re-reading HBM.
-- ``wide_gemv_k_kernel`` (decode, K-pruned): per-token; weight loads are
+- ``wide_gemv_k_kernel`` (decode, K-pruned, optional bias added to every output): per-token; weight loads are
   predicated on the token's own group mask, so skipped groups' bytes are not
   fetched (32-byte sector granularity), whatever the group size.
 - ``wide_group_rows_kernel``: per group, the rows that execute it first, then
@@ -34,8 +34,8 @@ Kernels:
   zeros.
 - ``wide_grouped_gemm_k_kernel`` (prefill, K-pruned): per group, the rows
   that execute it times that group's K slice, scatter-added in float32
-  (the WIDE authors' sort-and-scatter-add), then ``wide_cast_kernel``.
-- ``wide_tile_gemm_k_kernel`` (K-pruned, any M): row tiles in token order;
+  (the WIDE authors' sort-and-scatter-add), then ``wide_cast_kernel`` (which adds the bias).
+- ``wide_tile_gemm_k_kernel`` (K-pruned, any M, optional bias): row tiles in token order;
   a group's K slice is skipped when no row of the tile executes it, other
   rows' inputs are masked to zero.
 - ``wide_tile_gemm_n_kernel`` (N-pruned, any M, any group size): a tile GEMM
@@ -144,8 +144,8 @@ def wide_gemv_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G,
 
 
 @triton.jit
-def wide_gemv_k_kernel(x_ptr, w_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def wide_gemv_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
+                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     m = tl.program_id(0)
     pn = tl.program_id(1)
     rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -160,6 +160,8 @@ def wide_gemv_k_kernel(x_ptr, w_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ld
             xk = tl.load(x_ptr + m * ldx + rk, mask=act, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None] & act[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
+    if HAS_BIAS:  # outputs are not grouped: the bias is added whatever the mask
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
@@ -239,8 +241,8 @@ def wide_grouped_gemm_k_kernel(x_ptr, w_ptr, rows_ptr, counts_ptr, acc_ptr, M, N
 
 
 @triton.jit
-def wide_tile_gemm_k_kernel(x_ptr, w_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
-                            PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def wide_tile_gemm_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
+                            HAS_BIAS: tl.constexpr, PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr):
     # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
     pm = tl.program_id(0)
@@ -260,16 +262,21 @@ def wide_tile_gemm_k_kernel(x_ptr, w_ptr, mask_ptr, y_ptr, M, N, K, G, group_siz
                 a = tl.load(x_ptr + rm[:, None] * ldx + rk[None, :], mask=act[:, None] & j_ok[None, :], other=0.0)
                 b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
                 acc = _mma(a, b, acc, PRECISE)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def wide_cast_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
-    """float32 -> dst dtype (the scatter-add accumulator to the output)."""
+def wide_cast_kernel(src_ptr, dst_ptr, b_ptr, numel, N, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """float32 [M, N] (+ bias [N]) -> dst dtype (the scatter-add accumulator to the output)."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = r < numel
-    tl.store(dst_ptr + r, tl.load(src_ptr + r, mask=ok, other=0.0).to(dst_ptr.dtype.element_ty), mask=ok)
+    v = tl.load(src_ptr + r, mask=ok, other=0.0)
+    if HAS_BIAS:
+        v += tl.load(b_ptr + r % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(dst_ptr + r, v.to(dst_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit

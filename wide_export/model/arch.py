@@ -15,11 +15,13 @@ class ArchSpec:
     """What differs between the Llama-style families we support."""
 
     model_type: str
-    qkv_bias: bool | None  # True/False fixed by the family, None: read `attention_bias` from the config
+    qkv_bias: bool | None  # q/k/v biases: True/False fixed by the family, None: read `attention_bias` from the config
+    o_bias: bool | None  # o_proj bias: likewise (transformers' Llama and Qwen3 give all four a bias with attention_bias)
     qk_norm: bool  # per-head RMSNorm on q and k after the projection (Qwen3)
     examples: str
     hf_prefix: str  # transformers class prefix: {prefix}Config, {prefix}ForCausalLM, {prefix}RotaryEmbedding
     genai_type: str  # onnxruntime-genai's model.type
+    reads_mlp_bias: bool = False  # the family's MLP reads config `mlp_bias` (refused when true: see config.py)
 
     @property
     def hf_module(self) -> str:
@@ -42,18 +44,24 @@ class ArchSpec:
 ARCHS: dict[str, ArchSpec] = {
     a.model_type: a
     for a in (
-        ArchSpec("llama", qkv_bias=None, qk_norm=False, examples="Llama 2, 3, 3.1, 3.2", hf_prefix="Llama",
-                 genai_type="llama"),
-        ArchSpec("mistral", qkv_bias=False, qk_norm=False, examples="Mistral 7B", hf_prefix="Mistral",
+        ArchSpec("llama", qkv_bias=None, o_bias=None, qk_norm=False, examples="Llama 2, 3, 3.1, 3.2",
+                 hf_prefix="Llama", genai_type="llama", reads_mlp_bias=True),
+        # transformers' MistralAttention has no bias whatever `attention_bias` says
+        ArchSpec("mistral", qkv_bias=False, o_bias=False, qk_norm=False, examples="Mistral 7B", hf_prefix="Mistral",
                  genai_type="mistral"),
-        ArchSpec("qwen2", qkv_bias=True, qk_norm=False, examples="Qwen2, Qwen2.5", hf_prefix="Qwen2",
+        ArchSpec("qwen2", qkv_bias=True, o_bias=False, qk_norm=False, examples="Qwen2, Qwen2.5", hf_prefix="Qwen2",
                  genai_type="qwen2"),
-        ArchSpec("qwen3", qkv_bias=None, qk_norm=True, examples="Qwen3 dense", hf_prefix="Qwen3",
+        ArchSpec("qwen3", qkv_bias=None, o_bias=None, qk_norm=True, examples="Qwen3 dense", hf_prefix="Qwen3",
                  genai_type="qwen3"),
     )
 }
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+
+
+def flag(fixed: bool | None, hf, key: str) -> bool:
+    """A table entry: the family's fixed value, or (None) the config's `key`."""
+    return fixed if fixed is not None else bool(getattr(hf, key, False))
 
 
 def arch_for(model_type: str | None) -> ArchSpec:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from wide_export.errors import WideError
-from wide_export.model.arch import SUPPORTED_ROPE_TYPES, arch_for
+from wide_export.model.arch import SUPPORTED_ROPE_TYPES, arch_for, flag
 
 
 @dataclass
@@ -36,6 +36,7 @@ class WideConfig:
     tie_word_embeddings: bool
     rope: dict[str, Any] = field(default_factory=dict)
     routing: list[LayerRouting] = field(default_factory=list)
+    o_bias: bool = False  # o_proj has a bias (Llama/Qwen3 `attention_bias`); False in exports before it existed
 
     # ---- derived -----------------------------------------------------------
     def attn_group_size(self, layer: int) -> int | None:
@@ -67,8 +68,9 @@ class WideConfig:
                 f"hidden_act={act!r} is not supported",
                 "WIDE models use a SiLU-gated MLP (hidden_act='silu')",
             )
-        if getattr(hf, "mlp_bias", False):
-            raise WideError("mlp_bias=True is not supported", "WIDE's masked FFN projections have no bias")
+        if spec.reads_mlp_bias and getattr(hf, "mlp_bias", False):
+            raise WideError("mlp_bias=true (gate/up/down biases) is not supported",
+                            "WideMaskedGatedMlp has no bias input; attention_bias=true is supported")
         heads = hf.num_attention_heads
         kv = getattr(hf, "num_key_value_heads", None) or heads
         if heads % kv:
@@ -76,7 +78,6 @@ class WideConfig:
                             "check config.json")
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
         rope = _rope_of(hf)
-        qkv_bias = spec.qkv_bias if spec.qkv_bias is not None else bool(getattr(hf, "attention_bias", False))
         return cls(
             model_type=spec.model_type,
             vocab_size=hf.vocab_size,
@@ -88,7 +89,8 @@ class WideConfig:
             head_dim=head_dim,
             rms_norm_eps=float(hf.rms_norm_eps),
             max_position_embeddings=int(getattr(hf, "max_position_embeddings", 4096)),
-            qkv_bias=qkv_bias,
+            qkv_bias=flag(spec.qkv_bias, hf, "attention_bias"),
+            o_bias=flag(spec.o_bias, hf, "attention_bias"),
             qk_norm=spec.qk_norm,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             rope=rope,

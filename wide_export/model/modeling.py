@@ -81,7 +81,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, hq * d, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(hq * d, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(hq * d, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -109,7 +109,7 @@ class Attention(nn.Module):
         if mask is None:
             out = self.o_proj(o)
         else:
-            out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d)
+            out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d, self.o_proj.bias)
         return out, (k, v)
 
     def _attend(self, q, k, v, allowed):

@@ -34,6 +34,8 @@ class SyntheticSpec:
     sparse_target: str = "all"
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 512
+    attention_bias: bool = False  # config `attention_bias` (llama/qwen3: q, k, v and o_proj biases)
+    mlp_bias: bool = False  # config `mlp_bias` (llama; refused by the loader)
     seed: int = 0
 
     def hf_config(self) -> Any:
@@ -48,6 +50,10 @@ class SyntheticSpec:
         )
         if self.head_dim is not None:
             kw["head_dim"] = self.head_dim
+        if self.attention_bias:
+            kw["attention_bias"] = True
+        if self.mlp_bias:
+            kw["mlp_bias"] = True
         return cls(**kw)
 
     def routed(self, kind: str) -> bool:

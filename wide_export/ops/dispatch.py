@@ -48,8 +48,9 @@ def gated_mlp(x, w_gate, w_up, mask, group_size: int) -> torch.Tensor:
     return ref.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
 
 
-def gemm_k(x, w, mask, group_size: int) -> torch.Tensor:
+def gemm_k(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
     if _exporting():
-        return _symbolic("WideMaskedGemmK", [x, w, mask], {"group_size": group_size}, x.dtype,
-                         (*x.shape[:-1], w.shape[0]))
-    return ref.masked_gemm_k(x, w, mask, group_size)
+        b = bias if bias is not None else torch.zeros(w.shape[0], dtype=x.dtype)  # always wired, as gemm_n
+        attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
+        return _symbolic("WideMaskedGemmK", [x, w, mask, b], attrs, x.dtype, (*x.shape[:-1], w.shape[0]))
+    return ref.masked_gemm_k(x, w, mask, group_size, bias)

@@ -77,14 +77,15 @@ WideMaskedGatedMlp <group_size> (x, gate_weight, up_weight, mask) => (y)
 """,
     "WideMaskedGemmK": """
 <domain: "wide", opset_import: ["": {opset}]>
-WideMaskedGemmK <group_size> (x, weight, mask) => (y)
+WideMaskedGemmK <group_size, has_bias> (x, weight, mask, bias) => (y)
 {
 """ + _CONSTS + _EXPAND.format(like="x") + """
     keep = Cast <to = 9> (m_flat)
     zero_like = CastLike (zero, x)
     xm = Where (keep, x, zero_like)
     w_t = Transpose <perm = [1, 0]> (weight)
-    y = MatMul (xm, w_t)
+    xw = MatMul (xm, w_t)
+    y = Add (xw, bias)
 }
 """,
 }

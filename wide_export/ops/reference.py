@@ -42,10 +42,11 @@ def masked_gated_mlp(x, w_gate, w_up, mask, group_size: int) -> torch.Tensor:
     return (y * expand_mask(mask, group_size, torch.float32)).to(x.dtype)
 
 
-def masked_gemm_k(x, w, mask, group_size: int) -> torch.Tensor:
-    """WideMaskedGemmK: x with skipped input groups ignored, times W^T."""
+def masked_gemm_k(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
+    """WideMaskedGemmK: x with skipped input groups ignored, times W^T, plus the bias (always added:
+    the outputs are not grouped, so all groups off gives the bias)."""
     xm = torch.where(expand_mask(mask, group_size, torch.bool), x.float(), 0.0)
-    return F.linear(xm, w.float()).to(x.dtype)
+    return F.linear(xm, w.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
 REFERENCES = {

@@ -31,7 +31,7 @@ OPS: dict[str, OpSpec] = {
         ),
         OpSpec("WideMaskedGemmN", ("x", "weight", "mask", "bias"), ("y",), ("group_size", "has_bias")),
         OpSpec("WideMaskedGatedMlp", ("x", "gate_weight", "up_weight", "mask"), ("y",), ("group_size",)),
-        OpSpec("WideMaskedGemmK", ("x", "weight", "mask"), ("y",), ("group_size",)),
+        OpSpec("WideMaskedGemmK", ("x", "weight", "mask", "bias"), ("y",), ("group_size", "has_bias")),
     )
 }
 

@@ -53,8 +53,14 @@ def _int_field(cfg: dict, names: tuple[str, ...], where: Path) -> int:
 def kv_dtype_name(raw: object, where: Path) -> str:
     """Normalise a KV-cache dtype name to float32 / float16."""
     name = _DTYPE_ALIASES.get(str(raw).lower(), str(raw).lower())
+    if name in ("bfloat16", "bf16"):  # the generation model keeps the KV cache in numpy, which has no bf16
+        raise WideError(f"{where}: a bfloat16 model cannot be served by the Triton generation model yet "
+                        "(its KV cache is float32 or float16)",
+                        hint="to serve it, export with --dtype float16 (or float32) and build with "
+                        "`wide-export trt --fp16`")
     if name not in KV_DTYPES:
-        raise WideError(f"{where}: dtype {raw!r} is not supported for serving (float32 or float16)")
+        raise WideError(f"{where}: dtype {raw!r} is not supported for serving (float32 or float16)",
+                        hint="export with --dtype float16 or float32")
     return name
 
 

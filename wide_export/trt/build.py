@@ -144,6 +144,7 @@ def build_engine_here(
     fp16: bool = False,
     plugins: Optional[str] = None,
     limits: Optional[dict[str, int]] = None,
+    bf16: bool = False,
     recipe: Optional[str] = None,
     backend: Optional[str] = None,
     timing_cache: Optional[str] = None,
@@ -164,28 +165,31 @@ def build_engine_here(
     if rec:
         check_group_sizes(rec, config, str(onnx_path / WIDE_CONFIG))
     precision = _graph_precision(model, config)
-    if fp16 and precision not in ("float16", "float32"):
-        raise WideError(f"--fp16 needs an fp16 or float32 graph, but {onnx_path / ONNX_FILE} is {precision}",
-                        hint="export it with `wide-export onnx --dtype float16` (or float32)")
+    if fp16 and bf16:
+        raise WideError("--fp16 and --bf16 exclude each other", hint="pass one of them")
+    for flag, want in (("--fp16", "float16"), ("--bf16", "bfloat16")):
+        if (fp16 if want == "float16" else bf16) and precision not in (want, "float32"):
+            raise WideError(f"{flag} needs a {want} or float32 graph, but {onnx_path / ONNX_FILE} is {precision}",
+                            hint=f"export it with `wide-export onnx --dtype {want}` (or float32)")
     with contextlib.ExitStack() as stack:
         graph_dir = onnx_path
-        if fp16 and precision == "float32":  # strongly typed: the graph itself must be fp16
-            graph_dir, model, config = _fp16_graph(onnx_path, out, stack)
-            precision = "float16"
+        if (fp16 or bf16) and precision == "float32":  # strongly typed: the graph itself must be fp16 / bf16
+            precision = "float16" if fp16 else "bfloat16"
+            graph_dir, model, config = _fp16_graph(onnx_path, out, stack, precision)
         return _build(onnx_path, graph_dir, out, model, config, rec, lim, precision, started, plugins=plugins,
                       backend=backend, timing_cache=timing_cache, compute_capability=compute_capability,
                       require_plugin_layers=require_plugin_layers, mask_outputs=mask_outputs, progress=progress,
                       force=force)
 
 
-def _fp16_graph(onnx_path: Path, out: Path, stack: contextlib.ExitStack):
-    """Convert the float32 export to fp16 in a temp folder (removed with `stack`): (folder, model, config)."""
+def _fp16_graph(onnx_path: Path, out: Path, stack: contextlib.ExitStack, dtype: str = "float16"):
+    """Convert the float32 export to fp16 / bf16 in a temp folder (removed with `stack`): (folder, model, config)."""
     from wide_export.export.fp16 import convert_export
 
     parent = next((p for p in (out.parent, *out.parent.parents) if p.is_dir()), None)
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f".{out.name}.fp16-", dir=parent)))
-    print(f"converting {onnx_path / ONNX_FILE} to fp16 (onnxconverter-common)", file=sys.stderr)
-    config = convert_export(onnx_path, tmp)
+    print(f"converting {onnx_path / ONNX_FILE} to {dtype} (onnxconverter-common)", file=sys.stderr)
+    config = convert_export(onnx_path, tmp, dtype)
     model, _ = _read_onnx_folder(tmp)
     return tmp, model, config
 

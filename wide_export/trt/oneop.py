@@ -20,7 +20,7 @@ from wide_export.names import TIMING_CACHE
 from wide_export.trt.backend import needs_child, rtx_child_env, select_backend
 
 MAX_BATCH, MAX_TOKENS = 4, 8
-_NP = {"float32": np.float32, "float16": np.float16}
+_NP = {"float32": np.float32, "float16": np.float16, "bfloat16": "bfloat16"}  # bfloat16: numpy dtype of ml_dtypes
 
 
 def one_op_model(op: str, *, dtype: str = "float32", k: int = 64, n: int = 48, group_size: int = 16,
@@ -34,6 +34,10 @@ def one_op_model(op: str, *, dtype: str = "float32", k: int = 64, n: int = 48, g
 
     rng = np.random.default_rng(seed)
     act = _NP[dtype]
+    if act == "bfloat16":
+        import ml_dtypes
+
+        act = ml_dtypes.bfloat16
     act_t = helper.np_dtype_to_tensor_dtype(np.dtype(act))
 
     def weight(name: str, shape: tuple[int, ...], dt=act) -> str:
@@ -53,14 +57,15 @@ def one_op_model(op: str, *, dtype: str = "float32", k: int = 64, n: int = 48, g
         groups = (k if op == "WideMaskedGemmK" else n) // group_size
         ws = [weight("w", (n, k))] + ([weight("w2", (n, k))] if op == "WideMaskedGatedMlp" else [])
         ins = ["x", *ws, "mask"]
-        if op == "WideMaskedGemmN":  # like the exporter: always a bias input, zeros when has_bias=0
+        if op in ("WideMaskedGemmN", "WideMaskedGemmK"):  # like the exporter: always a bias, zeros when has_bias=0
             ins.append(weight("bias", (n,)))
             if not has_bias:
                 weights["bias"] = np.zeros((n,), act)
         inputs = [helper.make_tensor_value_info("x", act_t, dyn + [k]),
                   helper.make_tensor_value_info("mask", TensorProto.INT32, dyn + [groups])]
         output = helper.make_tensor_value_info("y", act_t, dyn + [n])
-        attrs = plugin_attrs(group_size=group_size, **({"has_bias": int(has_bias)} if op == "WideMaskedGemmN" else {}))
+        attrs = plugin_attrs(group_size=group_size,
+                             **({"has_bias": int(has_bias)} if op in ("WideMaskedGemmN", "WideMaskedGemmK") else {}))
     else:
         raise WideError(f"unknown wide op {op!r}")
     node = helper.make_node(op, ins, ["y"], domain=DOMAIN, name=f"/{op}", **attrs)

@@ -91,7 +91,7 @@ def needs_slices(onnx_dir: Path, config: dict[str, Any]) -> bool:
     reference's, against the memory the kernel says is available (whole when it does not say)."""
     files = [config["files"]["model"], config["files"].get("external_data")]
     stored = sum((Path(onnx_dir) / name).stat().st_size for name in files if name)
-    itemsize = 2 if config["dtype"] == "float16" else 4
+    itemsize = 2 if config["dtype"] in ("float16", "bfloat16") else 4
     needed = stored + stored * 4 // itemsize
     available = _available_memory()
     return available is not None and needed > available * 0.6
@@ -110,6 +110,9 @@ def _available_memory() -> int | None:
 def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None, stages=None,
                 load_kwargs: dict | None = None, sliced: bool | None = None, **settings) -> VerifyReport:
     """Compare ONNX Runtime (CPU) with the reference over a prefill and decode steps.
+
+    A bfloat16 export runs in onnx's reference evaluator instead (verify/evaluator.py: ONNX Runtime's CPU
+    provider has no bf16 kernels), the graph as written, with bf16 tensors between the nodes.
 
     sliced=True runs the graph one layer slice at a time (verify/slices.py) against a reference that
     reads its weights module by module, so neither holds the whole model; None picks it when the whole
@@ -133,19 +136,28 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
         model = reference_for(config, loaded, lazy=sliced, **(load_kwargs or {}))
         check_same_model(model, config)
         steps = reference_steps(model, kv_dtype=dtype, **settings)
-    report = VerifyReport("onnxruntime", dtype, tol.to_dict(), {**settings, "sliced": sliced})
-    with stages.stage("onnxrt"):
+    evaluator = dtype == "bfloat16"
+    target = "onnx-reference-evaluator" if evaluator else "onnxruntime"
+    report = VerifyReport(target, dtype, tol.to_dict(), {**settings, "sliced": sliced})
+    if evaluator:
+        report.notes.append("bfloat16: run by onnx.reference.ReferenceEvaluator with ml_dtypes bfloat16 tensors "
+                            "(the graph as written; ONNX Runtime's CPU provider has no bf16 kernels)")
+    with stages.stage("evaluator" if evaluator else "onnxrt"):
         if sliced:
             from wide_export.verify.slices import run_sliced
 
-            run = run_sliced(with_masks(onnx_dir, config),
-                             lambda proto: debug_session(onnx_dir, config, proto.SerializeToString()),
+            run = run_sliced(with_masks(onnx_dir, config), lambda proto: _session(onnx_dir, config, proto),
                              [s.feed for s in steps], [_presents(s.ref) for s in steps],
                              [s.hidden for s in steps], stages.update)
             outs = run.per_layer
             report.notes.append(run.describe())
             report.notes.append(_chained_summary(steps, run.outputs, tol))
             steps = [_with_layer_outputs(s) for s in steps]
+        elif evaluator:
+            from wide_export.verify.evaluator import EvaluatorRunner, EvaluatorSession
+
+            runner = EvaluatorRunner(EvaluatorSession(with_masks(onnx_dir, config), onnx_dir))
+            outs = run_steps(runner, steps, config["num_layers"])
         else:
             runner = OnnxrtRunner(debug_session(onnx_dir, config), name="onnxrt")
             outs = run_steps(runner, steps, config["num_layers"])
@@ -153,6 +165,15 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
     if report_path:
         report.write(report_path)
     return report
+
+
+def _session(onnx_dir: Path, config: dict[str, Any], proto):
+    """A session for one slice: ONNX Runtime, or onnx's reference evaluator for a bfloat16 export."""
+    if config["dtype"] == "bfloat16":
+        from wide_export.verify.evaluator import EvaluatorSession
+
+        return EvaluatorSession(proto, onnx_dir)
+    return debug_session(onnx_dir, config, proto.SerializeToString())
 
 
 def _chained_summary(steps, outs, tol) -> str:

@@ -47,7 +47,12 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
     past = model.empty_cache(batch)
     pos = positions(mask)
     out: list[Step] = []
-    np_kv = np.float16 if kv_dtype == "float16" else np.float32
+    if kv_dtype == "bfloat16":
+        from wide_export.verify.evaluator import bfloat16
+
+        np_kv = bfloat16()
+    else:
+        np_kv = np.float16 if kv_dtype == "float16" else np.float32
     hidden: list[np.ndarray] = []  # this step's residual stream entering each layer, then the final norm
     hooks = [m.register_forward_pre_hook(lambda module, args: hidden.append(args[0].float().numpy()))
              for m in [*model.model.layers, model.model.norm]]

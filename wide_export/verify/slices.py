@@ -235,9 +235,10 @@ def _reference_inputs(piece: Slice, feed: dict, from_layers: set[str], hidden: n
     earlier layer made (the one input of the reference state's shape; the prologue's embedding output is
     kept, so it is checked too), and the past of decode steps."""
     out = {}
+    from wide_export.verify.evaluator import is_float  # bfloat16 (ml_dtypes) is not np.floating
+
     stream = [name for name in piece.inputs if name in from_layers
-              and np.asarray(feed[name]).shape == hidden.shape and np.issubdtype(np.asarray(feed[name]).dtype,
-                                                                                  np.floating)]
+              and np.asarray(feed[name]).shape == hidden.shape and is_float(np.asarray(feed[name]).dtype)]
     if len(stream) != (piece.name != "layer 0"):
         raise ValueError(f"{piece.name}: cannot tell the residual stream from the previous layer "
                          f"(candidates: {stream})")

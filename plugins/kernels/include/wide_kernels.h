@@ -73,7 +73,7 @@ typedef struct {
   const void* x;                 // [M, K]
   const void* w;                 // [N, K]; gate weight for the gated op
   const void* w2;                // gated op: up weight [N, K]; else NULL
-  const void* bias;              // gemm_n: [N] or NULL; NULL elsewhere
+  const void* bias;              // gemm_n, gemm_k: [N] or NULL; the gated op ignores it
   const int32_t* mask;           // [M, G] int32, 1 = execute
   void* y;                       // [M, N]
   wide_dtype_t dtype;            // of x, w, w2, bias and y
@@ -91,7 +91,7 @@ int wide_gemm_resolve_algo(const wide_gemm_params_t* p, int kind_k, int arch);
 int wide_gemm_n(const wide_gemm_params_t* p, void* workspace, size_t workspace_size, cudaStream_t stream);
 // y[m, n] = silu(x[m] . w[n]) * (x[m] . w2[n]) * mask[m, n / group_size].
 int wide_gemm_n_gated(const wide_gemm_params_t* p, void* workspace, size_t workspace_size, cudaStream_t stream);
-// y[m, n] = sum_k x[m, k] * mask[m, k / group_size] * w[n, k]; skipped inputs ignored.
+// y[m, n] = sum_k x[m, k] * mask[m, k / group_size] * w[n, k] (+ bias[n], every output); skipped inputs ignored.
 int wide_gemm_k(const wide_gemm_params_t* p, void* workspace, size_t workspace_size, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -326,7 +326,7 @@ int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
         return WIDE_ERR_UNSUPPORTED_DTYPE;
     if ((kindK ? p->K : p->N) % p->group_size != 0)
         return WIDE_ERR_INVALID_ARGUMENT;
-    if (gated != (p->w2 != nullptr) || (kindK && p->bias))
+    if (gated != (p->w2 != nullptr))
         return WIDE_ERR_INVALID_ARGUMENT;
     if (p->algo < WIDE_ALGO_AUTO || p->algo > WIDE_ALGO_TILE)
         return WIDE_ERR_INVALID_ARGUMENT;
@@ -508,13 +508,16 @@ int wide_gemm_k(wide_gemm_params_t const* p, void* workspace, size_t workspace_s
     if (int s = prologue(p, true, false, arch, done); s != WIDE_OK || done)
         return s;
     std::string const dt = dtypeName(p->dtype);
+    std::string const var = p->bias ? "/bias" : ""; // the bias [N] is added to every output (outputs are not grouped)
+    void const* b = p->bias ? p->bias : p->w;       // never read by the plain variants
     int64_t const G = p->K / p->group_size;
     int const algo = resolve(p, true, arch);
     Args a;
     if (algo == WIDE_ALGO_GEMV)
     {
-        a.ptr(p->x).ptr(p->w).ptr(p->mask).ptr(p->y).i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        return launch("gemv_k/" + dt, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a, stream);
+        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+        return launch("gemv_k/" + dt + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a, stream);
     }
     if (algo == WIDE_ALGO_GROUPED)
     {
@@ -537,11 +540,12 @@ int wide_gemm_k(wide_gemm_params_t const* p, void* workspace, size_t workspace_s
                 static_cast<unsigned>(G), a, stream))
             return s;
         Args c;
-        c.ptr(acc).ptr(p->y).i32(p->M * p->N);
-        return launch("cast/" + dt, arch, cdiv(p->M * p->N, kCastBlock), 1, 1, c, stream);
+        c.ptr(acc).ptr(p->y).ptr(b).i32(p->M * p->N).i32(p->N);
+        return launch("cast/" + dt + var, arch, cdiv(p->M * p->N, kCastBlock), 1, 1, c, stream);
     }
-    a.ptr(p->x).ptr(p->w).ptr(p->mask).ptr(p->y).i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    return launch("tile_k/" + dt, arch, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, a, stream);
+    a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
+    a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+    return launch("tile_k/" + dt + var, arch, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, a, stream);
 }
 
 } // extern "C"

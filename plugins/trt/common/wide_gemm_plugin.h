@@ -20,7 +20,7 @@ struct GemmSpec
 {
     int32_t nbWeights;  //!< 1, or 2 for the gated MLP (gate, up)
     bool groupsAlongK;  //!< true: K == G * group_size (gemm_k); false: N == G * group_size
-    bool biasInput;     //!< the node may carry a trailing bias input [N] (WideMaskedGemmN)
+    bool biasInput;     //!< the node may carry a trailing bias input [N] (WideMaskedGemmN, WideMaskedGemmK)
     bool hasBias;       //!< ... and it is used (has_bias = 1); when 0 a present bias input is ignored
     GemmKernel kernel;  //!< launch function from wide_kernels.h
 };

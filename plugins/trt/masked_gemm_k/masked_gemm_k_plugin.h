@@ -1,5 +1,5 @@
 // masked_gemm_k_plugin.h: WideMaskedGemmK, K-axis (input-group) pruned GEMM.
-// y[..., n] = sum_k x[..., k] * mask[..., k / group_size] * weight[n, k]
+// y[..., n] = sum_k x[..., k] * mask[..., k / group_size] * weight[n, k] + bias[n]
 #ifndef WIDE_MASKED_GEMM_K_PLUGIN_H
 #define WIDE_MASKED_GEMM_K_PLUGIN_H
 
