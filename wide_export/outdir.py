@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from wide_export.errors import WideError
-from wide_export.signals import check_interrupted
+from wide_export.signals import check_interrupted, mark_published, signals_deferred
 
 
 def check_output_dir(output: Path, force: bool, protect: tuple[Path | None, ...] = ()) -> Path:
@@ -126,6 +126,9 @@ def _disk_full(err: BaseException) -> OSError | None:
     return None
 
 
+_OPEN = [0]  # atomic_output_dir blocks open now (an export publishes into the temp folder of its outer one)
+
+
 @contextlib.contextmanager
 def atomic_output_dir(output: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temp folder; on success it becomes `output`, on any error it is removed.
@@ -139,6 +142,7 @@ def atomic_output_dir(output: Path, force: bool = False) -> Iterator[Path]:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should look like a mkdir
+    _OPEN[0] += 1
     try:
         try:
             yield tmp
@@ -149,11 +153,19 @@ def atomic_output_dir(output: Path, force: bool = False) -> Iterator[Path]:
             raise WideError(f"disk full while writing {output}: {full.strerror or full}",
                             "free some space (or raise the file-size limit), or choose an --output on "
                             "another disk; nothing was written") from None
-        check_interrupted()  # a Ctrl-C/SIGTERM swallowed on the way (in a finalizer, a native callback) never publishes
-        _publish(tmp, output, force)
+        # The check and the renames run with SIGINT/SIGTERM held back: an interrupt before them never
+        # publishes (also one swallowed on the way, in a finalizer or a native callback), one during
+        # them is delivered once OUT is complete, and then reported as such (cli.common.user_errors).
+        with signals_deferred():
+            check_interrupted()
+            _publish(tmp, output, force)
+            if _OPEN[0] == 1:  # the user's OUT, not a folder inside an outer run's temp folder
+                mark_published(output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _OPEN[0] -= 1
 
 
 def _publish(tmp: Path, output: Path, force: bool) -> None:

@@ -10,10 +10,10 @@ import functools
 import importlib
 import sys
 
-import typer
-
-from wide_export.cli.common import report_error
 from wide_export.errors import WideError
+
+# typer (and the command modules) are imported inside get_app(): `from wide_export.cli import main`,
+# what the console script runs first, stays quick, and a Ctrl-C while they import is caught in main().
 
 # One line per command module, in pipeline order (as `--help` lists them); each registers
 # its own commands. bench_cmd creates the `bench` group the later bench modules add to.
@@ -31,8 +31,10 @@ COMMAND_MODULES = [
 
 
 @functools.lru_cache(maxsize=None)
-def get_app() -> typer.Typer:
+def get_app():
     """The Typer app with every command module registered (built once, on first use)."""
+    import typer
+
     app = typer.Typer(
         name="wide-export",
         help="Deploy WIDE dynamic-width LLMs: ONNX export with `wide` custom ops, "
@@ -47,12 +49,18 @@ def get_app() -> typer.Typer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: user errors become one line and exit code 2."""
+    """Console entry point: user errors become one line and exit code 2, Ctrl-C outside a command
+    (while the command modules import, say) one line and 130."""
     try:
         get_app()(args=argv, standalone_mode=True)
     except WideError as err:  # raised outside a command (e.g. while parsing)
+        from wide_export.cli.common import report_error
+
         report_error(err)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted; nothing was written", file=sys.stderr)
+        sys.exit(130)
 
 
 def __getattr__(name: str):

@@ -26,12 +26,19 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from wide_export.signals import forget_published, published
+
+        forget_published()
         try:
             return fn(*args, **kwargs)
         except WideError as err:
             report_error(err)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
+            done = published()
+            if done:  # the interrupt came after the output was complete and in place: it stays, a success
+                typer.echo(f"interrupted after {done[-1]} was written completely; it is kept", err=True)
+                raise typer.Exit(0) from None
             typer.echo("interrupted; nothing was written", err=True)
             raise typer.Exit(130) from None
 
