@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -14,7 +15,19 @@ def load_generation_module(version_dir: Path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
+    if "MUTANT_UNDER_TEST" in os.environ:  # under mutmut (scripts/mutation-test.py)
+        _siblings_from_the_package(module)
     return module
+
+
+def _siblings_from_the_package(module) -> None:
+    """mutmut switches a mutant on by its module's name (wide_export.triton.inflight); the copies a
+    repository's model.py loads from its own folder have other names, so their mutants would never be
+    on. Under mutmut the loaded model.py takes its siblings (inflight, textgen, metrics) from the
+    package (the mutated copy mutmut imports), the rest of the test as it is."""
+    import importlib
+
+    module.load_sibling = lambda name: importlib.import_module(f"wide_export.triton.{name}")
 
 
 def drive_staggered(batch, rows: dict, plan: list, ticks: int):

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Mutation testing of the modules a change touched, with mutmut 3 (https://github.com/boxed/mutmut).
+
+    pip install mutmut                      # only this script needs it (not a test dependency)
+    python scripts/mutation-test.py                       # modules changed since the merge base with origin/main
+    python scripts/mutation-test.py wide_export/outdir.py wide_export/triton/inflight.py
+    python scripts/mutation-test.py --since HEAD~3 --max-children 2
+    python scripts/mutation-test.py --list                # which modules and tests, without running
+
+For each module: a scratch copy of the work tree (`.mutation/<module>/`: tracked and unignored files
+of wide_export/ and tests/, and pyproject.toml with `[tool.mutmut]` narrowed to this module and its
+tests), `mutmut run` there (mutants of this module only; each mutant runs only the selected tests that
+reach the mutated function), then a line `module: killed/total (ratio)` and the surviving mutants
+(`cd .mutation/<module> && mutmut show NAME` shows one; `mutmut browse` all). The project's own tree
+is never modified. Exit status 1 when a module is under --target (default 0.8).
+
+Which tests a module gets: TESTS below (fast, in-process tests; tests that start tritonserver or
+subprocesses are left out: they would run unmutated code or take minutes per mutant). A changed module
+missing from TESTS is reported and skipped: add it there.
+
+The generated Triton repository's files (generation_model.py, inflight.py, textgen.py, metrics.py) are
+imported by the tests from a repository folder under other module names, which mutmut cannot switch;
+under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py makes the loaded model.py take its
+siblings from the package, so their mutants are the ones exercised.
+
+Budget: about 15 minutes for the modules of one change on 2 cores (--max-children 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRATCH = ROOT / ".mutation"
+
+# module -> the tests that pin it down (fast, in-process)
+TESTS: dict[str, list[str]] = {
+    "wide_export/triton/inflight.py": ["tests/triton/test_triton_inflight_batch.py",
+                                       "tests/triton/test_triton_serving_limits.py",
+                                       "tests/triton/test_triton_inflight_units.py"],
+    "wide_export/triton/textgen.py": ["tests/triton/test_triton_textgen.py",
+                                      "tests/triton/test_triton_textgen_edges.py"],
+    "wide_export/triton/metrics.py": ["tests/triton/test_triton_metrics.py",
+                                      "tests/triton/test_triton_metrics_contract.py"],
+    "wide_export/triton/generation_model.py": ["tests/triton/test_triton_generation.py",
+                                               "tests/triton/test_triton_serving_limits.py",
+                                               "tests/triton/test_triton_bls.py"],
+    "wide_export/outdir.py": ["tests/test_outdir.py", "tests/faults/test_interrupt_publish.py",
+                              "tests/cli/test_interrupt_races.py",
+                              "tests/faults/test_outputs.py::test_two_writers_of_one_output_exactly_one_publishes",
+                              "tests/faults/test_outputs.py::test_force_over_an_output_that_cannot_be_removed",
+                              "tests/faults/test_outputs.py::test_force_when_the_old_output_cannot_be_moved_at_publish"],
+    "wide_export/signals.py": ["tests/faults/test_interrupt_publish.py", "tests/cli/test_interrupt_races.py"],
+    "wide_export/export/genai_config.py": ["tests/export/test_genai_special_tokens.py",
+                                           "tests/export/test_genai_config_contract.py"],
+    "wide_export/verify/tolerances.py": ["tests/verify/test_compare.py"],
+    "wide_export/verify/compare.py": ["tests/verify/test_compare.py"],
+}
+
+KILLED = {"killed", "caught by type check"}
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+
+def changed_modules(since: str | None) -> list[str]:
+    if since is None:
+        for ref in ("origin/main", "main"):
+            try:
+                since = git("merge-base", "HEAD", ref).strip()
+                break
+            except subprocess.CalledProcessError:
+                continue
+    if since is None:
+        sys.exit("no origin/main or main to compare with: pass --since REF or the modules")
+    names = set(git("diff", "--name-only", since).split()) | set(git("ls-files", "-o", "--exclude-standard").split())
+    return sorted(n for n in names if n.startswith("wide_export/") and n.endswith(".py") and (ROOT / n).is_file())
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"[tool.mutmut] value {value!r}")
+
+
+def scratch_copy(module: str, tests: list[str]) -> Path:
+    """A copy of the work tree for mutating `module`, its pyproject's [tool.mutmut] narrowed to it."""
+    where = SCRATCH / module.removesuffix(".py").replace("/", ".")
+    shutil.rmtree(where, ignore_errors=True)
+    files = [f for f in git("ls-files", "-co", "--exclude-standard").splitlines()
+             if f.startswith(("wide_export/", "tests/")) and (ROOT / f).is_file()]
+    for f in files:
+        (where / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, where / f)
+    text = (ROOT / "pyproject.toml").read_text()
+    shared = tomllib.loads(text).get("tool", {}).get("mutmut", {})
+    text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
+    settings = {**shared, "source_paths": ["wide_export"], "only_mutate": [module],
+                "pytest_add_cli_args_test_selection": tests}
+    text += "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
+    (where / "pyproject.toml").write_text(text)
+    return where
+
+
+def results(where: Path, module: str) -> dict[str, str]:
+    """mutant name -> status, for this module's mutants."""
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=where,
+                         capture_output=True, text=True).stdout
+    prefix = module.removesuffix(".py").replace("/", ".") + "."
+    found = {}
+    for line in out.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep and name.startswith(prefix):
+            found[name] = status.strip()
+    return found
+
+
+def run_module(module: str, tests: list[str], max_children: int) -> tuple[int, int, dict]:
+    where = scratch_copy(module, tests)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
+    began = time.monotonic()
+    for attempt in (1, 2):  # once more when the first stats run failed (a test that failed once under load)
+        # SIGINT at its default, as under a terminal: started in the background (`&`, nohup) it is
+        # inherited as ignored, and the tests of Ctrl-C handling would fail unmutated
+        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+                              cwd=where, env=env, capture_output=True, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        (where / "mutmut-run.log").write_text(proc.stdout + proc.stderr)
+        found = results(where, module)
+        if "failed to collect stats" not in proc.stdout + proc.stderr:
+            break
+        print(f"{module}: mutmut's stats run failed (a test failed unmutated); trying again")
+    if proc.returncode != 0 and not found:
+        print(f"{module}: mutmut failed (exit {proc.returncode}); log: {where / 'mutmut-run.log'}")
+        print("\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:]))
+        return 0, 0, {}
+    killed = sum(s in KILLED or s == "timeout" for s in found.values())  # a timeout: the mutant hung a test
+    survivors = {n: s for n, s in found.items() if not (s in KILLED or s == "timeout")}
+    timeouts = sum(s == "timeout" for s in found.values())
+    print(f"{module}: {killed}/{len(found)} killed ({killed / max(len(found), 1):.0%}; {timeouts} of them by "
+          f"a timeout) in {time.monotonic() - began:.0f} s")
+    for name, status in sorted(survivors.items()):
+        print(f"    {status:12} {name}")
+    return killed, len(found), survivors
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("modules", nargs="*", help="files to mutate (default: changed since --since)")
+    ap.add_argument("--since", help="git ref to diff against (default: merge-base HEAD origin/main)")
+    ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--target", type=float, default=0.8, help="kill ratio each module must reach")
+    ap.add_argument("--list", action="store_true", help="print modules and tests only")
+    args = ap.parse_args()
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        sys.exit("mutmut is not installed: pip install mutmut")
+    modules = [str(Path(m).resolve().relative_to(ROOT)) for m in args.modules] or changed_modules(args.since)
+    plan = []
+    for module in modules:
+        tests = [t for t in TESTS.get(module, []) if (ROOT / t.split("::")[0]).is_file()]
+        if not tests:
+            print(f"{module}: no tests mapped in scripts/mutation-test.py TESTS: skipped")
+            continue
+        plan.append((module, tests))
+    if args.list or not plan:
+        for module, tests in plan:
+            print(f"{module}: {' '.join(tests)}")
+        return 0
+    below = []
+    for module, tests in plan:
+        killed, total, _ = run_module(module, tests, args.max_children)
+        if total == 0 or killed / total < args.target:
+            below.append(module)
+    if below:
+        print(f"under {args.target:.0%} killed: {' '.join(below)}")
+    return 1 if below else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
