@@ -45,6 +45,8 @@ class AnalysisReport:
     predicted_total: dict = field(default_factory=dict)
     prediction_basis: str = ""
     onnx: dict = field(default_factory=dict)  # with --onnx: ppl, dtype, per-router decision agreement
+    group_rates: dict = field(default_factory=dict)  # "layer.kind" -> fraction of tokens executing each group
+    tp: dict = field(default_factory=dict)  # with --tp: predicted per-rank loads (wide_export/tp/balance.py)
 
 
 def _stats(per_token, groups: int, group_size: int) -> SparsityStats:
@@ -64,7 +66,8 @@ def _nll(logits, ids) -> tuple[float, int]:
 
 def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = None, lora: Optional[Path] = None,
                  lora_scale: float = 2.0, window: int = 512, kernels_json: Optional[Path] = None,
-                 onnx_dir: Optional[Path] = None, progress: Optional[Callable[[str], None]] = None) -> AnalysisReport:
+                 onnx_dir: Optional[Path] = None, progress: Optional[Callable[[str], None]] = None,
+                 tp: Optional[int] = None) -> AnalysisReport:
     """Realized sparsity per layer and perplexity dense vs WIDE of `model_dir` on the text of `text_path`."""
     import torch
 
@@ -81,9 +84,15 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
 
         rows = load_rows(kernels_json)
     encode = load_tokenizer(model_dir)
+    if tp is not None and tp < 1:
+        raise WideError(f"--tp {tp} is not a world size", "pass --tp N with N >= 1")
     loaded = load_wide_model(model_dir, router=router, lora=lora, lora_scale=lora_scale, progress=say,
                              checksums=False)
     model, cfg = loaded.model, loaded.config
+    if tp is not None:
+        from wide_export.tp.plan import check_tp
+
+        check_tp(cfg, tp)
     if window > cfg.max_position_embeddings:
         raise WideError(f"--window {window} is longer than the model allows "
                         f"(max_position_embeddings = {cfg.max_position_embeddings})",
@@ -104,6 +113,7 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
         say("opening the ONNX export")
         session, onnx_config = open_export(onnx_dir, cfg)
     per_token: dict[tuple[int, str], list] = {}
+    group_runs: dict[tuple[int, str], object] = {}
     window_masks: list[dict] = []  # per window {(layer, kind): mask numpy}, for --onnx
     nll = {"wide": 0.0, "dense": 0.0}
     count = 0
@@ -121,6 +131,8 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
             for i, masks in enumerate(collect.masks):
                 for kind, m in masks.items():  # [1, T, G] int32, 1 = execute
                     per_token.setdefault((i, kind), []).append(1.0 - m[0].double().mean(-1))
+                    runs = m[0].double().sum(0)  # per group: tokens that execute it
+                    group_runs[i, kind] = runs if (i, kind) not in group_runs else group_runs[i, kind] + runs
             if session is not None:
                 window_masks.append({(i, kind): m.numpy() for i, masks in enumerate(collect.masks)
                                      for kind, m in masks.items()})
@@ -140,6 +152,14 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
         if (i, "ffn") in per_token:
             row.ffn = _stats(torch.cat(per_token[i, "ffn"]), r.ffn_groups, cfg.ffn_group_size(i))
         report.layers.append(row)
+    tokens = sum(map(len, chunks))
+    report.group_rates = {f"{i}.{kind}": (v / tokens).tolist() for (i, kind), v in sorted(group_runs.items())}
+    if tp is not None:
+        from wide_export.tp.balance import from_rates
+
+        rates = {(i, kind): v for (i, kind), v in ((tuple(k.split(".")), v) for k, v in report.group_rates.items())}
+        rates = {(int(i), kind): v for (i, kind), v in rates.items()}
+        report.tp = from_rates(rates, cfg, tp, tokens, str(text_path)).to_dict()
     if session is not None:
         from wide_export.analyze.onnx_eval import onnx_windows
 

@@ -28,6 +28,9 @@ def analyze(
                        "agreement on the same windows (onnxruntime, CPU).", show_default=False)] = None,
     output: Annotated[Path, typer.Option("--output", help="Folder for analyze.json and analyze.png.")]
     = Path("analyze-results"),
+    tp: Annotated[Optional[int], typer.Option(
+        "--tp", help="Also predict each tensor-parallel rank's FFN load on this text, identity vs balanced "
+                     "placement (what `wide-export onnx --tp N --balance-text` does).", show_default=False)] = None,
 ) -> None:
     """Run the PyTorch reference over a text: per-layer realized sparsity, perplexity dense vs WIDE; table + plot."""
     from rich.console import Console
@@ -38,10 +41,14 @@ def analyze(
     console = Console(highlight=False, width=max(Console().width, 110))  # the table needs ~100 columns
     with console.status("analyzing") as status:
         report = analyze_text(model, text, router=router, lora=lora, lora_scale=lora_scale, window=window,
-                              kernels_json=kernels_json, onnx_dir=onnx, progress=status.update)
+                              kernels_json=kernels_json, onnx_dir=onnx, progress=status.update, tp=tp)
     console.print(table(report))
     for line in summary_lines(report):
         console.print(line)
+    if report.tp:
+        from wide_export.tp.balance import print_tp
+
+        print_tp(console, report.tp)
     json_path, png_path = output / "analyze.json", output / "analyze.png"
     write_json(report, json_path)
     plotted = write_plot(report, png_path)

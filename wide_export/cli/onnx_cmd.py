@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -36,6 +36,12 @@ def onnx(
     steps: Annotated[int, typer.Option(help="Decode steps to verify after the prefill.")] = 3,
     seed: SeedOpt = 0,
     sliced: SlicedOpt = None,
+    tp: Annotated[Optional[int], typer.Option(
+        "--tp", help="Tensor parallelism: one graph per rank (OUTPUT/rank{r}/model.onnx, OUTPUT/tp_manifest.json) "
+                     "with DistCollective all-reduces; see docs/distributed.md.", show_default=False)] = None,
+    balance_text: Annotated[Optional[Path], typer.Option(
+        "--balance-text", help="With --tp: place the FFN groups so the ranks' expected work on this text (UTF-8, "
+                               "tokenized with MODEL's tokenizer) is equal.", show_default=False)] = None,
 ) -> None:
     """Export a WIDE model to ONE ONNX graph (prefill + decode with KV cache).
 
@@ -54,7 +60,22 @@ def onnx(
 
     if dtype not in DTYPES:
         raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
+    if balance_text is not None and tp is None:
+        raise WideError("--balance-text places FFN groups across tensor-parallel ranks", "add --tp N")
+    if balance_text is not None and model is None:
+        raise WideError("--balance-text needs the model's tokenizer", "pass --model DIR (with tokenizer.json)")
+    if tp is not None and tp < 1:
+        raise WideError(f"--tp {tp} is not a world size", "pass --tp N with N >= 1")
+    if tp is not None and dtype == "bfloat16" and verify:
+        raise WideError("a bfloat16 --tp export cannot be verified on CPU", "add --no-verify, or export float32")
     check_output_dir(output, force, protect=(model, router, lora))  # fail before minutes of loading
+    if tp is not None:
+        with interrupt_on_signals():
+            from wide_export.tp.cli import export_tp_cmd
+
+            export_tp_cmd(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset,
+                          force, verify, steps, seed, tp, balance_text)
+        return
     with interrupt_on_signals():  # SIGTERM cleans up as Ctrl-C does (no hidden temp folder stays)
         _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset, force,
                 verify, steps, seed, sliced)

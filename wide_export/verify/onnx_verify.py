@@ -122,6 +122,16 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
     from wide_export.export.onnx_export import read_wide_config
     from wide_export.progress import Stages
 
+    from wide_export.tp.verify import is_tp_export
+
+    if is_tp_export(onnx_dir):  # a `wide-export onnx --tp N` folder: every rank, all-reduces simulated
+        from wide_export.tp.verify import verify_tp
+
+        if sliced:
+            raise WideError("--sliced verifies a single-device export", "drop --sliced for a --tp export (each "
+                            "rank's graph runs whole, stage by stage)")
+        return verify_tp(onnx_dir, loaded=loaded, report_path=report_path, stages=stages,
+                         load_kwargs=load_kwargs, **settings)
     stages = stages or Stages(quiet=True)
     settings = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     onnx_dir = Path(onnx_dir)

@@ -1,0 +1,73 @@
+"""One rank's model: the WIDE decoder with its heads / FFN channels only, and all-reduces after o_proj and
+down_proj (row-parallel). Traced like the single-device model; the all-reduce becomes a `DistCollective` node.
+
+Routers stay whole on every rank (replicated, a few MB): each rank computes the full [B, T, G] mask and
+uses its own slice of it, so every rank takes the same decisions and no mask is communicated.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wide_export.model.modeling import DecoderLayer
+from wide_export.ops import dispatch
+
+# The all-reduce as Polygraphy's `multi-device shard` writes collectives into ONNX
+# (NVIDIA/TensorRT tools/Polygraphy/polygraphy/tools/multi_device/subtool/shard.py: op_type `DistCollective`
+# in the default domain, string attributes `collective_operation` / `reduce_op`, int `root` and
+# `group_size`, ints `groups`), which TensorRT 11's ONNX parser turns into an IDistCollectiveLayer.
+TRACE_DOMAIN = "wide_tp"  # the tracer needs a domain; export.py moves the node to the default domain
+COLLECTIVE = "DistCollective"
+
+
+def all_reduce(x: torch.Tensor, tp: int) -> torch.Tensor:
+    """Sum of `x` over the tp ranks. Eager: a world of one (identity); under export: a DistCollective node."""
+    if dispatch._exporting():
+        attrs = {"collective_operation": "all_reduce", "reduce_op": "sum", "root": -1, "group_size": tp}
+        return torch.onnx.ops.symbolic(f"{TRACE_DOMAIN}::{COLLECTIVE}", [x], attrs=attrs, dtype=x.dtype,
+                                       shape=x.shape, version=1)
+    if tp != 1:
+        raise RuntimeError("a rank model runs eagerly only in a world of one; run the rank graphs instead")
+    return x
+
+
+class TPDecoderLayer(DecoderLayer):
+    """DecoderLayer of one rank (set up by to_rank_layer)."""
+
+    tp: int = 1
+    attn_slice: tuple[int, int] | None = None
+    ffn_slice: tuple[int, int] | None = None
+
+    def forward(self, h, cos, sin, allowed, past, collect=None):
+        if collect is not None:
+            collect.masks.append({})
+            collect.margins.append({})
+        mask_a = self._route(self.router_attention, h, "attention", collect)
+        if mask_a is not None:
+            mask_a = mask_a[..., self.attn_slice[0]:self.attn_slice[1]]
+        a, present = self.self_attn(self.input_layernorm(h), cos, sin, allowed, past, mask_a, self.attn_group_heads)
+        h = h + all_reduce(a, self.tp)
+        mask_f = self._route(self.router_ffn, h, "ffn", collect)
+        if mask_f is not None:
+            mask_f = mask_f[..., self.ffn_slice[0]:self.ffn_slice[1]]
+        y = self.mlp(self.post_attention_layernorm(h), mask_f, self.ffn_group_size)
+        return h + all_reduce(y, self.tp), present
+
+
+def to_rank_model(model, cfg, tp: int, rank: int):
+    """Turn a WideForCausalLM built from plan.rank_config(cfg, tp) into rank `rank`'s model (in place).
+
+    The router's FFN groups are in placement order (export.py permutes the router rows), so a rank's
+    groups are always the contiguous slice [rank*Gf/tp, (rank+1)*Gf/tp) of the mask."""
+    for i, layer in enumerate(model.model.layers):
+        layer.__class__ = TPDecoderLayer
+        layer.tp = tp
+        r = cfg.routing[i]
+        # group sizes are the model's (heads / channels per group), not the rank config's
+        layer.attn_group_heads = cfg.attn_group_size(i)
+        layer.ffn_group_size = cfg.ffn_group_size(i)
+        layer.attn_slice = None if r.attn_groups is None else (rank * r.attn_groups // tp,
+                                                               (rank + 1) * r.attn_groups // tp)
+        layer.ffn_slice = None if r.ffn_groups is None else (rank * r.ffn_groups // tp,
+                                                             (rank + 1) * r.ffn_groups // tp)
+    return model
