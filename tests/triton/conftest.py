@@ -32,6 +32,28 @@ def tiny(tmp_path_factory):
     return folder, tiny_llm.write_tiny_model(folder, SEED)
 
 
+@pytest.fixture(scope="module")
+def gm(tiny_repo):
+    """The tiny repository's generated model.py, imported outside Triton."""
+    from tests.triton.support import load_generation_module
+
+    return load_generation_module(tiny_repo / "wide_llm" / "1")
+
+
+@pytest.fixture(scope="module")
+def inflight(gm):
+    """Its inflight.py, as model.py loads it."""
+    return gm.load_inflight()
+
+
+@pytest.fixture(scope="module")
+def runner(gm, tiny_repo):
+    """(settings, ONNX Runtime step) of the tiny repository."""
+    folder = str(tiny_repo / "wide_llm" / "1")
+    settings = gm.Settings.load(folder)
+    return settings, gm.ort_step(folder, settings)
+
+
 @pytest.fixture(scope="session")
 def tiny_repo(tiny, tmp_path_factory) -> Path:
     from wide_export.triton import generate_repository

@@ -7,19 +7,6 @@ import numpy as np
 import pytest
 
 from tests.triton import tiny_llm
-from tests.triton.support import load_generation_module
-
-
-@pytest.fixture(scope="module")
-def gm(tiny_repo):
-    return load_generation_module(tiny_repo / "wide_llm" / "1")
-
-
-@pytest.fixture(scope="module")
-def runner(gm, tiny_repo):
-    folder = str(tiny_repo / "wide_llm" / "1")
-    settings = gm.Settings.load(folder)
-    return settings, gm.ort_step(folder, settings)
 
 
 def test_batched_left_padded_greedy_matches_full_recompute(gm, runner, tiny, rng):

@@ -13,26 +13,9 @@ import numpy as np
 import pytest
 
 from tests.triton import tiny_llm
-from tests.triton.support import drive_staggered, load_generation_module
+from tests.triton.support import drive_staggered
 
 WAIT_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def gm(tiny_repo):
-    return load_generation_module(tiny_repo / "wide_llm" / "1")
-
-
-@pytest.fixture(scope="module")
-def inflight(gm):
-    return gm.load_inflight()
-
-
-@pytest.fixture(scope="module")
-def runner(gm, tiny_repo):
-    folder = str(tiny_repo / "wide_llm" / "1")
-    settings = gm.Settings.load(folder)
-    return settings, gm.ort_step(folder, settings)
 
 
 def _host_step(step):

@@ -10,19 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from tests.triton.support import load_generation_module
 
 WAIT_S = 60.0  # a bound for a hung scheduler, not a timing expectation
-
-
-@pytest.fixture(scope="module")
-def gm(tiny_repo):
-    return load_generation_module(tiny_repo / "wide_llm" / "1")
-
-
-@pytest.fixture(scope="module")
-def inflight(gm):
-    return gm.load_inflight()
 
 
 class PbTensor:  # pb_utils.Tensor: is_cpu()

@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 
 from tests.triton import tiny_llm
-from tests.triton.support import load_generation_module
 
 ort = pytest.importorskip("onnxruntime")
-
-
-@pytest.fixture(scope="module")
-def gm(tiny_repo):
-    return load_generation_module(tiny_repo / "wide_llm" / "1")
 
 
 def _watched_generation(gm, tiny_repo, tiny):

@@ -24,27 +24,9 @@ import numpy as np
 import pytest
 
 from tests.triton import fake_pb_utils, tiny_llm
-from tests.triton.support import load_generation_module
 
 WAIT_S = 120.0  # a bound for a hung scheduler, not a timing expectation
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-@pytest.fixture(scope="module")
-def gm(tiny_repo):
-    return load_generation_module(tiny_repo / "wide_llm" / "1")
-
-
-@pytest.fixture(scope="module")
-def inflight(gm):
-    return gm.load_inflight()
-
-
-@pytest.fixture(scope="module")
-def runner(gm, tiny_repo):
-    folder = str(tiny_repo / "wide_llm" / "1")
-    settings = gm.Settings.load(folder)
-    return settings, gm.ort_step(folder, settings)
 
 
 class Counting:
