@@ -42,3 +42,51 @@ class Stages:
     def note(self, message: str) -> None:
         if not self.quiet:
             self.console.print(message)
+
+
+class Steps:
+    """Progress of long work in named stages, some counted: `update("aot", 12, 272)`.
+
+    On a terminal: one rich line with a spinner, the stage, a bar and the count when there is one, and the
+    elapsed time; it disappears when the work ends. Piped (a log, CI): one line per stage as it starts,
+    then the count at most every `every` seconds, so a log shows where a long run is without a line per step.
+    """
+
+    def __init__(self, title: str, console=None, every: float = 30.0):
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True, highlight=False)
+        self.title = title
+        self.every = every
+        self._stage: str | None = None
+        self._last_print = 0.0
+        self._bars = None
+        self._task = None
+
+    def __enter__(self) -> "Steps":
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+            from rich.progress import TimeElapsedColumn
+
+            self._bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                  MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
+            self._bars.__enter__()
+            self._task = self._bars.add_task(self.title, total=None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bars is not None:
+            self._bars.__exit__(*exc)
+            self._bars = None
+
+    def update(self, stage: str, completed: int | None = None, total: int | None = None) -> None:
+        """Now in `stage`, `completed` of `total` steps done (both None: not counted)."""
+        count = f" {completed}/{total}" if completed is not None and total else ""
+        if self._bars is not None:
+            self._bars.update(self._task, description=f"{self.title}: {stage}", completed=completed or 0,
+                              total=total or None)
+            return
+        now = time.monotonic()
+        if stage != self._stage or (count and now - self._last_print >= self.every):
+            self.console.print(f"{self.title}: {stage}{count}", markup=False, soft_wrap=True)
+            self._stage, self._last_print = stage, now
