@@ -90,3 +90,11 @@ class Steps:
         if stage != self._stage or (count and now - self._last_print >= self.every):
             self.console.print(f"{self.title}: {stage}{count}", markup=False, soft_wrap=True)
             self._stage, self._last_print = stage, now
+
+
+def status(console, text: str):
+    """`console.status(text)` on a terminal; piped, the text as one line (a log shows each stage starting)."""
+    if console.is_terminal:
+        return console.status(text)
+    console.print(text, markup=False, soft_wrap=True)
+    return contextlib.nullcontext()
