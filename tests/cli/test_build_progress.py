@@ -69,7 +69,7 @@ def _alive(pid: int) -> bool:
 
 def test_build_prints_one_line_per_stage_when_piped(tmp_path):
     build = tmp_path / "native"
-    env = {**os.environ, "FAKE_CMAKE_PIDS": str(tmp_path / "pids")}
+    env = {**os.environ, "FAKE_CMAKE_PIDS": str(tmp_path / "pids"), "WIDE_PROGRESS_DELAY": "0"}
     done = subprocess.run([*_cli(tmp_path), "--build-dir", str(build)], capture_output=True, text=True, env=env,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -95,7 +95,7 @@ def test_build_output_parser_reads_ninja_make_and_aot_lines():
 
 def _interrupt_build(tmp_path, build: Path, sig) -> tuple[int, str, list[int]]:
     pids_file = tmp_path / "pids"
-    env = {**os.environ, "FAKE_CMAKE_PIDS": str(pids_file), "FAKE_CMAKE_HANG": "1"}
+    env = {**os.environ, "FAKE_CMAKE_PIDS": str(pids_file), "FAKE_CMAKE_HANG": "1", "WIDE_PROGRESS_DELAY": "0"}
     proc = subprocess.Popen([*_cli(tmp_path), "--build-dir", str(build)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -153,3 +153,25 @@ def test_interrupted_rebuild_keeps_the_existing_build_folder_without_temp_files(
         for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_piped_progress_prints_only_stages_that_take_long(monkeypatch):
+    """Piped, a stage is printed once it has run WIDE_PROGRESS_DELAY seconds: a quick one (or a bad input
+    found at once, whose error must stay the only line) prints nothing."""
+    import io
+
+    from rich.console import Console
+
+    from wide_export.progress import Steps
+
+    monkeypatch.setenv("WIDE_PROGRESS_DELAY", "0.3")
+    out = io.StringIO()
+    with Steps("job", console=Console(file=out, force_terminal=False)) as steps:
+        steps.update("quick")
+        steps.update("slow", 1, 10)
+        time.sleep(0.2)
+        steps.update("slow", 2, 10)
+        time.sleep(0.6)
+        steps.update("slow", 3, 10)  # within `every` (30 s) of the printed line: not printed
+        steps.say("window 1/2, layer 1/3")
+    assert out.getvalue().splitlines() == ["job: slow 2/10"]
