@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from wide_export.errors import WideError
-from wide_export.signals import check_interrupted, mark_published, signals_deferred
+from wide_export.signals import check_interrupted, mark_published, shielded, signals_deferred
 
 
 def check_output_dir(output: Path, force: bool, protect: tuple[Path | None, ...] = ()) -> Path:
@@ -138,13 +138,15 @@ def atomic_output_dir(output: Path, force: bool = False) -> Iterator[Path]:
     """
     output = check_output_dir(output, force)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should look like a mkdir
-    _OPEN[0] += 1
+    with shielded():  # a signal between mkdtemp and the `try` below would leave the folder: it waits
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should look like a mkdir
+        _OPEN[0] += 1
     try:
         try:
+            check_interrupted()  # a signal that arrived while the folder was being made
             yield tmp
         except Exception as err:
             full = _disk_full(err)

@@ -16,6 +16,19 @@ from typing import Iterator
 
 _INTERRUPTED = threading.Event()
 _PUBLISHED: list = []  # outputs this command published (outdir.atomic_output_dir)
+_STATE = {"depth": 0, "signal": None}  # nesting of interrupt_on_signals; the last signal raise_interrupt saw
+
+# Exit codes of an interrupted command, as a shell reports a process killed by the signal (128 + number).
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Interrupted(KeyboardInterrupt):
+    """A KeyboardInterrupt that says what the interrupted work left behind (`left`: one clause), after
+    its cleanup ran; the CLI prints `interrupted (SIGINT); <left>`."""
+
+    def __init__(self, left: str):
+        super().__init__(left)
+        self.left = left
 
 
 def raise_interrupt(signum, frame) -> None:
@@ -25,7 +38,50 @@ def raise_interrupt(signum, frame) -> None:
     exception is swallowed there, so long native calls also poll `interrupted()` afterwards.
     """
     _INTERRUPTED.set()
+    _STATE["signal"] = signum
     raise KeyboardInterrupt
+
+
+def last_signal() -> "signal.Signals | None":
+    """The signal that interrupted the current (or last) command, None for a plain KeyboardInterrupt."""
+    return _STATE["signal"]
+
+
+def interrupt_exit_code() -> int:
+    """130 after SIGINT (or a KeyboardInterrupt of unknown origin), 143 after SIGTERM."""
+    return EXIT_CODES.get(_STATE["signal"], 130)
+
+
+def interrupt_line(err: BaseException | None = None) -> str:
+    """The one line an interrupted command prints: which signal, and what is left."""
+    sig = _STATE["signal"]
+    name = signal.Signals(sig).name if sig is not None else "SIGINT"
+    left = getattr(err, "left", None) or "nothing was written"
+    return f"interrupted ({name}); {left}"
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Work that must not be cut in half: within the block SIGINT/SIGTERM are recorded, not raised (a second
+    Ctrl-C while child processes are being stopped and temp folders removed does not leave half of them);
+    check_interrupted() after the block raises what was recorded. Only inside interrupt_on_signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def record(signum, frame) -> None:
+        _INTERRUPTED.set()
+        _STATE["signal"] = _STATE["signal"] or signum
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler is raise_interrupt:  # only ours (inside interrupt_on_signals); others are left as they are
+            signal.signal(sig, record)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def interrupted() -> bool:
@@ -92,10 +148,11 @@ def interrupt_on_signals() -> Iterator[None]:
     would print it as "Exception ignored ... Traceback". It is already recorded (raise_interrupt set
     the flag that check_interrupted() and the publish step read), so within the block such reports
     are dropped; any other unraisable exception is reported as before."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or _STATE["depth"]:
+        yield  # another thread, or nested in a block that already handles both signals
         return
     _INTERRUPTED.clear()  # a new command: interrupts of an earlier one (same process) do not count
+    _STATE["signal"] = None  # last_signal() keeps this command's signal after the block, for its exit code
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig, handler in previous.items():
         if handler is not signal.SIG_IGN:
@@ -107,6 +164,7 @@ def interrupt_on_signals() -> Iterator[None]:
             report_unraisable(info)
 
     sys.unraisablehook = unraisable
+    _STATE["depth"] += 1
     try:
         yield
     except KeyboardInterrupt:
@@ -116,6 +174,7 @@ def interrupt_on_signals() -> Iterator[None]:
             raise KeyboardInterrupt from None
         raise
     finally:
+        _STATE["depth"] -= 1
         sys.unraisablehook = report_unraisable
         for sig, handler in previous.items():
             signal.signal(sig, handler)

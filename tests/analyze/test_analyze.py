@@ -254,3 +254,58 @@ def test_an_export_of_another_model_is_one_clear_error(ckpt, export, tmp_path):
     (other / "model.onnx").write_bytes(b"")
     line = assert_one_line_error(_cli("--model", folder, "--text", text, "--onnx", other))
     assert "num_layers=3" in line and "export of this --model" in line
+
+
+def test_cpu_interpreter_timings_are_refused_before_the_model_loads(ckpt, tmp_path):
+    """A kernels.json from `bench kernels` on CPU (Triton interpreter) predicts 0.01x-style nonsense: refused."""
+    folder, text = ckpt
+    bench = tmp_path / "kernels.json"
+    bench.write_text(json.dumps({"device": "cpu (Triton interpreter)", "arch": "interpreter",
+                                 "rows": [_bench_row("n", 16, 1, 0.5, 0.01)]}))
+    line = assert_one_line_error(_cli("--model", folder, "--text", text, "--kernels-json", bench))
+    assert "CPU timings" in line and "Triton interpreter" in line and "no speed-up is predicted" in line
+
+
+def test_progress_names_the_window_and_the_layer(ckpt):
+    folder, text = ckpt
+    said: list[str] = []
+    report = analyze_text(folder, text, window=WINDOW, progress=said.append)
+    for n in range(1, report.windows + 1):
+        for side in ("WIDE", "dense"):
+            head = f"window {n}/{report.windows} ("
+            assert any(m.startswith(head) and m.endswith(f", {side}, layer 2/2") for m in said), (n, side, said)
+
+
+def test_piped_progress_is_one_line_per_window(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("WIDE_PROGRESS_DELAY", "0")  # every stage, however quick
+    folder, text = ckpt
+    res = _cli("--model", folder, "--text", text, "--window", WINDOW, "--output", tmp_path / "o")
+    assert res.exit_code == 0, res.output
+    windows = json.loads((tmp_path / "o" / "analyze.json").read_text())["windows"]
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("analyze: window ")]
+    assert len(lines) == windows and lines[0].startswith(f"analyze: window 1/{windows} (")
+
+
+def test_the_plot_legend_leaves_the_predicted_lines_visible(ckpt, tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from wide_export.analyze.report import write_plot
+
+    folder, text = ckpt
+    rows = [_bench_row(k, 16, t, s, 1.5) for k in ("n", "gated", "k") for t in (1, WINDOW) for s in (0.25, 0.75)]
+    bench = tmp_path / "kernels.json"
+    bench.write_text(json.dumps({"rows": rows}))
+    report = analyze_text(folder, text, window=WINDOW, kernels_json=bench)
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    write_plot(report, tmp_path / "analyze.png")
+    fig = saved[0]
+    fig.canvas.draw()
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 1
+    labels = [t.get_text() for t in legends[0].get_texts()]
+    assert "predicted decode speed-up" in labels and "predicted prefill speed-up" in labels
+    box = legends[0].get_window_extent()
+    for ax in fig.axes:  # the legend covers no data area (nor the x label)
+        assert not box.overlaps(ax.get_window_extent()), (box, ax.get_window_extent())
+        assert not box.overlaps(ax.xaxis.label.get_window_extent())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,25 @@ def test_interrupt_leaves_nothing(tmp_path, monkeypatch):
                          ids=["missing", "empty"])
 def test_verify_of_a_folder_that_is_not_an_export(tmp_path, make):
     run_fails(["verify", "--onnx", str(make(tmp_path))], "is not a wide-export ONNX folder")
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4,
+                                     pickle.dumps({"x": {1, 2}}, protocol=4)], ids=["random", "pickle-of-a-set"])
+def test_a_router_file_torch_refuses_gets_a_whole_reason(ckpt, tmp_path, content):
+    """torch's weights-only message is a paragraph about its defaults: the line says why in whole words
+    (it used to stop at '... Re-running `torch.'), and torch's pickle-protocol warning is no second line."""
+    bad = tmp_path / "rand.pth"
+    bad.write_bytes(content)
+    line = run_fails(["onnx", "--model", str(ckpt), "--router", str(bad), "-o", str(tmp_path / "o")],
+                     "not a torch.save file of tensors (torch.load(weights_only=True) refused its content: "
+                     "Unsupported operand", out=tmp_path / "o")
+    assert "In PyTorch 2.6" not in line and "Re-running" not in line
+    assert line.endswith(") (hint: pass the router .pth written by the WIDE trainer)"), line
+
+
+def test_load_failure_cuts_other_messages_at_a_word():
+    from wide_export.checkpoint.torchfile import load_failure
+
+    said = load_failure(ValueError("word " * 100))
+    assert said.endswith("word ...") and len(said) <= 165
+    assert load_failure(ValueError("short reason\nmore")) == "short reason"

@@ -114,7 +114,7 @@ def test_ctrl_c_while_the_command_modules_import_is_one_line():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 130, done.stderr
-    assert done.stderr.strip().splitlines() == ["interrupted; nothing was written"], done.stderr
+    assert done.stderr.strip().splitlines() == ["interrupted (SIGINT); nothing was written"], done.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -73,7 +73,26 @@ def test_bench_kernels_tiny_preset_runs_the_kernels_on_cpu(cli, tmp_path):
         assert r["max_rel_error"] < 1e-2, r
         assert r["auto_algo"] in r["algo_ms"]
         assert set(r["algo_ms"]) >= ({"gemv"} if r["tokens"] == 1 else {"tile"})
-    assert (tmp_path / "policy-interpreter.json").is_file()
+    # Interpreter timings mean nothing: no policy file, no met/missed verdicts, marked in JSON and plot.
+    assert not (tmp_path / "policy-interpreter.json").exists()
+    assert "missed" not in res.output and "met " not in res.output and "measured auto policy" not in res.output
+    assert data["timings_meaningful"] is False and data["targets"] == [] and data["measured_policy"] is None
+    assert "Triton interpreter" in data["timings_note"]
+
+
+def test_the_interpreter_plot_says_its_timings_mean_nothing(monkeypatch, tmp_path):
+    import matplotlib.figure
+
+    from wide_export.bench.kernels import Report, write_plot
+
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    write_plot(Report("cpu (Triton interpreter)", "interpreter", "fp16", "tiny", 1.0, [_row("n", 1, 0.01)]),
+               tmp_path / "k.png")
+    fig = saved[0]
+    texts = [fig._suptitle.get_text()] + [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("timings mean nothing" in t for t in texts)
+    assert all("cuBLAS" not in ax.get_ylabel() and "meaningless" in ax.get_ylabel() for ax in fig.axes)
 
 
 def _row(kernel, tokens, speedup, gs=128, bw=None, err=1e-3, algo_ms=None, auto="gemv"):

@@ -170,3 +170,26 @@ def test_tensorrt_repository_from_a_real_engine(demo_onnx, tmp_path):
     assert settings["max_prompt_tokens"] == limits["max_input_len"]
     assert parse_config(repo / "wide_llm" / "config.pbtxt").max_batch_size == min(8, limits["max_batch"])
     assert manifest["tensorrt"]["version"] in (repo / "README.md").read_text()
+
+
+def test_tensorrt_rtx_engines_are_warned_about_before_writing(tmp_path, capsys):
+    """Triton's tensorrt backend cannot load TensorRT-RTX engines: said at generation time, not at serve."""
+    write_engine_folder(tmp_path / "engines")  # the manifest says tensorrt_rtx 1.7.1
+    generate_repository(tmp_path / "repo", engines=tmp_path / "engines")
+    err = capsys.readouterr().err
+    assert "holds TensorRT-RTX engines (tensorrt_rtx 1.7.1)" in err and "cannot load them" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_engines_with_the_onnxruntime_backend_get_a_hint(tmp_path):
+    from typer.testing import CliRunner
+
+    from tests.helpers import assert_one_line_error
+    from wide_export.cli import app
+
+    write_engine_folder(tmp_path / "engines")
+    result = CliRunner().invoke(app, ["triton", "--engines", str(tmp_path / "engines"), "--backend", "onnxruntime",
+                                      "--output", str(tmp_path / "repo")])
+    line = assert_one_line_error(result)
+    assert "onnxruntime flavour needs --onnx DIR, not --engines" in line and "(hint: pass --onnx" in line
+    assert not (tmp_path / "repo").exists()

@@ -316,3 +316,80 @@ def test_bf16_flag_errors_are_one_line(bias_exports, tmp_path):
     line = assert_one_line_error(_run_cli(["--onnx", str(bias_exports[1]), "--output", str(tmp_path / "b"),
                                            "--fp16", "--bf16", *SMALL]))
     assert "exclude" in line
+
+
+def test_an_output_inside_the_onnx_folder_is_refused(demo_onnx, tmp_path):
+    """The engines would land among the export's files (and `triton --onnx` would then copy them along)."""
+    before = sorted(p.name for p in demo_onnx.iterdir())
+    for inside in (demo_onnx / "engine", demo_onnx / "sub" / "engine"):
+        result = _run_cli(["--onnx", str(demo_onnx), "--output", str(inside), "--force", *SMALL])
+        line = assert_one_line_error(result)
+        assert "is inside the ONNX folder" in line and "(hint: choose an --output outside it" in line
+    assert sorted(p.name for p in demo_onnx.iterdir()) == before
+
+
+def test_fp16_of_an_fp16_export_says_there_is_nothing_to_convert(tmp_path, monkeypatch, capsys):
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.export.onnx_export import export_onnx
+    from wide_export.trt import build
+
+    export_onnx(load_wide_model(None, dtype="float16"), tmp_path / "onnx")
+
+    def stop(*_a, **_k):
+        raise RuntimeError("stop before TensorRT")
+
+    monkeypatch.setattr(build, "_build", stop)
+    monkeypatch.setattr(build, "_fp16_graph", lambda *a: pytest.fail("an fp16 export must not be converted"))
+    with pytest.raises(RuntimeError, match="stop before TensorRT"):
+        build.build_engine_here(onnx_dir=str(tmp_path / "onnx"), output_dir=str(tmp_path / "out"), fp16=True)
+    err = capsys.readouterr().err
+    assert "note: --fp16:" in err and "is already float16, nothing to convert" in err
+
+
+def test_an_interrupted_build_prints_our_line_only(demo_onnx, tmp_path):
+    """Ctrl-C while TensorRT builds: no `[E] ... BuildCanceled` / `Invalid Engine` lines before ours."""
+    import signal
+    import subprocess
+    import threading
+    import time
+    from pathlib import Path
+
+    pytest.importorskip("tensorrt_rtx")
+    proc = subprocess.Popen([sys.executable, "-m", "wide_export", "trt", "--onnx", str(demo_onnx), "--output",
+                             str(tmp_path / "out"), "--max-batch", "4", "--max-input-len", "256", "--max-seq-len",
+                             "512"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "WIDE_TRT_PLUGIN_LIB": ""},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+
+    def building() -> bool:  # the TensorRT-RTX child process has started
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and b"wide_export.trt._child" in (entry / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                pass
+        return False
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (building() and "position_ids has Int64" in "".join(lines)):  # parsed: the build runs
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)  # inside TensorRT's build
+        assert proc.poll() is None, "the build finished before the signal: " + "".join(lines)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(lines)
+    assert proc.returncode == 130, err
+    assert "[E]" not in err and "BuildCanceled" not in err and "Invalid Engine" not in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "interrupted (SIGINT); nothing was written", err
+    assert list(tmp_path.iterdir()) == []

@@ -32,6 +32,12 @@ def load_rows(path: Path) -> list[dict]:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise WideError(f"{path} is not a kernel benchmark's JSON ({type(err).__name__}: {err})",
                         "pass the kernels.json written by `wide-export bench kernels`") from None
+    device, arch = str(data.get("device", "")), str(data.get("arch", ""))
+    if arch == "interpreter" or "interpreter" in device or device.startswith("cpu"):
+        raise WideError(f"{path} holds CPU timings ({device or arch}, the Triton interpreter): they say nothing "
+                        "about GPU speed, so no speed-up is predicted from them",
+                        "pass a kernels.json from `wide-export bench kernels` on the GPU you deploy to, or leave "
+                        "--kernels-json out")
     random = [r for r in rows if r["mask"] == "random"]
     return random or rows
 

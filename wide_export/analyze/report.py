@@ -62,7 +62,7 @@ def write_plot(report, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(report.layers) + 3), 3.8))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(report.layers) + 3), 4.2), layout="constrained")
     for kind, color, dx in (("attention", "tab:blue", -0.1), ("ffn", "tab:orange", 0.1)):
         pts = [(r.layer, getattr(r, kind)) for r in report.layers if getattr(r, kind) is not None]
         if not pts:
@@ -75,17 +75,19 @@ def write_plot(report, path: Path) -> bool:
     ax.set_xlabel("layer")
     ax.set_ylabel("fraction of groups skipped")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(loc="upper left", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
     if report.predicted_total:
         ax2 = ax.twinx()
         for phase, style in zip(report.predicted_total, ("s--", "^:")):
             ax2.plot([r.layer for r in report.layers], [r.predicted[phase] for r in report.layers], style,
                      color="gray", label=f"predicted {phase} speed-up")
         ax2.set_ylabel("predicted speed-up (x)")
-        ax2.legend(loc="upper right", fontsize=8)
+        more = ax2.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
     ax.set_title(f"WIDE realized sparsity; ppl dense {report.ppl_dense:.2f} vs WIDE {report.ppl_wide:.2f}",
                  fontsize=10)
-    fig.tight_layout()
+    # One legend below the axes, outside the data: inside, it covered the predicted decode line.
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

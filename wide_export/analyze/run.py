@@ -73,7 +73,6 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
 
     from wide_export.analyze.text import load_tokenizer, read_text, windows
     from wide_export.checkpoint import load_wide_model
-    from wide_export.model.modeling import Collector
 
     say = progress or (lambda _m: None)
     if window < 2:
@@ -116,29 +115,20 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
     group_runs: dict[tuple[int, str], object] = {}
     window_masks: list[dict] = []  # per window {(layer, kind): mask numpy}, for --onnx
     nll = {"wide": 0.0, "dense": 0.0}
-    count = 0
-    with torch.no_grad():
-        for n, chunk in enumerate(chunks):
-            say(f"window {n + 1}/{len(chunks)} ({len(chunk)} tokens)")
-            x = torch.tensor([chunk], dtype=torch.long)
-            args = (x, torch.ones_like(x), torch.arange(x.shape[1])[None], model.empty_cache(1))
-            collect = Collector()
-            model.set_force_execute(False)
-            logits, _ = model(*args, collect=collect)
-            nw, c = _nll(logits, x)
-            nll["wide"] += nw
-            count += c
-            for i, masks in enumerate(collect.masks):
-                for kind, m in masks.items():  # [1, T, G] int32, 1 = execute
-                    per_token.setdefault((i, kind), []).append(1.0 - m[0].double().mean(-1))
-                    runs = m[0].double().sum(0)  # per group: tokens that execute it
-                    group_runs[i, kind] = runs if (i, kind) not in group_runs else group_runs[i, kind] + runs
-            if session is not None:
-                window_masks.append({(i, kind): m.numpy() for i, masks in enumerate(collect.masks)
-                                     for kind, m in masks.items()})
-            model.set_force_execute(True)
-            logits, _ = model(*args)
-            nll["dense"] += _nll(logits, x)[0]
+    counted = [0]
+    # Progress inside a window too: a 32k-token window is minutes of one forward pass per side.
+    where = {"text": ""}
+    layers = model.model.layers
+    hooks = [layer.register_forward_hook(lambda _m, _i, _o, i=i: say(f"{where['text']}, layer {i + 1}/"
+                                                                      f"{len(layers)}"))
+             for i, layer in enumerate(layers)]
+    try:
+        _run_windows(model, chunks, where, say, per_token, group_runs, window_masks, nll, session is not None,
+                     counted)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    count = counted[0]
     model.set_force_execute(False)
 
     report = AnalysisReport(model=str(model_dir), text=str(text_path), tokens=sum(map(len, chunks)), window=window,
@@ -169,3 +159,36 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
 
         predict(report, cfg, rows, Path(kernels_json).name)
     return report
+
+
+def _run_windows(model, chunks, where, say, per_token, group_runs, window_masks, nll, keep_masks: bool,
+                 counted) -> None:
+    """Each window through the model twice (routed, then routers forced on), accumulating the statistics."""
+    import torch
+
+    from wide_export.model.modeling import Collector
+
+    with torch.no_grad():
+        for n, chunk in enumerate(chunks):
+            where["text"] = f"window {n + 1}/{len(chunks)} ({len(chunk)} tokens), WIDE"
+            say(where["text"])
+            x = torch.tensor([chunk], dtype=torch.long)
+            args = (x, torch.ones_like(x), torch.arange(x.shape[1])[None], model.empty_cache(1))
+            collect = Collector()
+            model.set_force_execute(False)
+            logits, _ = model(*args, collect=collect)
+            nw, c = _nll(logits, x)
+            nll["wide"] += nw
+            counted[0] += c
+            for i, masks in enumerate(collect.masks):
+                for kind, m in masks.items():  # [1, T, G] int32, 1 = execute
+                    per_token.setdefault((i, kind), []).append(1.0 - m[0].double().mean(-1))
+                    runs = m[0].double().sum(0)  # per group: tokens that execute it
+                    group_runs[i, kind] = runs if (i, kind) not in group_runs else group_runs[i, kind] + runs
+            if keep_masks:
+                window_masks.append({(i, kind): m.numpy() for i, masks in enumerate(collect.masks)
+                                     for kind, m in masks.items()})
+            model.set_force_execute(True)
+            where["text"] = where["text"].replace(", WIDE", ", dense")
+            logits, _ = model(*args)
+            nll["dense"] += _nll(logits, x)[0]

@@ -66,8 +66,16 @@ def _run(cmd: list[str], check: bool = True) -> dict[str, Any]:
     check=False accepts exit 1 (a verification that ran and failed)."""
     with tempfile.TemporaryFile("w+") as log:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
-        _, status, usage = os.wait4(proc.pid, 0)
+        # Its own process group: Ctrl-C / SIGTERM of the benchmark stops it (and what it started) before the
+        # temp folder it writes into is removed.
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            from wide_export.childproc import stop_group
+
+            stop_group(proc)
+            raise
         seconds = time.perf_counter() - start
         proc.returncode = code = os.waitstatus_to_exitcode(status)
         if code and (check or code != 1):
@@ -138,39 +146,21 @@ def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = No
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise WideError(f"unknown export kind {bad[0]!r}", f"choose from {', '.join(KINDS)}")
+    if work_dir is not None and not Path(work_dir).is_dir():
+        raise WideError(f"--work-dir {work_dir} is not a folder",
+                        "create it first, or leave --work-dir out to use the system temp folder")
     console = console or Console(stderr=True)
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="wide-bench-", dir=work_dir) as tmp:
-        for spec in specs:
-            ckpt = Path(tmp) / f"ckpt-{spec.num_layers}"
-            with console.status(f"writing a {preset} checkpoint with {spec.num_layers} layers ..."):
-                # in a child process: this one stays small, for a child's ru_maxrss counts the RSS it
-                # inherited at fork (Linux keeps the pre-exec high-water mark)
-                _run([sys.executable, "-m", "wide_export.bench.export", "checkpoint", preset,
-                      str(spec.num_layers), str(ckpt)])
-            weights_mb, largest_mb = _weights_mb(ckpt)
-            for kind in kinds:
-                out = Path(tmp) / f"{kind}-{spec.num_layers}"
-                with console.status(f"{kind} export, {spec.num_layers} layers, in a fresh process ..."):
-                    row = export_once(kind, ckpt, out)
-                row.update(kind=kind, preset=preset, layers=spec.num_layers, weights_mb=weights_mb,
-                           largest_tensor_mb=largest_mb)
-                rows.append(row)
-                console.print(f"[green]✓[/] {kind:<5} {spec.num_layers:>3} layers: {row['seconds']:6.1f} s, "
-                              f"peak RSS {row['peak_rss_mb'] / 1024:.2f} GiB")
-                if verify and kind == "wide":
-                    with console.status(f"verifying the {spec.num_layers}-layer export, sliced, in a fresh "
-                                        "process ..."):
-                        check = verify_once(out)
-                    check.update(kind="verify", preset=preset, layers=spec.num_layers, weights_mb=weights_mb,
-                                 largest_tensor_mb=largest_mb)
-                    rows.append(check)
-                    console.print(f"{'[green]✓[/]' if check['passed'] else '[red]✗[/]'} verify "
-                                  f"{spec.num_layers:>3} layers: {check['seconds']:6.1f} s, peak RSS "
-                                  f"{check['peak_rss_mb'] / 1024:.2f} GiB, "
-                                  f"{'PASSED' if check['passed'] else 'FAILED'}")
-                shutil.rmtree(out)
-            shutil.rmtree(ckpt)
+    tmp = tempfile.mkdtemp(prefix="wide-bench-", dir=work_dir)
+    try:
+        rows = _sweep(console, tmp, preset, specs, kinds, verify)
+    except KeyboardInterrupt:
+        from wide_export.signals import Interrupted, shielded
+
+        with shielded():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise Interrupted(f"stopped the export in progress and removed {tmp}; no results were written") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     _table(console, preset, rows)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -180,6 +170,43 @@ def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = No
     plot = plot_results(rows, output.with_suffix(".png"))
     if plot:
         console.print(f"plot: {plot}")
+    return rows
+
+
+def _sweep(console, tmp: str, preset: str, specs, kinds, verify: bool) -> list[dict[str, Any]]:
+    from wide_export.progress import status
+
+    rows: list[dict[str, Any]] = []
+    for spec in specs:
+        ckpt = Path(tmp) / f"ckpt-{spec.num_layers}"
+        with status(console, f"writing a {preset} checkpoint with {spec.num_layers} layers ..."):
+            # in a child process: this one stays small, for a child's ru_maxrss counts the RSS it
+            # inherited at fork (Linux keeps the pre-exec high-water mark)
+            _run([sys.executable, "-m", "wide_export.bench.export", "checkpoint", preset,
+                  str(spec.num_layers), str(ckpt)])
+        weights_mb, largest_mb = _weights_mb(ckpt)
+        for kind in kinds:
+            out = Path(tmp) / f"{kind}-{spec.num_layers}"
+            with status(console, f"{kind} export, {spec.num_layers} layers, in a fresh process ..."):
+                row = export_once(kind, ckpt, out)
+            row.update(kind=kind, preset=preset, layers=spec.num_layers, weights_mb=weights_mb,
+                       largest_tensor_mb=largest_mb)
+            rows.append(row)
+            console.print(f"[green]✓[/] {kind:<5} {spec.num_layers:>3} layers: {row['seconds']:6.1f} s, "
+                          f"peak RSS {row['peak_rss_mb'] / 1024:.2f} GiB")
+            if verify and kind == "wide":
+                with status(console, f"verifying the {spec.num_layers}-layer export, sliced, in a fresh "
+                                    "process ..."):
+                    check = verify_once(out)
+                check.update(kind="verify", preset=preset, layers=spec.num_layers, weights_mb=weights_mb,
+                             largest_tensor_mb=largest_mb)
+                rows.append(check)
+                console.print(f"{'[green]✓[/]' if check['passed'] else '[red]✗[/]'} verify "
+                              f"{spec.num_layers:>3} layers: {check['seconds']:6.1f} s, peak RSS "
+                              f"{check['peak_rss_mb'] / 1024:.2f} GiB, "
+                              f"{'PASSED' if check['passed'] else 'FAILED'}")
+            shutil.rmtree(out)
+        shutil.rmtree(ckpt)
     return rows
 
 
@@ -211,6 +238,8 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> Path | None:
     except ImportError:
         return None
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    if len({r["layers"] for r in rows}) == 1:  # one model size: a line through one point says nothing; bars do
+        return _plot_bars(plt, fig, ax_t, ax_m, rows, path)
     for kind in (*KINDS, "verify"):
         rs = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["weights_mb"])
         if not rs:
@@ -220,12 +249,32 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> Path | None:
         ax_m.plot(x, [r["peak_rss_mb"] / 1024 for r in rs], "o-", label=kind)
         for r, xi in zip(rs, x):
             ax_t.annotate(f"{r['layers']}L", (xi, r["seconds"]), fontsize=7)
-    ax_m.plot(x, x, ":", color="grey", label="weights")
+    sizes = sorted({r["weights_mb"] / 1024 for r in rows})
+    ax_m.plot(sizes, sizes, ":", color="grey", label="weights")
     ax_t.set(xlabel="weights (GiB, fp16)", ylabel="export time (s)", title="time")
     ax_m.set(xlabel="weights (GiB, fp16)", ylabel="peak RSS (GiB)", title="memory")
     for ax in (ax_t, ax_m):
         ax.grid(alpha=0.3)
         ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def _plot_bars(plt, fig, ax_t, ax_m, rows: list[dict[str, Any]], path: Path) -> Path:
+    """One bar per run (export kind, verify) for time and peak RSS, the weight size as a reference line."""
+    names = [r["kind"] for r in rows]
+    colors = [f"C{i}" for i in range(len(rows))]
+    ax_t.bar(names, [r["seconds"] for r in rows], color=colors)
+    ax_m.bar(names, [r["peak_rss_mb"] / 1024 for r in rows], color=colors)
+    weights = rows[0]["weights_mb"] / 1024
+    ax_m.axhline(weights, ls=":", color="grey", label=f"weights {weights:.2f} GiB")
+    ax_m.legend()
+    ax_t.set(ylabel="time (s)", title=f"time, {rows[0]['layers']} layers")
+    ax_m.set(ylabel="peak RSS (GiB)", title="memory")
+    for ax in (ax_t, ax_m):
+        ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -60,6 +60,10 @@ PRESETS = {
 TINY_SHAPES = [("tiny", "q", 64, 48, "n"), ("tiny", "gate_up", 64, 48, "gated"), ("tiny", "down", 48, 64, "k")]
 
 
+INTERPRETER_NOTE = ("CPU run through the Triton interpreter: the kernels' code ran, but their timings (and the "
+                    "speed-ups against torch's CPU matmul) say nothing about a GPU")
+
+
 @dataclass
 class Row:
     kernel: str
@@ -328,8 +332,14 @@ def target_checks(report: Report) -> list[tuple[str, bool, str]]:
 def write_json(report: Report, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(report)
-    data["measured_policy"] = measured_policy(report)
-    data["targets"] = [{"target": n, "met": ok, "evidence": ev} for n, ok, ev in target_checks(report)]
+    data["timings_meaningful"] = report.arch != "interpreter"
+    if report.arch == "interpreter":  # CPU interpreter: no policy or target verdicts from its timings
+        data["timings_note"] = INTERPRETER_NOTE
+        data["measured_policy"] = None
+        data["targets"] = []
+    else:
+        data["measured_policy"] = measured_policy(report)
+        data["targets"] = [{"target": n, "met": ok, "evidence": ev} for n, ok, ev in target_checks(report)]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)
@@ -345,6 +355,7 @@ def write_plot(report: Report, path: Path) -> bool:
     except ImportError:
         return False
     panels = sorted({(r.kernel, r.shape) for r in report.rows})
+    interp = report.arch == "interpreter"
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (kind, shape) in zip(axes[0], panels):
         for gs in sorted({r.group_size for r in report.rows}):
@@ -357,9 +368,14 @@ def write_plot(report: Report, path: Path) -> bool:
         ax.set_xscale("log", base=2)
         ax.set_title(f"{kind} {shape}")
         ax.set_xlabel("tokens")
-        ax.set_ylabel("speedup vs cuBLAS")
+        ax.set_ylabel("speedup vs dense (CPU interpreter: meaningless)" if interp else "speedup vs cuBLAS")
         ax.legend(fontsize=7)
-    fig.suptitle(f"WIDE kernels vs dense ({report.device}, {report.dtype})")
+        if interp:
+            ax.text(0.5, 0.5, "CPU INTERPRETER\ntimings mean nothing", transform=ax.transAxes, ha="center",
+                    va="center", fontsize=14, color="red", alpha=0.35, rotation=20)
+    fig.suptitle(f"WIDE kernels vs dense ({report.device}, {report.dtype})"
+                 + ("\nCPU run through the Triton interpreter: the timings mean nothing" if interp else ""),
+                 color="red" if interp else "black")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -372,8 +388,10 @@ def speedup_table(report: Report):
     from rich.table import Table
 
     tokens = sorted({r.tokens for r in report.rows})
-    table = Table(title=f"speedup vs cuBLAS ({report.device}, {report.dtype}; copy bw "
-                        f"{report.copy_bandwidth_gbs:.0f} GB/s)")
+    title = (f"speedup vs cuBLAS ({report.device}, {report.dtype}; copy bw {report.copy_bandwidth_gbs:.0f} GB/s)"
+             if report.arch != "interpreter" else
+             f"speedup vs torch's CPU matmul ({report.device}, {report.dtype}): INTERPRETER TIMINGS, MEANINGLESS")
+    table = Table(title=title)
     for col in ("kernel", "shape", "gs", "s", "mask"):
         table.add_column(col)
     for t in tokens:

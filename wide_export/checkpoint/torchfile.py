@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 import zipfile
 from pathlib import Path
 
 from wide_export.errors import WideError
 
 LAYER_KEY = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.(.+)$")
+
+
+def load_failure(err: BaseException, limit: int = 160) -> str:
+    """Why torch.load refused a file, as one whole clause: torch's weights-only message is a paragraph about
+    its defaults whose reason (`Unsupported operand 149`) comes last; anything else is cut at a word."""
+    text = str(err).strip()
+    if "Weights only load failed" in text:
+        reason = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, re.S)
+        detail = f": {' '.join(reason.group(1).split())}" if reason else ""
+        return f"torch.load(weights_only=True) refused its content{detail}"[:limit * 2]
+    first = text.splitlines()[0] if text else type(err).__name__
+    if len(first) <= limit:
+        return first
+    return first[:limit].rsplit(" ", 1)[0].rstrip(" ,;:") + " ..."
 
 
 def load_tensor_dict(path: Path, what: str) -> dict:
@@ -23,11 +38,12 @@ def load_tensor_dict(path: Path, what: str) -> dict:
     if is_zip:
         check_inflated_size(path, what)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+        with warnings.catch_warnings():  # torch's "Detected pickle protocol 4" warning is a second line
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
     except Exception as err:  # pickle, zip and unpickler-policy errors all mean the same to a user
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise WideError(
-            f"cannot read {what} file {path}: not a torch.save file of tensors ({first[:160]})",
+            f"cannot read {what} file {path}: not a torch.save file of tensors ({load_failure(err)})",
             f"pass the {what} .pth written by the WIDE trainer",
         ) from None
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):

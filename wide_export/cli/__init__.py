@@ -58,9 +58,11 @@ def main(argv: list[str] | None = None) -> None:
 
         report_error(err)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted; nothing was written", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as err:
+        from wide_export.signals import interrupt_exit_code, interrupt_line
+
+        print(interrupt_line(err), file=sys.stderr)
+        sys.exit(interrupt_exit_code())
 
 
 def __getattr__(name: str):

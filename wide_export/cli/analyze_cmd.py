@@ -38,10 +38,13 @@ def analyze(
     from wide_export.analyze.report import summary_lines, table, write_json, write_plot
     from wide_export.analyze.run import analyze_text
 
+    from wide_export.progress import Steps
+
     console = Console(highlight=False, width=max(Console().width, 110))  # the table needs ~100 columns
-    with console.status("analyzing") as status:
+    # Progress on stderr: the window and layer on a terminal, one line per window when piped.
+    with Steps("analyze", console=Console(stderr=True, highlight=False)) as steps:
         report = analyze_text(model, text, router=router, lora=lora, lora_scale=lora_scale, window=window,
-                              kernels_json=kernels_json, onnx_dir=onnx, progress=status.update, tp=tp)
+                              kernels_json=kernels_json, onnx_dir=onnx, progress=steps.say, tp=tp)
     console.print(table(report))
     for line in summary_lines(report):
         console.print(line)

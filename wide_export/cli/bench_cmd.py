@@ -20,8 +20,9 @@ def bench_export(
                                                        "4, 8, 16 for llama-3.2-1b, else the preset's.")] = None,
     dense: Annotated[bool, typer.Option("--dense/--no-dense", help="Also export the checkpoint densely with "
                                         "torch.onnx.export (holds every weight: skip it at 8B).")] = True,
-    work_dir: Annotated[Optional[Path], typer.Option(help="Where the checkpoints are written (GBs; default "
-                                                     "the system temp folder).")] = None,
+    work_dir: Annotated[Optional[Path], typer.Option(help="Existing folder where the checkpoints are written "
+                                                     "(GBs; default the system temp folder); removed again at "
+                                                     "the end, also on Ctrl-C or SIGTERM.")] = None,
     output: Annotated[Path, typer.Option(help="JSON results (the plot goes beside it, .png).")] = Path(
         "bench-results/export.json"),
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Also time `wide-export verify --sliced` "

@@ -25,17 +25,24 @@ def build(
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs "
                                                 "(default: all cores).", show_default=False)] = None,
 ) -> None:
-    """Build the CUDA kernel library and the TensorRT plugin library in one go."""
+    """Build the CUDA kernel library and the TensorRT plugin library in one go.
+
+    Shows its progress (configure, the Triton AOT compile count, nvcc, link; one line per stage when
+    piped); the full output goes to build.log in the build folder. Ctrl-C or SIGTERM stops CMake and every
+    compiler it started; a build folder this run created is removed. Triton caches compiled kernels in
+    ~/.triton/cache ($TRITON_CACHE_DIR): a rebuild for the same architectures takes seconds, not minutes.
+    """
     from rich.console import Console
 
     from wide_export.native.build import build_native
+    from wide_export.progress import Steps
 
-    console = Console(highlight=False)
-    with console.status("configuring plugins/ with CMake") as status:
+    console = Console(highlight=False, soft_wrap=True)  # whole paths, also when piped
+    with Steps("build", console=Console(stderr=True, highlight=False)) as steps:
         result = build_native(
             build_dir=build_dir, cuda_archs=cuda_arch, tensorrt_root=tensorrt_root,
             tensorrt_include_dir=tensorrt_include_dir, tensorrt_lib_dir=tensorrt_lib_dir, jobs=jobs,
-            on_step=lambda step: status.update(f"{step} (log: build.log in the build folder)"),
+            on_progress=steps.update,
         )
     console.print(f"[green]built[/] into {result.build_dir}")
     for lib in result.libraries:

@@ -22,25 +22,29 @@ def report_error(err: WideError) -> None:
 
 
 def user_errors(fn: F) -> F:
-    """Turn WideError into one red line + exit 2, Ctrl-C into exit 130."""
+    """Turn WideError into one red line + exit 2; Ctrl-C (SIGINT) and SIGTERM into one line saying what is
+    left and exit 130 / 143, for every command alike (SIGTERM raises KeyboardInterrupt within the command, so
+    its `finally` blocks stop child processes and remove temp folders as for Ctrl-C)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from wide_export.signals import forget_published, published
+        from wide_export.signals import (forget_published, interrupt_exit_code, interrupt_line,
+                                         interrupt_on_signals, published)
 
         forget_published()
         try:
-            return fn(*args, **kwargs)
+            with interrupt_on_signals():
+                return fn(*args, **kwargs)
         except WideError as err:
             report_error(err)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             done = published()
             if done:  # the interrupt came after the output was complete and in place: it stays, a success
                 typer.echo(f"interrupted after {done[-1]} was written completely; it is kept", err=True)
                 raise typer.Exit(0) from None
-            typer.echo("interrupted; nothing was written", err=True)
-            raise typer.Exit(130) from None
+            typer.echo(interrupt_line(err), err=True)
+            raise typer.Exit(interrupt_exit_code()) from None
 
     return wrapper  # type: ignore[return-value]
 

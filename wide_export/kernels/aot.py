@@ -179,8 +179,8 @@ def build(out_dir: Path, archs: list[int], jobs: int = 0, log=print) -> list[dic
         futures = [pool.submit(compile_spec, s, a) for s, a in work]
         for i, fut in enumerate(cf.as_completed(futures), 1):
             results.append(fut.result())
-            if i % 20 == 0 or i == len(work):
-                log(f"aot: {i}/{len(work)} compiled ({time.time() - t0:.0f} s)")
+            # every one: `wide-export build` draws its progress bar from these lines
+            log(f"aot: {i}/{len(work)} compiled ({time.time() - t0:.0f} s)")
     results.sort(key=lambda r: (r["key"], r["arch"]))
     blob, rows, offset = bytearray(), [], 0
     for r in results:

@@ -8,8 +8,8 @@ into a build folder (default ``<repo>/build/native``); every library lands in
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,8 +112,17 @@ def build_native(
     jobs: Optional[int] = None,
     targets: Sequence[str] = (),
     on_step: Optional[Callable[[str], None]] = None,
+    on_progress: Optional[Callable[[str, Optional[int], Optional[int]], None]] = None,
 ) -> BuildResult:
-    """Configure and build plugins/; raises WideError (with the log's tail) on failure."""
+    """Configure and build plugins/; raises WideError (with the log's tail) on failure.
+
+    on_progress(stage, done, total) follows the build's output: configure, the Triton AOT compile
+    (`aot: i/N compiled`), nvcc / c++ compiles and links (ninja's or make's counts).
+    CMake and everything it starts run in their own process group: an interrupt (KeyboardInterrupt,
+    which SIGTERM also raises under the CLI) stops all of it, AOT workers included, then removes the
+    build folder when this call created it (an existing one keeps what finished: ninja deletes the
+    outputs of the commands it was running, the AOT step writes through temp files, removed here);
+    the KeyboardInterrupt is re-raised as signals.Interrupted saying what is left."""
     if not (SOURCE_DIR / "CMakeLists.txt").exists():
         raise WideError(f"no native sources at {SOURCE_DIR}",
                         hint="build from a source checkout of wide-export (plugins/ is not packaged)")
@@ -126,8 +135,36 @@ def build_native(
         if value is not None and not Path(value).is_dir():
             raise WideError(f"{name} {value} is not a folder",
                             hint="pass an existing TensorRT folder (the install prefix, or its include/ / lib/)")
+    find_cmake()  # before the build folder exists
     build_dir = Path(build_dir or DEFAULT_BUILD_DIR).resolve()
-    build_dir.mkdir(parents=True, exist_ok=True)
+    fresh = not build_dir.exists()
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise WideError(f"cannot create the build folder {build_dir}: {err.strerror}",
+                        hint="pass a writable --build-dir") from None
+    try:
+        return _build(build_dir, cuda_archs, tensorrt_root, tensorrt_include_dir, tensorrt_lib_dir, nvcc, jobs,
+                      targets, on_step, on_progress)
+    except KeyboardInterrupt:
+        from wide_export.signals import Interrupted, shielded
+
+        with shielded():
+            if fresh:
+                shutil.rmtree(build_dir, ignore_errors=True)
+                left = f"stopped the build and its compilers; removed {build_dir}"
+            else:
+                for tmp in (build_dir / "aot").glob("*.tmp"):
+                    tmp.unlink(missing_ok=True)
+                left = (f"stopped the build and its compilers; {build_dir} keeps what finished before "
+                        "(a rerun continues from there)")
+        raise Interrupted(left) from None
+
+
+def _build(build_dir, cuda_archs, tensorrt_root, tensorrt_include_dir, tensorrt_lib_dir, nvcc, jobs, targets,
+           on_step, on_progress) -> BuildResult:
+    from wide_export.childproc import run_group
+
     log = build_dir / "build.log"
     steps = [("configure", configure_command(build_dir, cuda_archs, tensorrt_root, tensorrt_include_dir,
                                              tensorrt_lib_dir, nvcc))]
@@ -141,14 +178,60 @@ def build_native(
                 on_step(name)
             fh.write("$ " + " ".join(cmd) + "\n")
             fh.flush()
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
-            if proc.returncode != 0:
+            parse = BuildOutput(name, on_progress)
+            returncode = run_group(cmd, log=fh, on_line=parse)
+            if returncode != 0:
                 fh.flush()
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-                raise WideError(f"CMake {name} failed (exit {proc.returncode}); last lines of {log}:\n{tail}",
+                raise WideError(f"CMake {name} failed (exit {returncode}); last lines of {log}:\n{tail}",
                                 hint="see the full log above")
     libs = sorted(p for p in (build_dir / "lib").glob("*") if p.suffix in (".so", ".a") or ".so." in p.name)
     return BuildResult(build_dir=build_dir, libraries=libs, trt_note=_trt_note(libs, log), log=log)
+
+
+class BuildOutput:
+    """Turns the lines of `cmake` / `cmake --build` into on_progress(stage, done, total) calls."""
+
+    AOT_START = re.compile(r"aot: compiling (\d+) Triton kernel")
+    AOT_COUNT = re.compile(r"aot: (\d+)/(\d+) compiled")
+    NINJA = re.compile(r"^\[(\d+)/(\d+)\] (.*)")
+    MAKE = re.compile(r"^\[\s*(\d+)%\] (.*)")
+
+    def __init__(self, step: str, on_progress=None):
+        self.step = step
+        self.on_progress = on_progress
+        if on_progress is not None:
+            on_progress("configure (cmake)" if step == "configure" else "build (cmake)", None, None)
+
+    @staticmethod
+    def stage_of(action: str) -> Optional[str]:
+        if "Triton" in action or "wide_aot" in action or "aot" in action.split("/")[0]:
+            return "aot: Triton kernels"
+        if "CUDA object" in action:
+            return "nvcc"
+        if "Linking" in action:
+            return "link"
+        if "object" in action:
+            return "c++"
+        return None
+
+    def __call__(self, line: str) -> None:
+        if self.on_progress is None:
+            return
+        if m := self.AOT_START.search(line):
+            self.on_progress("aot: Triton kernels", 0, int(m.group(1)))
+        elif m := self.AOT_COUNT.search(line):
+            self.on_progress("aot: Triton kernels", int(m.group(1)), int(m.group(2)))
+        elif m := self.NINJA.match(line):
+            stage = self.stage_of(m.group(3))
+            if stage and stage.startswith("aot"):
+                self.on_progress(stage, None, None)
+            elif stage:
+                self.on_progress(stage, int(m.group(1)), int(m.group(2)))
+        elif m := self.MAKE.match(line):
+            stage = self.stage_of(m.group(2))
+            if stage and not stage.startswith("aot"):
+                self.on_progress(stage, int(m.group(1)), 100)
 
 
 def _trt_note(libs: list[Path], log: Path) -> Optional[str]:

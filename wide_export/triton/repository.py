@@ -228,6 +228,13 @@ def _tensorrt_repository(repo: Path, src: EngineSource, opts: RepoOptions) -> No
     ))
 
 
+def _warn(line: str) -> None:
+    """One yellow line on stderr, before anything is written."""
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(line, style="yellow", markup=False, soft_wrap=True)
+
+
 def generate_repository(
     output: Path,
     onnx: Optional[Path] = None,
@@ -242,7 +249,14 @@ def generate_repository(
     if backend not in BACKENDS:
         raise WideError(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
     if (backend == "onnxruntime") != (onnx is not None):
-        raise WideError(f"the {backend} flavour needs --{'onnx' if backend == 'onnxruntime' else 'engines'} DIR")
+        if backend == "onnxruntime":
+            raise WideError("the onnxruntime flavour needs --onnx DIR, not --engines (TensorRT engines run in "
+                            "Triton's tensorrt backend)",
+                            hint="pass --onnx with the `wide-export onnx` folder the engines were built from, or "
+                                 "drop --backend to serve the engines with --backend tensorrt")
+        raise WideError("the tensorrt flavour needs --engines DIR, not --onnx",
+                        hint="build engines first (wide-export trt --onnx DIR --output ENGINES) and pass "
+                             "--engines ENGINES, or drop --backend to serve the ONNX export with onnxruntime")
     options.check()
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -250,6 +264,10 @@ def generate_repository(
     empty = output.exists()  # an empty folder may be replaced
     check_output_dir(output, force=empty, protect=(onnx, engines))
     source = read_onnx_folder(onnx) if onnx is not None else read_engine_folder(engines)
+    if engines is not None and "rtx" in str(source.trt_package).lower():
+        _warn(f"warning: {engines} holds TensorRT-RTX engines ({source.trt_package} {source.trt_version}); "
+              "Triton's tensorrt backend links datacenter TensorRT and cannot load them (rebuild them with "
+              "datacenter TensorRT: wide-export trt --backend tensorrt, on the GPU you serve from)")
     with atomic_output_dir(output, force=empty) as staging:
         if backend == "onnxruntime":
             _onnx_repository(staging, source, options)

@@ -114,7 +114,12 @@ def _mark_mask_outputs(network, config: dict[str, Any]) -> list[str]:
 
 def check_engine_output(onnx_dir: Path, output_dir: Path, force: bool = False) -> Path:
     """Refuse an OUT that is / holds the ONNX folder, or that exists (unless `force`) and is not a
-    previous engine folder (one with wide_engine.json: a rebuild replaces it, reusing its timing cache)."""
+    previous engine folder (one with wide_engine.json: a rebuild replaces it, reusing its timing cache).
+    An OUT inside the ONNX folder is refused too: the engines would land among the export's files."""
+    onnx_abs, out_abs = Path(onnx_dir).resolve(), Path(output_dir).absolute().resolve()
+    if onnx_abs in out_abs.parents:
+        raise WideError(f"--output {output_dir} is inside the ONNX folder {onnx_dir}",
+                        "choose an --output outside it, e.g. beside it")
     return check_output_dir(Path(output_dir), force=force or (Path(output_dir) / MANIFEST).is_file(),
                             protect=(Path(onnx_dir),))
 
@@ -171,6 +176,9 @@ def build_engine_here(
         if (fp16 if want == "float16" else bf16) and precision not in (want, "float32"):
             raise WideError(f"{flag} needs a {want} or float32 graph, but {onnx_path / ONNX_FILE} is {precision}",
                             hint=f"export it with `wide-export onnx --dtype {want}` (or float32)")
+        if (fp16 if want == "float16" else bf16) and precision == want:
+            print(f"note: {flag}: {onnx_path / ONNX_FILE} is already {want}, nothing to convert; building it as "
+                  "it is", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         graph_dir = onnx_path
         if (fp16 or bf16) and precision == "float32":  # strongly typed: the graph itself must be fp16 / bf16

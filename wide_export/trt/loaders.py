@@ -29,7 +29,7 @@ import sys
 from typing import Any, Optional
 
 from wide_export.errors import WideError
-from wide_export.signals import check_interrupted
+from wide_export.signals import check_interrupted, interrupted
 
 # The parser names inlined function-body nodes after their outputs, which repeat in every
 # instance of a `wide` op; it warns once per node. Those warnings say nothing to the user.
@@ -68,6 +68,8 @@ def quiet_logger(trt):
             trt.ILogger.__init__(self)
 
         def log(self, severity, msg):
+            if interrupted():  # a cancelled build's "[E] ... BuildCanceled" lines would bury our one line
+                return
             if severity <= trt.ILogger.Severity.WARNING and _NOISE not in msg:
                 print(f"[TRT] [{str(severity).rsplit('.', 1)[-1][0]}] {msg}", file=sys.stderr)
 

@@ -33,7 +33,10 @@ def progress_monitor(trt, enabled: bool = True) -> Iterator[Optional[object]]:
                 task = self._tasks.get(phase_name)
                 if task is not None:
                     bars.update(task, completed=step + 1)
-                return not interrupted()  # cancel the build on Ctrl-C / SIGTERM
+                if interrupted():  # cancel the build on Ctrl-C / SIGTERM
+                    _silence_polygraphy()
+                    return False
+                return True
 
             def phase_finish(self, phase_name):
                 task = self._tasks.pop(phase_name, None)
@@ -41,3 +44,12 @@ def progress_monitor(trt, enabled: bool = True) -> Iterator[Optional[object]]:
                     bars.remove_task(task)
 
         yield _Monitor()
+
+
+def _silence_polygraphy() -> None:
+    """A cancelled build makes Polygraphy log "[E] Invalid Engine ..." before it raises: our one line says it."""
+    import sys
+
+    logger_module = sys.modules.get("polygraphy.logger")
+    if logger_module is not None:
+        logger_module.G_LOGGER.module_severity = logger_module.G_LOGGER.CRITICAL + 1
