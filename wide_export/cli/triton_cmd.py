@@ -125,6 +125,11 @@ def serve(
         from wide_export.errors import WideError
 
         raise WideError("--served-model-name is for the OpenAI API", hint="add --openai-port PORT")
+    if openai_port is not None and openai_port in (http_port, grpc_port, metrics_port):
+        from wide_export.errors import WideError
+
+        raise WideError(f"--openai-port {openai_port} is also given to another endpoint",
+                        hint="give each endpoint its own port")
     server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                           address=address, log_verbose=log_verbose,
                           http=openai_port is None or http_port is not None)

@@ -46,7 +46,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise WideError(f"the OpenAI port {host}:{port} is already in use",
+            from wide_export.triton.ports import holders
+
+            who = holders(port)
+            by = f" by {', '.join(who)}" if who else ""
+            raise WideError(f"the OpenAI port {host}:{port} is already in use{by}",
                             hint="choose another --openai-port, or stop what listens there") from None
         raise WideError(f"cannot listen on {host}:{port} for the OpenAI frontend: {err.strerror or err}",
                         hint="check --openai-address") from None

@@ -187,6 +187,8 @@ class TritonServer:
                 raise WideError(f"{flag} {port} is not a TCP port", hint="use 1..65535, or omit it for a free one")
         self.address = address
         self._auto_ports = http_port is None and grpc_port is None
+        self._asked_ports = {"--http-port": http_port if http else None, "--grpc-port": grpc_port,
+                             "--metrics-port": metrics_port}
         self.http_port = http_port or free_port(address)
         self.grpc_port = grpc_port or free_port(address)
         self.metrics_port = metrics_port
@@ -254,12 +256,16 @@ class TritonServer:
             raise WideError(f"{self.repository} holds no model (no */config.pbtxt)",
                             hint="generate a repository with `wide-export triton`")
         binary = find_tritonserver()
+        from wide_export.triton.ports import check_ports_free
+
+        check_ports_free(self.address, self._asked_ports)  # names who holds a taken port, before anything starts
         for attempt in range(attempts):
             try:
                 return self._start_once(binary, timeout)
             except WideError:
                 lost_port = "already in use" in self._final_log
-                if lost_port and not self._auto_ports:
+                if lost_port and not self._auto_ports:  # taken between the check above and the server's bind
+                    check_ports_free(self.address, self._asked_ports)
                     raise WideError(f"a port asked for is already in use (HTTP {self.http_port}, "
                                     f"gRPC {self.grpc_port})", hint="choose other ports, or omit them") from None
                 if not (self._auto_ports and lost_port and attempt + 1 < attempts):
@@ -346,6 +352,15 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    def _answers_are_ours(self) -> bool:
+        """The readiness probe's port is held by the tritonserver we started, not by another server that
+        held it first (ours then fails to bind and exits: wait_ready reports that)."""
+        from wide_export.triton.ports import owns_port
+
+        if self.process is None:
+            return True
+        return owns_port([self.process.pid], self.http_port if self.http else self.grpc_port)
+
     def wait_ready(self, timeout: float) -> None:
         """Poll readiness; a stuck "loading" server (e.g. a broken stub) times out."""
         deadline = time.monotonic() + timeout
@@ -353,7 +368,7 @@ class TritonServer:
             if self.process is not None and self.process.poll() is not None:
                 raise WideError(f"tritonserver exited with code {self.process.returncode} before it was ready:\n"
                                 f"{self.log_tail()}", hint="read the server log above")
-            if self.is_ready():
+            if self.is_ready() and self._answers_are_ours():
                 return
             time.sleep(0.1)
         raise WideError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}",
