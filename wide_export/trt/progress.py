@@ -15,10 +15,16 @@ def progress_monitor(trt, enabled: bool = True) -> Iterator[Optional[object]]:
     if not enabled or base is None:
         yield None
         return
+    import time
+
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True, highlight=False)
+    piped = not console.is_terminal  # a log or CI: no bars; one line per top-level phase instead
+    started = time.monotonic()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), transient=True) as bars:
+                  TimeElapsedColumn(), transient=True, console=console, disable=piped) as bars:
 
         class _Monitor(base):  # type: ignore[misc, valid-type]
             def __init__(self) -> None:
@@ -27,6 +33,9 @@ def progress_monitor(trt, enabled: bool = True) -> Iterator[Optional[object]]:
 
             def phase_start(self, phase_name, parent_phase, num_steps):
                 indent = "  " if parent_phase else ""
+                if piped and not parent_phase:
+                    console.print(f"trt: {phase_name} ({num_steps} steps) at {time.monotonic() - started:.0f} s",
+                                  markup=False)
                 self._tasks[phase_name] = bars.add_task(f"{indent}{phase_name}", total=max(1, num_steps))
 
             def step_complete(self, phase_name, step):
