@@ -1,0 +1,54 @@
+"""`wide-export run-tp`: a sharded export run as one process per rank (torchrun, gloo all-reduces)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from wide_export.cli.common import user_errors
+
+
+def run_tp(
+    onnx: Annotated[Path, typer.Option("--onnx", help="Folder from `wide-export onnx --tp N`.")],
+    prompt_ids: Annotated[str, typer.Option("--prompt-ids", help="Comma-separated prompt token ids.")],
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate (greedy).")] = 16,
+) -> None:
+    """Generate greedily from a tensor-parallel export: one process per rank on this machine, each running
+    only its rank's graph in ONNX Runtime, the all-reduces done by torch.distributed (gloo) between them.
+
+    The launch is PyTorch's torchrun (`python -m torch.distributed.run --standalone --nproc-per-node N -m
+    wide_export.tp.run ...`); for several nodes run that module under torchrun yourself (docs/distributed.md).
+    """
+    import sys
+
+    from wide_export.childproc import run_group
+    from wide_export.errors import WideError
+    from wide_export.tp.run import _parse_ids
+    from wide_export.tp.verify import read_manifest
+
+    if max_new_tokens < 1:
+        raise WideError("--max-new-tokens must be >= 1", "e.g. --max-new-tokens 16")
+    _parse_ids(prompt_ids)
+    if not onnx.is_dir():
+        raise WideError(f"--onnx {onnx} is not a folder", "pass the output folder of `wide-export onnx --tp N`")
+    manifest = read_manifest(onnx)
+    world = manifest["world_size"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m", "wide_export.tp.run", "--onnx", str(onnx),
+           "--prompt-ids", prompt_ids, "--max-new-tokens", str(max_new_tokens)]
+    lines: list[str] = []
+    code = run_group(cmd, on_line=lines.append)
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    if code != 0:
+        if errors:
+            msg, _, hint = errors[0][len("error: "):].partition(" (hint: ")
+            raise WideError(msg, hint.rstrip(")") or "see the ranks' output")
+        tail = "\n".join(lines[-15:])
+        raise WideError(f"the {world} rank processes failed (exit {code}):\n{tail}", "read the ranks' output above")
+    ids = [ln for ln in lines if ln and all(c.isdigit() or c == "," for c in ln)]
+    typer.echo(ids[-1] if ids else "")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run-tp")(user_errors(run_tp))
