@@ -30,3 +30,38 @@ def assert_one_line_error(result, code: int = 2) -> str:
     assert len(lines) == 1, f"stderr must be exactly one line, got {len(lines)}:\n{result.stderr}"
     assert lines[0].startswith("error: ") and "(hint: " in lines[0], lines[0]
     return lines[0]
+
+
+def signal_when_ready(cmd, ready, sig, *, env=None, timeout: float = 240.0, settle: float = 0.0,
+                      wait: float = 120.0) -> tuple[int, str]:
+    """Start `cmd`, send `sig` once `ready(stderr so far)` is true (then `settle` s later); (returncode, stderr).
+
+    The child starts with SIGINT at its default, as under a terminal: a test run started in the background
+    (`cmd &`, nohup) ignores SIGINT, and the CLI keeps an inherited SIG_IGN on purpose. Waits on the
+    condition, not on a fixed sleep, so a loaded machine only makes it slower."""
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready("".join(lines)):
+            assert proc.poll() is None, f"finished before the signal: {''.join(lines)}"
+            assert time.monotonic() < deadline, f"never got ready: {''.join(lines)}"
+            time.sleep(0.01)
+        time.sleep(settle)
+        assert proc.poll() is None, f"finished before the signal: {''.join(lines)}"
+        proc.send_signal(sig)
+        proc.wait(timeout=wait)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, "".join(lines)

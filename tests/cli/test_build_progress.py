@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import signal_when_ready
 
 FAKE_CMAKE = textwrap.dedent("""\
     import os, signal, subprocess, sys, time
@@ -96,28 +97,10 @@ def test_build_output_parser_reads_ninja_make_and_aot_lines():
 def _interrupt_build(tmp_path, build: Path, sig) -> tuple[int, str, list[int]]:
     pids_file = tmp_path / "pids"
     env = {**os.environ, "FAKE_CMAKE_PIDS": str(pids_file), "FAKE_CMAKE_HANG": "1", "WIDE_PROGRESS_DELAY": "0"}
-    proc = subprocess.Popen([*_cli(tmp_path), "--build-dir", str(build)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not (pids_file.is_file() and "aot" in "".join(lines)):
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "the build never reached the AOT step"
-            time.sleep(0.02)
-        time.sleep(0.2)
-        proc.send_signal(sig)
-        proc.wait(timeout=60)
-        reader.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    pids = [int(p) for p in pids_file.read_text().split()]
-    return proc.returncode, "".join(lines), pids
+    code, err = signal_when_ready([*_cli(tmp_path), "--build-dir", str(build)],
+                                  lambda err: pids_file.is_file() and "aot" in err, sig, env=env, timeout=60,
+                                  settle=0.2, wait=60)
+    return code, err, [int(p) for p in pids_file.read_text().split()]
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 import sys
-import threading
-import time
 
 import pytest
 from typer.testing import CliRunner
+
+from tests.helpers import signal_when_ready
 
 CLI = [sys.executable, "-m", "wide_export"]
 
@@ -24,29 +23,8 @@ def _app():
 
 
 def _start_and_signal(args, ready, sig, timeout=240.0):
-    """Start `wide-export *args`, send `sig` as soon as `ready(stderr so far)` is true; (returncode, stderr).
-
-    The child starts with SIGINT at its default, as under a terminal: a test run started in the background
-    (`cmd &`, nohup) ignores SIGINT, and the CLI keeps an inherited SIG_IGN on purpose."""
-    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + timeout
-    try:
-        while not ready("".join(lines)):
-            assert proc.poll() is None, f"finished before the signal: {''.join(lines)}"
-            assert time.monotonic() < deadline, "never got ready"
-            time.sleep(0.01)
-        proc.send_signal(sig)
-        proc.wait(timeout=120)
-        reader.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, "".join(lines)
+    """Start `wide-export *args`, send `sig` as soon as `ready(stderr so far)` is true; (returncode, stderr)."""
+    return signal_when_ready([*CLI, *args], ready, sig, timeout=timeout)
 
 
 def _verifying(err: str) -> bool:

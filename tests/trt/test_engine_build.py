@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from wide_export.errors import WideError
 from wide_export.ops.spec import OPS
-from tests.helpers import assert_one_line_error
+from tests.helpers import assert_one_line_error, signal_when_ready
 
 pytestmark = pytest.mark.trt
 
@@ -348,21 +348,11 @@ def test_fp16_of_an_fp16_export_says_there_is_nothing_to_convert(tmp_path, monke
 
 def test_an_interrupted_build_prints_our_line_only(demo_onnx, tmp_path):
     """Ctrl-C while TensorRT builds: no `[E] ... BuildCanceled` / `Invalid Engine` lines before ours."""
+    import os
     import signal
-    import subprocess
-    import threading
-    import time
     from pathlib import Path
 
     pytest.importorskip("tensorrt_rtx")
-    proc = subprocess.Popen([sys.executable, "-m", "wide_export", "trt", "--onnx", str(demo_onnx), "--output",
-                             str(tmp_path / "out"), "--max-batch", "4", "--max-input-len", "256", "--max-seq-len",
-                             "512"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "WIDE_TRT_PLUGIN_LIB": ""},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
-    reader.start()
 
     def building() -> bool:  # the TensorRT-RTX child process has started
         for entry in Path("/proc").iterdir():
@@ -373,23 +363,12 @@ def test_an_interrupted_build_prints_our_line_only(demo_onnx, tmp_path):
                 pass
         return False
 
-    try:
-        deadline = time.monotonic() + 120
-        while not (building() and "position_ids has Int64" in "".join(lines)):  # parsed: the build runs
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        time.sleep(0.3)  # inside TensorRT's build
-        assert proc.poll() is None, "the build finished before the signal: " + "".join(lines)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-        reader.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    err = "".join(lines)
-    assert proc.returncode == 130, err
+    code, err = signal_when_ready(
+        [sys.executable, "-m", "wide_export", "trt", "--onnx", str(demo_onnx), "--output", str(tmp_path / "out"),
+         "--max-batch", "4", "--max-input-len", "256", "--max-seq-len", "512"],
+        lambda err: building() and "position_ids has Int64" in err,  # parsed: the build runs
+        signal.SIGINT, env={**os.environ, "WIDE_TRT_PLUGIN_LIB": ""}, timeout=120, settle=0.3)  # inside the build
+    assert code == 130, err
     assert "[E]" not in err and "BuildCanceled" not in err and "Invalid Engine" not in err and "Traceback" not in err
     assert err.strip().splitlines()[-1] == "interrupted (SIGINT); nothing was written", err
     assert list(tmp_path.iterdir()) == []
