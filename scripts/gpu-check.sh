@@ -62,6 +62,25 @@ step "benchmark: end to end (Llama-3.1-8B layers, 50 %)"
 run e2e "$T_E2E" "$PYTHON" -c "from wide_export.cli import main; main()" bench e2e --preset llama-3.1-8b \
     --sparsity 0.5 --output "$OUT"
 
+# --- tensor parallelism, >= 2 GPUs only (issue 22; a stage of its own, kept apart from the rest) ------
+# `wide-export run-tp --backend nccl`: one rank process per GPU, the all-reduces over NCCL, greedy tokens
+# equal to the unsharded PyTorch reference's (tests/tp/test_tp_run.py). With fewer GPUs: one line, skipped.
+tp_status=skipped
+tp_check() {
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  if [ "${gpus:-0}" -lt 2 ]; then
+    echo "tp: skipped (${gpus:-0} GPU(s); run-tp --backend nccl needs >= 2)" | tee -a "$LOG"
+    return
+  fi
+  run tp "${T_TP:-240}" "$PYTHON" -m pytest -q -m gpu tests/tp/test_tp_run.py -k nccl -p no:cacheprovider \
+      --junitxml="$OUT/tp-tests.xml"
+}
+step "tensor parallelism (run-tp over NCCL, >= 2 GPUs)"
+tp_check
+echo "tp (run-tp over NCCL, >= 2 GPUs): $tp_status" | tee "$OUT/tp.txt"
+# --- end of the tensor-parallelism stage --------------------------------------------------------------
+
 step "summary"
 "$PYTHON" - "$OUT" "$build_status" "$tests_status" "$bench_status" "$e2e_status" <<'PY' | tee "$OUT/summary.txt"
 import json, sys, xml.etree.ElementTree as ET

@@ -90,3 +90,38 @@ def test_bad_input_is_one_line(sharded, tmp_path):
     assert "tp_manifest.json" in line or "manifest" in line
     line = assert_one_line_error(runner.invoke(app, ["run-tp", "--onnx", str(folder), "--prompt-ids", "1,99999999"]))
     assert "vocabulary size" in line
+
+
+def _ranks(folder: Path) -> int:
+    return len(list(folder.glob("rank*")))
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+def test_nccl_rank_processes_generate_the_unsharded_references_tokens(sharded):
+    """The exchange of the per-rank route on GPUs: each rank process on its own GPU, the all-reduces over
+    NCCL (the ONNX Runtime stages stay on the CPU). Runs where torch sees >= one GPU per rank."""
+    folder, want = sharded
+    if _gpus() < _ranks(folder):
+        pytest.skip(f"nccl: {_ranks(folder)} ranks need {_ranks(folder)} GPUs, torch sees {_gpus()}")
+    result = _run_tp(folder, "--backend", "nccl")
+    assert result.exit_code == 0, result.output
+    assert [int(v) for v in result.output.strip().splitlines()[-1].split(",")] == want
+
+
+def test_nccl_without_a_gpu_per_rank_is_one_line(sharded):
+    folder, _ = sharded
+    if _gpus() >= _ranks(folder):
+        pytest.skip(f"torch sees {_gpus()} GPUs: nccl can run here (the test above runs it)")
+    line = assert_one_line_error(_run_tp(folder, "--backend", "nccl"))
+    assert f"--backend nccl needs one CUDA GPU per rank: {_ranks(folder)} rank(s) on this node" in line
+    assert "use --backend gloo" in line
+
+
+def test_an_unknown_backend_is_one_line(sharded):
+    folder, _ = sharded
+    line = assert_one_line_error(_run_tp(folder, "--backend", "mpi"))
+    assert "--backend 'mpi' is not a collective backend" in line

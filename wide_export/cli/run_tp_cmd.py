@@ -1,4 +1,4 @@
-"""`wide-export run-tp`: a sharded export run as one process per rank (torchrun, gloo all-reduces)."""
+"""`wide-export run-tp`: a sharded export run as one process per rank (torchrun; gloo or NCCL all-reduces)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ def run_tp(
     onnx: Annotated[Path, typer.Option("--onnx", help="Folder from `wide-export onnx --tp N`.")],
     prompt_ids: Annotated[str, typer.Option("--prompt-ids", help="Comma-separated prompt token ids.")],
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate (greedy).")] = 16,
+    backend: Annotated[str, typer.Option("--backend", help="All-reduces over gloo (CPU) or nccl (one GPU per "
+                                         "rank).")] = "gloo",
 ) -> None:
     """Generate greedily from a tensor-parallel export: one process per rank on this machine, each running
-    only its rank's graph in ONNX Runtime, the all-reduces done by torch.distributed (gloo) between them.
+    only its rank's graph in ONNX Runtime, the all-reduces done by torch.distributed between them (gloo on the
+    CPU, or NCCL on one GPU per rank with --backend nccl).
 
     The launch is PyTorch's torchrun (`python -m torch.distributed.run --standalone --nproc-per-node N -m
     wide_export.tp.run ...`); for several nodes run that module under torchrun yourself (docs/distributed.md).
@@ -25,18 +28,20 @@ def run_tp(
 
     from wide_export.childproc import run_group
     from wide_export.errors import WideError
-    from wide_export.tp.run import _parse_ids
+    from wide_export.tp.run import BACKENDS, _parse_ids
     from wide_export.tp.verify import read_manifest
 
     if max_new_tokens < 1:
         raise WideError("--max-new-tokens must be >= 1", "e.g. --max-new-tokens 16")
     _parse_ids(prompt_ids)
+    if backend not in BACKENDS:
+        raise WideError(f"--backend {backend!r} is not a collective backend", "use --backend gloo or nccl")
     if not onnx.is_dir():
         raise WideError(f"--onnx {onnx} is not a folder", "pass the output folder of `wide-export onnx --tp N`")
     manifest = read_manifest(onnx)
     world = manifest["world_size"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m", "wide_export.tp.run", "--onnx", str(onnx),
-           "--prompt-ids", prompt_ids, "--max-new-tokens", str(max_new_tokens)]
+           "--prompt-ids", prompt_ids, "--max-new-tokens", str(max_new_tokens), "--backend", backend]
     lines: list[str] = []
     code = run_group(cmd, on_line=lines.append)
     errors = [ln for ln in lines if ln.startswith("error: ")]

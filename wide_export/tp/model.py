@@ -13,9 +13,13 @@ from wide_export.model.modeling import DecoderLayer
 from wide_export.ops import dispatch
 
 # The all-reduce as Polygraphy's `multi-device shard` writes collectives into ONNX
-# (NVIDIA/TensorRT tools/Polygraphy/polygraphy/tools/multi_device/subtool/shard.py: op_type `DistCollective`
-# in the default domain, string attributes `collective_operation` / `reduce_op`, int `root` and
-# `group_size`, ints `groups`), which TensorRT 11's ONNX parser turns into an IDistCollectiveLayer.
+# (NVIDIA/TensorRT tools/Polygraphy/polygraphy/tools/multi_device/subtool/shard.py, 11.x: op_type
+# `DistCollective` in the default domain, string attributes `collective_operation` / `reduce_op`, int `root`
+# and `group_size`, ints `groups`), which TensorRT 11's ONNX parser turns into an IDistCollectiveLayer.
+# 11.x's shard writes only all_gather / reduce_scatter; the all-reduce's values are those of Polygraphy
+# 10.14's `DistCollective.all_reduce_attrs()` (multi_device/multi_device.py at NVIDIA/TensorRT 3b4ddc1d):
+# collective_operation "all_reduce", reduce_op "sum" -- the lower-case names of CollectiveOperation::kALL_REDUCE
+# and ReduceOperation::kSUM (include/NvInfer.h). 10.14 also wrote `nb_rank`, which 11.x's shard dropped.
 TRACE_DOMAIN = "wide_tp"  # the tracer needs a domain; export.py moves the node to the default domain
 COLLECTIVE = "DistCollective"
 

@@ -14,8 +14,9 @@ Launched by PyTorch's own launcher, which also spans nodes:
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m wide_export.tp.run ...
 
 or `wide-export run-tp --onnx OUT ...`, which starts that torchrun for one node (N = the export's ranks).
-On GPUs the same layout holds with TensorRT 11 plans in place of the ONNX Runtime stages and NCCL in
-place of gloo (not available here: see docs/distributed.md, Limits).
+`--backend nccl` (one CUDA GPU per rank) does the all-reduces with NCCL on the ranks' GPUs: the exchange
+between GPUs of the per-rank-plan route; the stages still run in ONNX Runtime on the CPU. With TensorRT 11
+the stages become per-rank plans (not available here: see docs/distributed.md, Limits).
 """
 
 from __future__ import annotations
@@ -93,13 +94,39 @@ class RankGenerator:
         return out
 
 
-def _torch_all_reduce(array: np.ndarray) -> np.ndarray:
+BACKENDS = ("gloo", "nccl")
+
+
+def torch_all_reduce(device: str | None = None) -> Callable[[np.ndarray], np.ndarray]:
+    """The sum over the ranks through torch.distributed: on `device` (NCCL: this rank's GPU) or on the CPU
+    (gloo). The tensor travels to the device and back; the ONNX Runtime stages stay on the CPU."""
     import torch
     import torch.distributed as dist
 
-    t = torch.from_numpy(np.ascontiguousarray(array))
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.numpy()
+    def all_reduce(array: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        if device is not None:
+            t = t.to(device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.cpu().numpy()
+
+    return all_reduce
+
+
+def check_backend(backend: str, local_rank: int, local_world: int) -> str | None:
+    """The device this rank's all-reduces run on (None: the CPU); one line when the backend cannot run here."""
+    if backend not in BACKENDS:
+        raise WideError(f"--backend {backend!r} is not a collective backend", "use --backend gloo or nccl")
+    if backend == "gloo":
+        return None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < local_world:
+        raise WideError(f"--backend nccl needs one CUDA GPU per rank: {local_world} rank(s) on this node, "
+                        f"{count} GPU(s) visible to torch", "use --backend gloo (CPU), or run on a node with "
+                        f"{local_world} GPUs and a CUDA build of torch")
+    return f"cuda:{local_rank}"
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -120,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--json", action="store_true", help="rank 0 prints one JSON line instead of the ids")
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend of the all-reduces: gloo (CPU) or "
+                   "nccl (one GPU per rank)")
     args = p.parse_args(argv)
     try:
         return _run(args)
@@ -140,18 +169,26 @@ def _run(args) -> int:
         raise WideError("--max-new-tokens must be >= 1", "e.g. --max-new-tokens 16")
     prompt = _parse_ids(args.prompt_ids)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    gen = RankGenerator(args.onnx, rank, world, _torch_all_reduce)  # errors before the group forms: all ranks see them
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = check_backend(args.backend, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    # errors before the group forms: every rank sees them and exits
+    gen = RankGenerator(args.onnx, rank, world, torch_all_reduce(device))
     vocab = gen.config["vocab_size"]
     if max(prompt) >= vocab:
         raise WideError(f"token id {max(prompt)} is not below the vocabulary size {vocab}", "check --prompt-ids")
-    dist.init_process_group("gloo")
+    if device is not None:
+        import torch
+
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend)
     try:
         tokens = gen.generate(prompt, args.max_new_tokens)
     finally:
         dist.destroy_process_group()
     if rank == 0:
         if args.json:
-            print(json.dumps({"prompt_ids": prompt, "output_ids": tokens, "world_size": world}), flush=True)
+            print(json.dumps({"prompt_ids": prompt, "output_ids": tokens, "world_size": world,
+                              "backend": args.backend}), flush=True)
         else:
             print(",".join(map(str, tokens)), flush=True)
     return 0
