@@ -91,7 +91,7 @@ def test_bench_serving_reports_both_paths(tiny, tmp_path):
     out = tmp_path / "serving.json"
     result = CliRunner().invoke(_app(), [
         "bench", "serving", "--onnx", str(tiny[0]), "--requests", "2", "--prompt-len", "4", "--new-tokens", "3",
-        "--protocol", "http", "--output", str(out), "--staggered", "4", "--arrival-ms", "5"])
+        "--protocol", "http", "--output", str(out), "--staggered", "4", "--arrival-ms", "5", "--rounds", "2"])
     assert result.exit_code == 0, result.output
     import json
 
@@ -100,10 +100,15 @@ def test_bench_serving_reports_both_paths(tiny, tmp_path):
     report = json.loads(out.read_text())
     rows = report["results"]
     assert sorted((r["name"], r["clients"]) for r in rows) == [
-        ("direct onnxruntime", 1), ("direct onnxruntime", 8), ("triton http", 1), ("triton http", 8)]
-    for r in rows:
-        assert r["requests"] == 2 * r["clients"] and r["tokens"] == 3 * r["requests"]
+        ("direct onnxruntime", 1), ("direct onnxruntime", 8), ("direct onnxruntime, batched", 8),
+        ("triton http", 1), ("triton http", 8)]
+    for r in rows:  # two rounds of 2 requests per client, pooled
+        assert r["requests"] == 2 * 2 * r["clients"] and r["tokens"] == 3 * r["requests"]
         assert 0 < r["p50_ms"] <= r["p99_ms"] and r["tokens_per_s"] > 0
+        assert len(r["round_tokens_per_s"]) == 2
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["wall_s"], rel=1e-2)  # wall_s is rounded
+        best = max(d["tokens_per_s"] for d in rows if d["name"].startswith("direct") and d["clients"] == r["clients"])
+        assert r["tokens_per_s_vs_best_direct"] == pytest.approx(r["tokens_per_s"] / best, abs=1e-3)
     plan = staggered_plan(ServingBenchConfig(prompt_len=4, new_tokens=3, staggered=4, arrival_ms=5), 61, 64)
     assert [r["name"] for r in report["staggered"]] == ["static batching", "inflight batching"]
     for r in report["staggered"]:

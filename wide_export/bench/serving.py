@@ -35,10 +35,12 @@ CLIENT_COUNTS = (1, 8)
 # same session settings; what differs is said, so a ratio is not read as "Triton makes onnxruntime faster".
 COMPARES = ("direct onnxruntime = the generation model's own decode loop (generation_model.generate over "
             "ort_step: IOBinding, presents kept where ONNX Runtime wrote them) called in this process, one "
-            "request per call, the same intra-op threads as the server's instance. triton = the same loop in "
-            "tritonserver's Python stub, plus the protocol round trip; with several clients Triton's dynamic "
-            "batcher merges concurrent requests into one batch, which the direct path (one session, requests "
-            "in parallel threads) does not.")
+            "request per call, the same intra-op threads as the server's instance. direct onnxruntime, batched "
+            "(several clients) = the same loop given the clients' requests of each round as one batch: what "
+            "Triton's dynamic batcher does at best, without waiting for a batch to fill. triton = the same loop "
+            "in tritonserver's Python stub, plus the protocol round trip; with several clients its dynamic "
+            "batcher merges concurrent requests into one batch. 'vs best direct' divides by the faster direct "
+            "row of the same client count.")
 
 
 def direct_threads() -> int:
@@ -63,6 +65,7 @@ class ServingBenchConfig:
     staggered: int = 16  # streaming requests for the static vs in-flight comparison; 0 skips it
     arrival_ms: float = 10.0  # mean gap between their arrivals
     clients: tuple = CLIENT_COUNTS  # concurrent clients, one scenario each
+    rounds: int = 3  # interleaved rounds of every path per client count (pooled; each round's tokens/s kept)
     openai: bool = False  # measure the OpenAI frontend (streaming /v1/completions) instead
     repository: Optional[Path] = None  # openai: serve this repository (default: a streaming one from `onnx`)
 
@@ -78,12 +81,15 @@ class Scenario:
     wall_s: float
     latencies_ms: list = field(default_factory=list, repr=False)
     first_token_ms: list = field(default_factory=list, repr=False)
+    round_tokens_per_s: list = field(default_factory=list, repr=False)  # tokens/s of each round (merge_rounds)
 
     def summary(self) -> dict:
         lat = np.asarray(self.latencies_ms)
         out = {"name": self.name, "clients": self.clients, "requests": self.requests, "tokens": self.tokens,
                "wall_s": round(self.wall_s, 4), "tokens_per_s": round(self.tokens / self.wall_s, 2),
                "p50_ms": round(float(np.percentile(lat, 50)), 3), "p99_ms": round(float(np.percentile(lat, 99)), 3)}
+        if self.round_tokens_per_s:
+            out["round_tokens_per_s"] = self.round_tokens_per_s
         if self.first_token_ms:
             first = np.asarray(self.first_token_ms)
             out["first_token_p50_ms"] = round(float(np.percentile(first, 50)), 3)
@@ -135,12 +141,40 @@ def run_clients(clients: int, requests: int, work: Callable[[int, int], int], na
                     latencies_ms=latencies)
 
 
+def run_batched(clients: int, requests: int, work: Callable[[int], int], name: str) -> Scenario:
+    """`requests` rounds, each `work(i) -> new tokens` serving all clients' request i in one call; each of
+    those requests waited the whole call."""
+    latencies: list[float] = []
+    tokens = 0
+    start = time.perf_counter()
+    for i in range(requests):
+        t0 = time.perf_counter()
+        tokens += work(i)
+        latencies += [(time.perf_counter() - t0) * 1e3] * clients
+    return Scenario(name=name, clients=clients, requests=clients * requests, tokens=tokens,
+                    wall_s=time.perf_counter() - start, latencies_ms=latencies)
+
+
 def _prompts(cfg: ServingBenchConfig, vocab: int, clients: int) -> np.ndarray:
     rng = np.random.default_rng(cfg.seed)
     return rng.integers(0, vocab, size=(clients, cfg.requests, cfg.prompt_len), dtype=np.int64)
 
 
+def merge_rounds(rounds: list[Scenario]) -> Scenario:
+    """One scenario from its rounds: requests, tokens, wall time and latencies pooled; tokens/s of each
+    round kept (their spread shows how much the machine's load moved the numbers)."""
+    first = rounds[0]
+    out = Scenario(name=first.name, clients=first.clients, requests=sum(r.requests for r in rounds),
+                   tokens=sum(r.tokens for r in rounds), wall_s=sum(r.wall_s for r in rounds),
+                   latencies_ms=[x for r in rounds for x in r.latencies_ms])
+    out.round_tokens_per_s = [round(r.tokens / r.wall_s, 2) for r in rounds]
+    return out
+
+
 def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
+    """Per client count, `cfg.rounds` rounds of: direct, direct batched (several clients), triton (every other
+    round in reverse order) -- interleaved with the server up, so a change of the machine's load hits every
+    path alike."""
     from wide_export.triton import generation_model as gm
     from wide_export.triton.client import GenerationClient
     from wide_export.triton.server import TritonServer
@@ -149,36 +183,52 @@ def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
     settings = gm.Settings.load(str(version))
     step = gm.ort_step(str(version), settings, threads=direct_threads())  # IOBinding, as the server's
     results = []
-    for clients in cfg.clients:
-        prompts = _prompts(cfg, settings.vocab_size, clients)
-
-        def direct(c: int, i: int) -> int:
-            return gm.generate(step, settings, [gm.Row(prompts[c, i], cfg.new_tokens)])[0].size
-
-        for _ in range(3):  # warm-up
-            direct(0, 0)
-        results.append(run_clients(clients, cfg.requests, direct, "direct onnxruntime"))
     with TritonServer(repo) as server:
         url = server.endpoints.grpc if cfg.protocol == "grpc" else server.endpoints.http
         for clients in cfg.clients:
             prompts = _prompts(cfg, settings.vocab_size, clients)
+
+            def direct(c: int, i: int, prompts=prompts) -> int:
+                return gm.generate(step, settings, [gm.Row(prompts[c, i], cfg.new_tokens)])[0].size
+
+            def batched(i: int, prompts=prompts, clients=clients) -> int:
+                rows = [gm.Row(prompts[c, i], cfg.new_tokens) for c in range(clients)]
+                return sum(t.size for t in gm.generate_all(step, settings, rows))
+
             # One client per thread, made in that thread: tritonclient.http (gevent) can't switch threads.
             local, opened, lock = threading.local(), [], threading.Lock()
 
-            def connect(c: int) -> None:
+            def connect(c: int, prompts=prompts, local=local, opened=opened, lock=lock) -> None:
                 local.conn = GenerationClient(url, cfg.protocol)
                 with lock:
                     opened.append(local.conn)
                 local.conn.generate(prompts[c, 0], cfg.new_tokens)  # warm-up
 
-            def served(c: int, i: int) -> int:
+            def served(c: int, i: int, prompts=prompts, local=local) -> int:
                 return local.conn.generate(prompts[c, i], cfg.new_tokens).size
 
-            try:
-                results.append(run_clients(clients, cfg.requests, served, f"triton {cfg.protocol}", setup=connect))
-            finally:
-                for conn in opened:
-                    conn.close()
+            for _ in range(3):  # warm-up
+                direct(0, 0)
+            if clients > 1:
+                batched(0)  # warm-up at this batch size
+            def triton_round() -> Scenario:
+                try:
+                    return run_clients(clients, cfg.requests, served, f"triton {cfg.protocol}", setup=connect)
+                finally:
+                    for conn in opened:
+                        conn.close()
+                    opened.clear()
+
+            paths = [lambda: run_clients(clients, cfg.requests, direct, "direct onnxruntime")]
+            if clients > 1:  # the best one session can do with concurrent requests: batch them
+                paths.append(lambda: run_batched(clients, cfg.requests, batched, "direct onnxruntime, batched"))
+            paths.append(triton_round)
+            rounds: dict[str, list[Scenario]] = {}
+            for k in range(cfg.rounds):  # the order alternates, so no path always runs after the same one
+                for run in (paths if k % 2 == 0 else paths[::-1]):
+                    sc = run()
+                    rounds.setdefault(sc.name, []).append(sc)
+            results += [merge_rounds(r) for r in rounds.values()]
     return results
 
 
@@ -387,6 +437,19 @@ def _run_openai_bench(cfg: ServingBenchConfig, console) -> dict:
     return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}, "openai": rows}
 
 
+def add_ratios(rows: list[dict]) -> None:
+    """tokens_per_s_vs_direct (the one-request-per-call direct row) and tokens_per_s_vs_best_direct (the
+    faster of the direct rows, batched or not, of the same client count), in place."""
+    direct = {r["clients"]: r["tokens_per_s"] for r in rows if r["name"] == "direct onnxruntime"}
+    best: dict[int, float] = {}
+    for r in rows:
+        if r["name"].startswith("direct"):
+            best[r["clients"]] = max(best.get(r["clients"], 0.0), r["tokens_per_s"])
+    for r in rows:
+        r["tokens_per_s_vs_direct"] = round(r["tokens_per_s"] / direct[r["clients"]], 3)
+        r["tokens_per_s_vs_best_direct"] = round(r["tokens_per_s"] / best[r["clients"]], 3)
+
+
 def run_serving_bench(cfg: ServingBenchConfig) -> dict:
     """Measure, print a table, write JSON to cfg.output; returns the results."""
     from rich.console import Console
@@ -400,8 +463,8 @@ def run_serving_bench(cfg: ServingBenchConfig) -> dict:
         raise WideError("--staggered and --arrival-ms must be >= 0")
     if not cfg.clients or any(c < 1 for c in cfg.clients):
         raise WideError(f"--clients must be >= 1, got {list(cfg.clients)}")
-    if min(cfg.requests, cfg.prompt_len, cfg.new_tokens) < 1:
-        raise WideError("--requests, --prompt-len and --new-tokens must be >= 1")
+    if min(cfg.requests, cfg.prompt_len, cfg.new_tokens, cfg.rounds) < 1:
+        raise WideError("--requests, --prompt-len, --new-tokens and --rounds must be >= 1")
     if cfg.repository is not None and not cfg.openai:
         raise WideError("--repository is for --openai", hint="add --openai, or give --onnx")
     console = Console(highlight=False)
@@ -429,16 +492,14 @@ def run_serving_bench(cfg: ServingBenchConfig) -> dict:
             with console.status("measuring staggered streaming requests ..."):
                 staggered = _measure_staggered(cfg, onnx, Path(tmp))
     rows = [s.summary() for s in scenarios]
-    direct = {r["clients"]: r for r in rows if r["name"].startswith("direct")}
-    for r in rows:
-        r["tokens_per_s_vs_direct"] = round(r["tokens_per_s"] / direct[r["clients"]]["tokens_per_s"], 3)
+    add_ratios(rows)
     table = Table(title=f"serving: prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens, "
                         f"{cfg.requests} requests per client")
-    for col in ("path", "clients", "tokens/s", "vs direct", "p50 ms", "p99 ms"):
+    for col in ("path", "clients", "tokens/s", "vs best direct", "p50 ms", "p99 ms"):
         table.add_column(col, justify="right" if col != "path" else "left")
     for r in rows:
-        table.add_row(r["name"], str(r["clients"]), f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s_vs_direct']:.2f}x",
-                      f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}")
+        table.add_row(r["name"], str(r["clients"]), f"{r['tokens_per_s']:.1f}",
+                      f"{r['tokens_per_s_vs_best_direct']:.2f}x", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}")
     console.print(table)
     console.print(COMPARES, soft_wrap=True)
     stag_rows = [s.summary() for s in staggered]

@@ -184,6 +184,9 @@ def bench_serving(
     clients: Annotated[Optional[list[int]], typer.Option(
         "--clients", help="Concurrent clients, one scenario each (repeat the option; default: 1 and 8).",
         show_default=False)] = None,
+    rounds: Annotated[int, typer.Option(
+        "--rounds", help="Interleaved rounds of the direct, batched and served paths per client count "
+                         "(pooled; each round's tokens/s is in the JSON).")] = 3,
     openai: Annotated[bool, typer.Option(
         "--openai", help="Measure the OpenAI-compatible API instead: streaming /v1/completions through the "
                          "official openai client (TTFT, inter-token latency, tokens/s).")] = False,
@@ -199,7 +202,7 @@ def bench_serving(
 
     run_serving_bench(ServingBenchConfig(
         onnx=onnx, requests=requests, prompt_len=prompt_len, new_tokens=new_tokens, protocol=protocol,
-        seed=seed, output=output, staggered=staggered, arrival_ms=arrival_ms,
+        seed=seed, output=output, staggered=staggered, arrival_ms=arrival_ms, rounds=rounds,
         clients=tuple(clients) if clients else CLIENT_COUNTS, openai=openai, repository=repository,
     ))
 
