@@ -102,6 +102,15 @@ def test_serve_on_a_taken_port_is_one_line_naming_the_holder_and_starts_nothing(
     assert "ready" not in done.stdout
 
 
+def test_a_taken_port_is_named_before_tritonserver_is_started(tiny_repo, listener, monkeypatch):
+    """Before anything starts: not found out from a tritonserver that failed to bind (whose retry path would
+    name the holder too, so the CLI test above cannot tell the two apart)."""
+    pid, port = listener
+    monkeypatch.setattr(TritonServer, "_start_once", lambda *a, **k: pytest.fail("tritonserver was started"))
+    with pytest.raises(WideError, match=f"--http-port {port} on 127.0.0.1 is already in use by {pid} "):
+        TritonServer(tiny_repo, http_port=port).start(timeout=5)
+
+
 def test_serve_refuses_the_openai_port_given_to_another_endpoint(tiny_repo):
     port = ports_free_port()
     done = subprocess.run([*CLI, "serve", "--repository", str(tiny_repo), "--grpc-port", str(port),

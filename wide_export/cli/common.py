@@ -46,6 +46,7 @@ def user_errors(fn: F) -> F:
             typer.echo(interrupt_line(err), err=True)
             raise typer.Exit(interrupt_exit_code()) from None
 
+    wrapper.reports_interrupts = True  # type: ignore[attr-defined]  # tests/cli: every command has it
     return wrapper  # type: ignore[return-value]
 
 
