@@ -158,3 +158,59 @@ def test_piped_progress_prints_only_stages_that_take_long(monkeypatch):
         steps.update("slow", 3, 10)  # within `every` (30 s) of the printed line: not printed
         steps.say("window 1/2, layer 1/3")
     assert out.getvalue().splitlines() == ["job: slow 2/10"]
+
+
+@pytest.mark.slow
+def test_a_real_build_interrupted_while_compiling_leaves_no_process_and_no_folder(tmp_path):
+    """The real CMake / ninja / Triton AOT build (nvcc needed), interrupted as a terminal does it: SIGINT to
+    the whole foreground group once the AOT stage runs. Progress was printed, exit 130 with one line, no
+    process of the build left (ninja, the AOT compiler and its workers), the fresh build folder gone."""
+    import shutil
+
+    from wide_export.native.build import find_nvcc
+
+    if find_nvcc() is None or shutil.which("cmake") is None:
+        pytest.skip("needs nvcc and cmake")
+    build = tmp_path / "native"
+
+    def of_the_build() -> list[str]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                    continue
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if (str(build) in cmd or "wide_export.kernels.aot" in cmd) and _alive(int(entry.name)):
+                    found.append(f"{entry.name} {cmd[:100]}")
+            except OSError:
+                pass
+        return found
+
+    proc = subprocess.Popen([sys.executable, "-m", "wide_export", "build", "--build-dir", str(build),
+                             "--cuda-arch", "80"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "WIDE_PROGRESS_DELAY": "0"}, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line.strip())
+            if line.startswith("build: aot"):
+                break
+        assert lines[:3] == ["build: configure (cmake)", "build: build (cmake)", "build: aot: Triton kernels"], lines
+        deadline = time.monotonic() + 60
+        while len(of_the_build()) < 3 and time.monotonic() < deadline:  # the CLI, cmake, ninja (and the AOT)
+            time.sleep(0.1)
+        assert len(of_the_build()) >= 3, of_the_build()
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(120) == 130, rest
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert rest.strip().splitlines()[-1] == (f"interrupted (SIGINT); stopped the build and its compilers; "
+                                             f"removed {build.resolve()}"), rest
+    assert "Traceback" not in rest
+    time.sleep(0.5)
+    assert of_the_build() == []
+    assert not build.exists()
