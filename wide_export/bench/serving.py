@@ -101,13 +101,18 @@ def run_clients(clients: int, requests: int, work: Callable[[int, int], int], na
                 setup: Optional[Callable[[int], None]] = None) -> Scenario:
     """Run `work(client, i) -> new tokens` from `clients` threads, timing each call.
 
-    `setup(client)` runs in each thread before the clock starts (connections, warm-up).
+    `setup(client)` runs in each thread before the clock starts (connections, warm-up). An interrupt
+    (Ctrl-C / SIGTERM, raised in this thread) lets each client finish the call it is in and stop, then
+    propagates: no thread is left inside ONNX Runtime or gRPC while the interpreter exits.
     """
+    from wide_export.signals import shielded
+
     latencies: list[float] = []
     tokens = [0] * clients
     errors: list[BaseException] = []
     lock = threading.Lock()
     ready = threading.Barrier(clients + 1)
+    stop = threading.Event()
 
     def client(c: int) -> None:
         try:
@@ -115,11 +120,16 @@ def run_clients(clients: int, requests: int, work: Callable[[int, int], int], na
                 setup(c)
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller thread
             errors.append(err)
-        ready.wait()
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:  # the caller was interrupted before the clock started
+            return
         if errors:
             return
         try:
             for i in range(requests):
+                if stop.is_set():
+                    return
                 start = time.perf_counter()
                 tokens[c] += work(c, i)
                 with lock:
@@ -130,10 +140,18 @@ def run_clients(clients: int, requests: int, work: Callable[[int, int], int], na
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
-    ready.wait()  # every client is set up: start the clock
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
+    try:
+        ready.wait()  # every client is set up: start the clock
+        start = time.perf_counter()
+        for t in threads:
+            t.join()
+    except BaseException:
+        stop.set()
+        ready.abort()
+        with shielded():  # a second signal while the clients finish their call is recorded, not raised
+            for t in threads:
+                t.join()
+        raise
     wall = time.perf_counter() - start
     if errors:
         raise errors[0]

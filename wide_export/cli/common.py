@@ -39,7 +39,9 @@ def user_errors(fn: F) -> F:
             report_error(err)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as err:
-            done = published()
+            # outputs still there: a folder published into a temp folder the command has removed while
+            # unwinding (bench serving's repository) is not a result that was kept
+            done = [out for out in published() if Path(out).exists()]
             if done:  # the interrupt came after the output was complete and in place: it stays, a success
                 typer.echo(f"interrupted after {done[-1]} was written completely; it is kept", err=True)
                 raise typer.Exit(0) from None
