@@ -3,7 +3,8 @@
 // The cubins (one per kernel specialization and architecture) are embedded from wide_aot.bin with
 // .incbin; wide_aot_table.inc lists them (see wide_export/kernels/aot.py). This file only validates
 // arguments, picks the algorithm and tile exactly as wide_export/kernels/{launch,configs,policy}.py
-// do, and launches through the CUDA driver API. Modules are loaded once per CUDA context. The driver
+// do, picks each kernel's variant from the call's alignment (pickCubin), and launches through the
+// CUDA driver API. Modules are loaded once per CUDA context. The driver
 // API is taken from libcuda.so.1 at run time (dlopen), as TensorRT does: the library links no libcuda,
 // so it builds where only the toolkit is installed (CI) and loads wherever a driver is.
 #include "wide_kernels.h"
@@ -41,6 +42,9 @@ struct Cubin
     unsigned shared;
     unsigned warps;
     int nparams; // the kernel's runtime parameters (constexprs excluded): launch() checks the call against it
+    unsigned align; // 16: the "a16" variant, compiled assuming the parameters of hintMask are multiples of 16;
+                    // 1: the "any" variant, compiled assuming nothing (correct for every call)
+    uint32_t hintMask; // bit i: runtime parameter i (pointer address or integer) is hinted divisible by align
 };
 
 Cubin const kCubins[] = {
@@ -158,17 +162,89 @@ int deviceArch(int& arch)
     return WIDE_OK;
 }
 
-//! The cubin for key on a device of `arch`: same major, highest compiled minor <= the device's.
-int findCubin(std::string const& key, int arch)
+//! The architecture whose cubins of key a device of `arch` runs: same major, highest compiled minor <= the
+//! device's; -1 if none.
+int cubinArch(std::string const& key, int arch)
 {
     int best = -1;
     for (int i = 0; i < kNumCubins; ++i)
     {
         Cubin const& c = kCubins[i];
-        if (key == c.key && c.arch / 10 == arch / 10 && c.arch <= arch && (best < 0 || c.arch > kCubins[best].arch))
-            best = i;
+        if (key == c.key && c.arch / 10 == arch / 10 && c.arch <= arch && c.arch > best)
+            best = c.arch;
     }
     return best;
+}
+
+//! Kernel arguments in declaration order (pointers and i32 scalars, as the Triton kernel declares them).
+class Args
+{
+public:
+    Args& ptr(void const* p)
+    {
+        mPtrs.push_back(reinterpret_cast<CUdeviceptr>(p));
+        mValues.push_back(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)));
+        mKinds.push_back(0);
+        return *this;
+    }
+    Args& i32(int64_t v)
+    {
+        mInts.push_back(static_cast<int32_t>(v));
+        mValues.push_back(static_cast<uint64_t>(v));
+        mKinds.push_back(1);
+        return *this;
+    }
+    size_t size() const
+    {
+        return mKinds.size();
+    }
+    //! Whether every argument named by `mask` (bit i = argument i) is a multiple of `align`.
+    bool meets(uint32_t mask, unsigned align) const
+    {
+        for (size_t i = 0; i < mValues.size() && i < 32; ++i)
+        {
+            if ((mask >> i & 1u) && mValues[i] % align != 0)
+                return false;
+        }
+        return true;
+    }
+    std::vector<void*> build()
+    {
+        std::vector<void*> out;
+        size_t p = 0;
+        size_t i = 0;
+        for (int k : mKinds)
+            out.push_back(k == 0 ? static_cast<void*>(&mPtrs[p++]) : static_cast<void*>(&mInts[i++]));
+        out.push_back(&mScratch[0]); // Triton's global / profile scratch pointers (size 0: aot.py checks)
+        out.push_back(&mScratch[1]);
+        return out;
+    }
+
+private:
+    std::vector<CUdeviceptr> mPtrs;
+    std::vector<int32_t> mInts;
+    std::vector<uint64_t> mValues; // every argument as an unsigned value, for the alignment check
+    std::vector<int> mKinds;
+    CUdeviceptr mScratch[2] = {0, 0};
+};
+
+//! The cubin to launch for key with these arguments on a device of `arch`: the aligned variant when
+//! every argument it was compiled to assume aligned is, else the variant that assumes nothing; -1 if none.
+int pickCubin(std::string const& key, int arch, Args const& args)
+{
+    int const use = cubinArch(key, arch);
+    int safe = -1;
+    for (int i = 0; use >= 0 && i < kNumCubins; ++i)
+    {
+        Cubin const& c = kCubins[i];
+        if (key != c.key || c.arch != use)
+            continue;
+        if (c.align > 1 && args.meets(c.hintMask, c.align))
+            return i;
+        if (c.align <= 1)
+            safe = i;
+    }
+    return safe;
 }
 
 std::mutex gMutex;
@@ -201,69 +277,89 @@ int function(int index, CUfunction& fn)
     return WIDE_OK;
 }
 
-//! Kernel arguments in declaration order (pointers and i32 scalars, as the Triton kernel declares them).
-class Args
+//! One step of a GEMM: a kernel launch (key, grid, arguments) or a memset of the workspace.
+struct Step
 {
-public:
-    Args& ptr(void const* p)
-    {
-        mPtrs.push_back(reinterpret_cast<CUdeviceptr>(p));
-        mKinds.push_back(0);
-        return *this;
-    }
-    Args& i32(int64_t v)
-    {
-        mInts.push_back(static_cast<int32_t>(v));
-        mKinds.push_back(1);
-        return *this;
-    }
-    size_t size() const
-    {
-        return mKinds.size();
-    }
-    std::vector<void*> build()
-    {
-        std::vector<void*> out;
-        size_t p = 0;
-        size_t i = 0;
-        for (int k : mKinds)
-            out.push_back(k == 0 ? static_cast<void*>(&mPtrs[p++]) : static_cast<void*>(&mInts[i++]));
-        out.push_back(&mScratch[0]); // Triton's global / profile scratch pointers (size 0: aot.py checks)
-        out.push_back(&mScratch[1]);
-        return out;
-    }
-
-private:
-    std::vector<CUdeviceptr> mPtrs;
-    std::vector<int32_t> mInts;
-    std::vector<int> mKinds;
-    CUdeviceptr mScratch[2] = {0, 0};
+    std::string key; // empty: cuMemsetD8Async(memsetPtr, 0, memsetBytes)
+    unsigned grid[3] = {1, 1, 1};
+    Args args;
+    void* memsetPtr = nullptr;
+    size_t memsetBytes = 0;
 };
+using Plan = std::vector<Step>;
 
-int launch(std::string const& key, int arch, unsigned gx, unsigned gy, unsigned gz, Args& args, cudaStream_t stream)
+Step kernel(std::string key, unsigned gx, unsigned gy, unsigned gz, Args args)
 {
-    if (gx == 0 || gy == 0 || gz == 0)
+    Step s;
+    s.key = std::move(key);
+    s.grid[0] = gx;
+    s.grid[1] = gy;
+    s.grid[2] = gz;
+    s.args = std::move(args);
+    return s;
+}
+
+int launch(Step& step, int arch, cudaStream_t stream)
+{
+    if (step.key.empty())
+    {
+        CUresult r = driver().memsetD8Async(
+            reinterpret_cast<CUdeviceptr>(step.memsetPtr), 0, step.memsetBytes, reinterpret_cast<CUstream>(stream));
+        return r == CUDA_SUCCESS ? WIDE_OK : cudaFail(r, "cuMemsetD8Async");
+    }
+    if (step.grid[0] == 0 || step.grid[1] == 0 || step.grid[2] == 0)
         return WIDE_OK;
-    int const index = findCubin(key, arch);
+    int const index = pickCubin(step.key, arch, step.args);
     if (index < 0)
     {
-        tLastCudaError = "no cubin for " + key + " on sm_" + std::to_string(arch);
+        tLastCudaError = "no cubin for " + step.key + " on sm_" + std::to_string(arch);
         return WIDE_ERR_NO_KERNEL;
     }
     Cubin const& c = kCubins[index];
-    if (args.size() != static_cast<size_t>(c.nparams))
+    if (step.args.size() != static_cast<size_t>(c.nparams))
     {
-        tLastCudaError = key + ": " + std::to_string(args.size()) + " arguments for a kernel of "
+        tLastCudaError = step.key + ": " + std::to_string(step.args.size()) + " arguments for a kernel of "
             + std::to_string(c.nparams) + " (sources.py and wide_kernels.cpp disagree)";
         return WIDE_ERR_INVALID_ARGUMENT;
     }
     CUfunction fn;
     if (int s = function(index, fn))
         return s;
-    std::vector<void*> params = args.build();
-    CUresult r = driver().launchKernel(fn, gx, gy, gz, c.warps * 32, 1, 1, c.shared, reinterpret_cast<CUstream>(stream),
-        params.data(), nullptr);
-    return r == CUDA_SUCCESS ? WIDE_OK : cudaFail(r, key.c_str());
+    std::vector<void*> params = step.args.build();
+    CUresult r = driver().launchKernel(fn, step.grid[0], step.grid[1], step.grid[2], c.warps * 32, 1, 1, c.shared,
+        reinterpret_cast<CUstream>(stream), params.data(), nullptr);
+    return r == CUDA_SUCCESS ? WIDE_OK : cudaFail(r, step.key.c_str());
+}
+
+int run(Plan& plan, int arch, cudaStream_t stream)
+{
+    for (Step& step : plan)
+    {
+        if (int s = launch(step, arch, stream))
+            return s;
+    }
+    return WIDE_OK;
+}
+
+//! "key@variant grid=XxYxZ" per launch ("memset BYTES" per memset), space-separated: what run() would do.
+std::string describe(Plan const& plan, int arch)
+{
+    std::string out;
+    for (Step const& step : plan)
+    {
+        if (!out.empty())
+            out += ' ';
+        if (step.key.empty())
+        {
+            out += "memset " + std::to_string(step.memsetBytes);
+            continue;
+        }
+        int const index = pickCubin(step.key, arch, step.args);
+        out += step.key + "@" + (index < 0 ? "none" : kCubins[index].align > 1 ? "a16" : "any");
+        out += " grid=" + std::to_string(step.grid[0]) + "x" + std::to_string(step.grid[1]) + "x"
+            + std::to_string(step.grid[2]);
+    }
+    return out;
 }
 
 unsigned cdiv(int64_t a, int64_t b)
@@ -344,33 +440,18 @@ size_t rowsBytes(int64_t M, int64_t G)
     return align256(static_cast<size_t>(G) * M * 4) + align256(static_cast<size_t>(G) * 4);
 }
 
-//! Validation, the empty problem and the device's architecture: WIDE_OK with arch set means "launch".
-int prologue(wide_gemm_params_t const* p, bool kindK, bool gated, int& arch, bool& done)
-{
-    done = true;
-    if (int s = validate(p, kindK, gated))
-        return s;
-    if (p->M == 0)
-        return WIDE_OK;
-    done = false;
-    return deviceArch(arch);
-}
-
-int groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws, int arch, cudaStream_t stream)
+Step groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws)
 {
     auto* rows = static_cast<int32_t*>(ws);
     auto* counts = reinterpret_cast<int32_t*>(static_cast<char*>(ws) + align256(static_cast<size_t>(G) * M * 4));
     Args a;
     a.ptr(mask).ptr(rows).ptr(counts).i32(M).i32(G);
-    return launch("group_rows", arch, static_cast<unsigned>(G), 1, 1, a, stream);
+    return kernel("group_rows", static_cast<unsigned>(G), 1, 1, std::move(a));
 }
 
-int gemmN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, cudaStream_t stream)
+//! The launches of wide_gemm_n / _gated for a validated, non-empty problem on `arch`.
+int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int arch, Plan& plan)
 {
-    int arch = 0;
-    bool done = false;
-    if (int s = prologue(p, false, gated, arch, done); s != WIDE_OK || done)
-        return s;
     std::string const dt = dtypeName(p->dtype);
     std::string const var = gated ? "gated" : (p->bias ? "bias" : "plain");
     int64_t const G = p->N / p->group_size;
@@ -382,26 +463,103 @@ int gemmN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, cuda
     {
         a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
         a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        return launch("gemv_n/" + dt + "/" + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a,
-            stream);
+        plan.push_back(kernel("gemv_n/" + dt + "/" + var, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1,
+            std::move(a)));
+        return WIDE_OK;
     }
     if (algo == WIDE_ALGO_GROUPED)
     {
         if (!ws || wsSize < rowsBytes(p->M, G))
             return WIDE_ERR_WORKSPACE_TOO_SMALL;
-        if (int s = groupRows(p->mask, p->M, G, ws, arch, stream))
-            return s;
+        plan.push_back(groupRows(p->mask, p->M, G, ws));
         int const bn = groupedBlockN(p->group_size);
         auto* rows = static_cast<int32_t*>(ws);
         auto* counts = reinterpret_cast<int32_t*>(static_cast<char*>(ws) + align256(static_cast<size_t>(G) * p->M * 4));
         a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(rows).ptr(counts).ptr(p->y);
         a.i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
-        return launch("grouped_n/" + dt + "/" + var + "/bn" + std::to_string(bn), arch, cdiv(p->M, kGroupedBlockM),
-            static_cast<unsigned>(p->N / bn), 1, a, stream);
+        plan.push_back(kernel("grouped_n/" + dt + "/" + var + "/bn" + std::to_string(bn), cdiv(p->M, kGroupedBlockM),
+            static_cast<unsigned>(p->N / bn), 1, std::move(a)));
+        return WIDE_OK;
     }
     a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    return launch("tile_n/" + dt + "/" + var, arch, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, a, stream);
+    plan.push_back(kernel("tile_n/" + dt + "/" + var, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, std::move(a)));
+    return WIDE_OK;
+}
+
+//! The launches of wide_gemm_k for a validated, non-empty problem on `arch`.
+int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, int arch, Plan& plan)
+{
+    std::string const dt = dtypeName(p->dtype);
+    std::string const var = p->bias ? "/bias" : ""; // the bias [N] is added to every output (outputs are not grouped)
+    void const* b = p->bias ? p->bias : p->w;       // never read by the plain variants
+    int64_t const G = p->K / p->group_size;
+    int const algo = resolve(p, true, arch);
+    Args a;
+    if (algo == WIDE_ALGO_GEMV)
+    {
+        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+        plan.push_back(
+            kernel("gemv_k/" + dt + var, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, std::move(a)));
+        return WIDE_OK;
+    }
+    if (algo == WIDE_ALGO_GROUPED)
+    {
+        size_t const rb = rowsBytes(p->M, G);
+        size_t const accBytes = static_cast<size_t>(p->M) * p->N * 4;
+        if (!workspace || workspaceSize < rb + align256(accBytes))
+            return WIDE_ERR_WORKSPACE_TOO_SMALL;
+        plan.push_back(groupRows(p->mask, p->M, G, workspace));
+        auto* rows = static_cast<int32_t*>(workspace);
+        auto* counts
+            = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + align256(static_cast<size_t>(G) * p->M * 4));
+        void* acc = static_cast<char*>(workspace) + rb;
+        Step zero;
+        zero.memsetPtr = acc;
+        zero.memsetBytes = accBytes;
+        plan.push_back(std::move(zero));
+        a.ptr(p->x).ptr(p->w).ptr(rows).ptr(counts).ptr(acc).i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
+        plan.push_back(kernel("grouped_k/" + dt, cdiv(p->M, kGroupedBlockM), cdiv(p->N, kGroupedKBlockN),
+            static_cast<unsigned>(G), std::move(a)));
+        Args c;
+        c.ptr(acc).ptr(p->y).ptr(b).i32(p->M * p->N).i32(p->N);
+        plan.push_back(kernel("cast/" + dt + var, cdiv(p->M * p->N, kCastBlock), 1, 1, std::move(c)));
+        return WIDE_OK;
+    }
+    a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
+    a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+    plan.push_back(kernel("tile_k/" + dt + var, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, std::move(a)));
+    return WIDE_OK;
+}
+
+//! Validation, then the plan of operation `op` (WIDE_OP_*) on `arch`; an empty plan for M == 0.
+int plan(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, int arch, Plan& out)
+{
+    bool const kindK = op == WIDE_OP_GEMM_K;
+    bool const gated = op == WIDE_OP_GEMM_N_GATED;
+    if (op < WIDE_OP_GEMM_N || op > WIDE_OP_GEMM_K)
+        return WIDE_ERR_INVALID_ARGUMENT;
+    if (int s = validate(p, kindK, gated))
+        return s;
+    if (p->M == 0)
+        return WIDE_OK;
+    return kindK ? planK(p, ws, wsSize, arch, out) : planN(p, gated, ws, wsSize, arch, out);
+}
+
+int gemm(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, cudaStream_t stream)
+{
+    if (int s = validate(p, op == WIDE_OP_GEMM_K, op == WIDE_OP_GEMM_N_GATED))
+        return s; // before any CUDA call
+    if (p->M == 0)
+        return WIDE_OK;
+    int arch = 0;
+    if (int s = deviceArch(arch))
+        return s;
+    Plan steps;
+    if (int s = plan(op, p, ws, wsSize, arch, steps))
+        return s;
+    return run(steps, arch, stream);
 }
 
 } // namespace
@@ -439,7 +597,7 @@ int wide_kernels_cubin_count(void)
 
 int wide_kernels_has_cubin(char const* key, int arch)
 {
-    return key && findCubin(key, arch) >= 0 ? 1 : 0;
+    return key && cubinArch(key, arch) >= 0 ? 1 : 0;
 }
 
 size_t wide_gemm_params_sizeof(void)
@@ -472,8 +630,9 @@ int wide_router(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, float c
         return s;
     Args a;
     a.ptr(x).ptr(wc).ptr(bc).ptr(wr).ptr(br).ptr(mask).i32(M).i32(H).i32(R).i32(G).i32(H);
-    return launch(std::string("router/") + dtypeName(dtype) + "/r" + std::to_string(blockR), arch,
-        cdiv(M, kRouterBlockM), 1, 1, a, stream);
+    Step step = kernel(std::string("router/") + dtypeName(dtype) + "/r" + std::to_string(blockR), cdiv(M, kRouterBlockM),
+        1, 1, std::move(a));
+    return launch(step, arch, stream);
 }
 
 size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
@@ -491,61 +650,33 @@ int wide_gemm_resolve_algo(wide_gemm_params_t const* p, int kind_k, int arch)
     return p ? resolve(p, kind_k != 0, arch) : -1;
 }
 
+int wide_gemm_describe(wide_gemm_params_t const* p, int op, int arch, void* workspace, size_t workspace_size,
+    char* out, size_t out_size)
+{
+    Plan steps;
+    if (int s = plan(op, p, workspace, workspace_size, arch, steps))
+        return s;
+    std::string const text = describe(steps, arch);
+    if (!out || out_size <= text.size())
+        return WIDE_ERR_INVALID_ARGUMENT;
+    text.copy(out, text.size());
+    out[text.size()] = '\0';
+    return WIDE_OK;
+}
+
 int wide_gemm_n(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
-    return gemmN(p, false, workspace, workspace_size, stream);
+    return gemm(WIDE_OP_GEMM_N, p, workspace, workspace_size, stream);
 }
 
 int wide_gemm_n_gated(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
-    return gemmN(p, true, workspace, workspace_size, stream);
+    return gemm(WIDE_OP_GEMM_N_GATED, p, workspace, workspace_size, stream);
 }
 
 int wide_gemm_k(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
-    int arch = 0;
-    bool done = false;
-    if (int s = prologue(p, true, false, arch, done); s != WIDE_OK || done)
-        return s;
-    std::string const dt = dtypeName(p->dtype);
-    std::string const var = p->bias ? "/bias" : ""; // the bias [N] is added to every output (outputs are not grouped)
-    void const* b = p->bias ? p->bias : p->w;       // never read by the plain variants
-    int64_t const G = p->K / p->group_size;
-    int const algo = resolve(p, true, arch);
-    Args a;
-    if (algo == WIDE_ALGO_GEMV)
-    {
-        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
-        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        return launch("gemv_k/" + dt + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a, stream);
-    }
-    if (algo == WIDE_ALGO_GROUPED)
-    {
-        size_t const rb = rowsBytes(p->M, G);
-        size_t const accBytes = static_cast<size_t>(p->M) * p->N * 4;
-        if (!workspace || workspace_size < rb + align256(accBytes))
-            return WIDE_ERR_WORKSPACE_TOO_SMALL;
-        if (int s = groupRows(p->mask, p->M, G, workspace, arch, stream))
-            return s;
-        auto* rows = static_cast<int32_t*>(workspace);
-        auto* counts
-            = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + align256(static_cast<size_t>(G) * p->M * 4));
-        void* acc = static_cast<char*>(workspace) + rb;
-        CUresult r
-            = driver().memsetD8Async(reinterpret_cast<CUdeviceptr>(acc), 0, accBytes, reinterpret_cast<CUstream>(stream));
-        if (r != CUDA_SUCCESS)
-            return cudaFail(r, "cuMemsetD8Async");
-        a.ptr(p->x).ptr(p->w).ptr(rows).ptr(counts).ptr(acc).i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
-        if (int s = launch("grouped_k/" + dt, arch, cdiv(p->M, kGroupedBlockM), cdiv(p->N, kGroupedKBlockN),
-                static_cast<unsigned>(G), a, stream))
-            return s;
-        Args c;
-        c.ptr(acc).ptr(p->y).ptr(b).i32(p->M * p->N).i32(p->N);
-        return launch("cast/" + dt + var, arch, cdiv(p->M * p->N, kCastBlock), 1, 1, c, stream);
-    }
-    a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
-    a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    return launch("tile_k/" + dt + var, arch, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, a, stream);
+    return gemm(WIDE_OP_GEMM_K, p, workspace, workspace_size, stream);
 }
 
 } // extern "C"
