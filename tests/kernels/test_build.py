@@ -107,7 +107,8 @@ def test_c_auto_policy_matches_python(kernels_lib):
     """The C runtime resolves `auto` from the same policy.json table as wide_export.kernels."""
     from wide_export.kernels.policy import choose, policy_for
 
-    names = {1: "gemv", 2: "grouped", 3: "tile"}
+    names = {1: "gemv", 2: "grouped", 3: "tile", 4: "dense"}
+    dense = "dense" if kernels_lib.wide_kernels_has_cublaslt() else "tile"  # no cuBLASLt: the tile kernels
     for arch in (80, 90):
         pol = policy_for(f"sm_{arch}")
         for kind, kind_k in (("n", 0), ("k", 1)):
@@ -116,7 +117,7 @@ def test_c_auto_policy_matches_python(kernels_lib):
                     p = _params(M=M, N=gs * 4, K=gs * 4, group_size=gs)
                     got = names[kernels_lib.wide_gemm_resolve_algo(ctypes.byref(p), kind_k, arch)]
                     want = choose(kind, M, gs, pol)
-                    want = "tile" if want == "dense" else want  # the plugins' dense path: no cuBLAS in C
+                    want = dense if want == "dense" else want
                     assert got == want, (arch, kind, M, gs)
 
 
@@ -183,6 +184,32 @@ def test_describe_shows_the_whole_grouped_k_plan(kernels_lib):
     assert _describe(kernels_lib, 7, **kw)[0] == 1
 
 
+@pytest.mark.parametrize("op", [0, 1, 2])
+def test_dense_algo_is_cublaslt_and_a_mask_pass(kernels_lib, op):
+    kw = dict(M=300, N=384, K=256, group_size=32, x=0x1000, w=0x2000, mask=0x3000, y=0x4000, dtype=2, algo=4,
+              bias=None if op == 1 else 0x5000, w2=0x6000 if op == 1 else None)
+    if op == 2:
+        kw["N"], kw["K"] = 256, 384
+    p = _params(**kw)
+    ws_size = kernels_lib.wide_gemm_workspace_size(ctypes.byref(p))
+    status, text = _describe(kernels_lib, op, ws=0x10000, ws_size=ws_size, **kw)
+    if not kernels_lib.wide_kernels_has_cublaslt():
+        assert status == 5  # WIDE_ERR_NO_KERNEL: this build has no cuBLASLt, and says so
+        assert b"cuBLASLt" in kernels_lib.wide_last_cuda_error_string()
+        return
+    assert status == 0, text
+    M, N, K = kw["M"], kw["N"], kw["K"]
+    mask_pass = {0: "apply_mask/bfloat16/plain", 1: "apply_mask/bfloat16/gated", 2: "apply_mask/bfloat16/plain"}[op]
+    grid = f"grid={-(-M // configs.APPLY_MASK_BLOCK_M)}x{-(-(K if op == 2 else N) // configs.APPLY_MASK_BLOCK_N)}x1"
+    want = {0: f"cublasLt+bias {M}x{N}x{K} {mask_pass}@a16 {grid}",
+            1: f"cublasLt {M}x{N}x{K} cublasLt {M}x{N}x{K} {mask_pass}@a16 {grid}",
+            2: f"{mask_pass}@a16 {grid} cublasLt+bias {M}x{N}x{K}"}[op]
+    assert text == want
+    # cuBLASLt's 32 MiB scratch (+ the masked x / the up projection) is part of the workspace
+    assert _describe(kernels_lib, op, ws=0x10000, ws_size=(32 << 20) - 1, **kw)[0] == 3
+    assert kernels_lib.wide_gemm_resolve_algo(ctypes.byref(_params(M=4096, N=4096, K=4096, group_size=32)), 0, 90) == 4
+
+
 def test_variants_share_the_grid_the_c_runtime_computes():
     """Both variants of a key have the BLOCK_M / BLOCK_N the C runtime's grid assumes; only BLOCK_K / warps differ."""
     by_key = {}
@@ -215,6 +242,8 @@ def test_c_tiles_match_python_configs():
     assert const("kGroupedBlockM") == configs.GROUPED_BLOCK_M
     assert arr("kGroupedBlockNs") == configs.GROUPED_BLOCK_NS
     assert const("kGroupedKBlockN") == configs.GROUPED_K_BLOCK_N
+    assert (const("kApplyMaskBlockM"), const("kApplyMaskBlockN")) == (configs.APPLY_MASK_BLOCK_M,
+                                                                      configs.APPLY_MASK_BLOCK_N)
 
 
 def test_policy_table_is_complete():
@@ -261,7 +290,7 @@ def _ptr(t):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_code,dtype_name", [(1, "float16"), (2, "bfloat16"), (0, "float32")])
-@pytest.mark.parametrize("algo", [1, 2, 3])
+@pytest.mark.parametrize("algo", [1, 2, 3, 4])
 @pytest.mark.parametrize("kind", ["n", "n_bias", "gated", "k"])
 @pytest.mark.parametrize("M", [1, 5, 300])
 def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_code, dtype_name, M):
@@ -271,6 +300,8 @@ def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_co
 
     if algo == 2 and dtype_code == 0:
         pytest.skip("no grouped cubins for float32 (tile runs float32 prefill)")
+    if algo == 4 and not kernels_lib.wide_kernels_has_cublaslt():
+        pytest.skip("this build has no cuBLASLt dense path (configure with WIDE_CUBLAS_ROOT)")
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator(device="cuda").manual_seed(M * 10 + algo)
     gs, G, other = 128, 6, 320

@@ -25,7 +25,8 @@ ARCHS = (80, 90)
 # compiled when no build is at hand: the worst cases of each GEMM kind and dtype, both variants
 SUBSET = ("tile_n/float16/gated", "tile_k/bfloat16/bias", "tile_n/float32/gated", "tile_k/float32",
           "grouped_n/float16/gated/bn64", "grouped_n/bfloat16/bias/bn128", "grouped_k/float16", "cast/float16/bias")
-FAMILIES = ("router", "gemv_n", "gemv_k", "tile_n", "tile_k", "grouped_n", "grouped_k", "cast", "group_rows")
+FAMILIES = ("router", "gemv_n", "gemv_k", "tile_n", "tile_k", "grouped_n", "grouped_k", "cast", "group_rows",
+            "apply_mask")
 
 # A trimmed `cuobjdump -res-usage` / `-sass` of an sm_90 cubin (hand-copied from a real one).
 RES = """

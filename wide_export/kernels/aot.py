@@ -58,7 +58,7 @@ from wide_export.kernels.policy import POLICY_FILE
 _TRITON_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 ALIGN = cfg.ALIGN  # the divisibility Triton's JIT specializes on
-ALIGNED_INTS = ("N", "K", "H", "ldx", "group_size", "numel")  # hinted in the a16 variant (see above)
+ALIGNED_INTS = ("N", "K", "H", "ldx", "ld_src", "group_size", "numel")  # hinted in the a16 variant (see above)
 VARIANTS = ("a16", "any")
 GEMMS = ("tile_n", "tile_k", "grouped_n", "grouped_k")  # key prefixes of the tl.dot GEMM kernels
 
@@ -160,6 +160,11 @@ def specs() -> list[Spec]:
                 out += _twins(Spec(f"cast/{dtype}{suffix}", "wide_cast_kernel",
                                    (("src_ptr", "*fp32"), ("dst_ptr", f"*{dt}"), ("b_ptr", f"*{dt}")),
                                    (("HAS_BIAS", has_bias), ("BLOCK", cfg.CAST_BLOCK)), 4))
+        for var, gated in (("plain", False), ("gated", True)):  # the cuBLASLt dense path's mask pass
+            out += _twins(Spec(f"apply_mask/{dtype}/{var}", "wide_apply_mask_kernel",
+                               _ptrs(dt, "src_ptr", "src2_ptr", "dst_ptr", "mask_ptr", mask_ptr="*i32"),
+                               (("GATED", gated), ("BLOCK_M", cfg.APPLY_MASK_BLOCK_M),
+                                ("BLOCK_N", cfg.APPLY_MASK_BLOCK_N)), 4))
         if not precise:
             out += _gemm(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
                          _ptrs(dt, "x_ptr", "w_ptr", "rows_ptr", "counts_ptr", "acc_ptr", rows_ptr="*i32",
@@ -232,7 +237,8 @@ def _policy_inc() -> str:
             continue
         num = 0 if arch == "default" else int(arch.split("_")[1])
         lines.append(f"{{{num}, {p['gemv_max_m']}, {p['grouped_n_min_m']}, {p['grouped_n_min_group_size']}, "
-                     f"{p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}}},")
+                     f"{p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}, "
+                     f"{1 if p.get('fallback', 'dense') == 'dense' else 0}}},")
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,8 @@ ROUTER_WARPS = 4
 
 GROUP_ROWS_BLOCK = 1024
 CAST_BLOCK = 1024
+APPLY_MASK_BLOCK_M = 8  # the dense path's mask pass: 8 rows x 256 channels per program
+APPLY_MASK_BLOCK_N = 256
 
 TILE_BLOCK_M = 64
 TILE_BLOCK_N = 64

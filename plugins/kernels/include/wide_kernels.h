@@ -49,7 +49,8 @@ typedef enum {
   WIDE_ALGO_AUTO = 0,
   WIDE_ALGO_GEMV = 1,     // per token, only the token's active weight bytes (decode)
   WIDE_ALGO_GROUPED = 2,  // per-group row lists + grouped GEMM (N) / scatter-add (K)
-  WIDE_ALGO_TILE = 3      // token-order tiles, mask in the epilogue / per-tile K-slice skipping
+  WIDE_ALGO_TILE = 3,     // token-order tiles, mask in the epilogue / per-tile K-slice skipping
+  WIDE_ALGO_DENSE = 4     // cuBLASLt on the full weights + one mask pass (builds with cuBLASLt only)
 } wide_algo_t;
 
 const char* wide_status_string(int status);
@@ -59,6 +60,9 @@ const char* wide_last_cuda_error_string(void);
 // Number of embedded cubins, and whether one exists for `key` at compute capability `arch` (e.g. 90).
 int wide_kernels_cubin_count(void);
 int wide_kernels_has_cubin(const char* key, int arch);
+// 1 when this build has the cuBLASLt dense path and libcublasLt loads (AUTO's "dense" fallback runs it;
+// otherwise the tile kernels).
+int wide_kernels_has_cublaslt(void);
 
 // Router: mask[m, g] = (l[m, g, 0] >= l[m, g, 1]), l = (x Wc^T + bc) Wr^T + br,
 // float32 math whatever the dtype of x. Router weights are float32.

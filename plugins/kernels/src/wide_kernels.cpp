@@ -7,10 +7,20 @@
 // CUDA driver API. Modules are loaded once per CUDA context. The driver
 // API is taken from libcuda.so.1 at run time (dlopen), as TensorRT does: the library links no libcuda,
 // so it builds where only the toolkit is installed (CI) and loads wherever a driver is.
+//
+// The dense algorithm (WIDE_ALGO_DENSE, AUTO's fallback where policy.json says "dense") is cuBLASLt
+// (cublasLtMatmul, the bias fused as its epilogue) followed by the mask pass (wide_apply_mask_kernel),
+// compiled in when CMake finds cublasLt.h (WIDE_HAVE_CUBLASLT) and taken from libcublasLt at run time
+// (dlopen, as libcuda); without it the dense fallback runs the tile kernels.
 #include "wide_kernels.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
+#ifdef WIDE_HAVE_CUBLASLT
+#include <cublasLt.h>
+#include <cstdlib>
+#include <cstring>
+#endif
 
 #include <map>
 #include <mutex>
@@ -56,6 +66,7 @@ struct Policy
 {
     int arch; // 0 = default
     int64_t gemvMaxM, groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
+    int fallbackDense; // 1: "fallback": "dense" (cuBLASLt when this build has it, else tile); 0: "tile"
 };
 Policy const kPolicies[] = {
 #include "wide_aot_policy.inc"
@@ -71,6 +82,13 @@ constexpr int kTileBlockN = 64;
 constexpr int kGroupedBlockM = 64;
 constexpr int kGroupedBlockNs[] = {128, 64, 32, 16};
 constexpr int kGroupedKBlockN = 128;
+constexpr int kApplyMaskBlockM = 8;
+constexpr int kApplyMaskBlockN = 256;
+#ifdef WIDE_HAVE_CUBLASLT
+constexpr size_t kLtWorkspace = size_t{32} << 20; // cuBLASLt's scratch (NVIDIA suggests 32 MiB on Hopper)
+#else
+constexpr size_t kLtWorkspace = 0;
+#endif
 
 thread_local std::string tLastCudaError;
 
@@ -116,6 +134,72 @@ Driver const& driver()
         return r;
     }();
     return d;
+}
+
+#ifdef WIDE_HAVE_CUBLASLT
+//! The cuBLASLt entry points, resolved once from $WIDE_CUBLASLT_LIBRARY, libcublasLt.so.<major> on the
+//! loader's path, or the folder CMake found the library in.
+struct Lt
+{
+    bool ok = false;
+    decltype(&::cublasLtCreate) create = nullptr;
+    decltype(&::cublasLtMatmulDescCreate) descCreate = nullptr;
+    decltype(&::cublasLtMatmulDescDestroy) descDestroy = nullptr;
+    decltype(&::cublasLtMatmulDescSetAttribute) descSet = nullptr;
+    decltype(&::cublasLtMatrixLayoutCreate) layoutCreate = nullptr;
+    decltype(&::cublasLtMatrixLayoutDestroy) layoutDestroy = nullptr;
+    decltype(&::cublasLtMatmulPreferenceCreate) prefCreate = nullptr;
+    decltype(&::cublasLtMatmulPreferenceDestroy) prefDestroy = nullptr;
+    decltype(&::cublasLtMatmulPreferenceSetAttribute) prefSet = nullptr;
+    decltype(&::cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+    decltype(&::cublasLtMatmul) matmul = nullptr;
+    decltype(&::cublasLtGetStatusString) statusString = nullptr;
+};
+
+Lt const& lt()
+{
+    static Lt const l = [] {
+        Lt r;
+        std::string const soname = "libcublasLt.so." WIDE_STR(CUBLAS_VER_MAJOR);
+        std::vector<std::string> candidates;
+        if (char const* env = std::getenv("WIDE_CUBLASLT_LIBRARY"))
+            candidates.emplace_back(env);
+        candidates.push_back(soname);
+#ifdef WIDE_CUBLASLT_LIB_DIR
+        candidates.push_back(std::string(WIDE_STR(WIDE_CUBLASLT_LIB_DIR)) + "/" + soname);
+#endif
+        void* lib = nullptr;
+        for (std::string const& c : candidates)
+        {
+            if ((lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr)
+                break;
+        }
+        if (!lib)
+            return r;
+        r.ok = resolveSym(lib, r.create, "cublasLtCreate") && resolveSym(lib, r.descCreate, "cublasLtMatmulDescCreate")
+            && resolveSym(lib, r.descDestroy, "cublasLtMatmulDescDestroy")
+            && resolveSym(lib, r.descSet, "cublasLtMatmulDescSetAttribute")
+            && resolveSym(lib, r.layoutCreate, "cublasLtMatrixLayoutCreate")
+            && resolveSym(lib, r.layoutDestroy, "cublasLtMatrixLayoutDestroy")
+            && resolveSym(lib, r.prefCreate, "cublasLtMatmulPreferenceCreate")
+            && resolveSym(lib, r.prefDestroy, "cublasLtMatmulPreferenceDestroy")
+            && resolveSym(lib, r.prefSet, "cublasLtMatmulPreferenceSetAttribute")
+            && resolveSym(lib, r.heuristic, "cublasLtMatmulAlgoGetHeuristic")
+            && resolveSym(lib, r.matmul, "cublasLtMatmul") && resolveSym(lib, r.statusString, "cublasLtGetStatusString");
+        return r;
+    }();
+    return l;
+}
+#endif
+
+//! Whether the dense algorithm can run: cuBLASLt compiled in and its library loadable.
+bool haveLt()
+{
+#ifdef WIDE_HAVE_CUBLASLT
+    return lt().ok;
+#else
+    return false;
+#endif
 }
 
 int cudaFail(CUresult r, char const* what)
@@ -277,14 +361,29 @@ int function(int index, CUfunction& fn)
     return WIDE_OK;
 }
 
-//! One step of a GEMM: a kernel launch (key, grid, arguments) or a memset of the workspace.
+//! y (row-major [M, N], row stride ldc) = x (row-major [M, K], row stride ldx) W^T (W row-major [N, K])
+//! (+ bias[N]), by cuBLASLt in column-major terms: C (N x M) = op_T(W: K x N) * x^T (K x M).
+struct DenseGemm
+{
+    void const* w = nullptr;
+    void const* x = nullptr;
+    void* y = nullptr;
+    void const* bias = nullptr;
+    int64_t M = 0, N = 0, K = 0, ldx = 0, ldc = 0;
+    wide_dtype_t dtype = WIDE_FLOAT32;
+    void* ws = nullptr; // cuBLASLt's scratch, kLtWorkspace bytes
+};
+
+//! One step of a GEMM: a kernel launch (key, grid, arguments), a memset of the workspace, or a cuBLASLt GEMM.
 struct Step
 {
-    std::string key; // empty: cuMemsetD8Async(memsetPtr, 0, memsetBytes)
+    std::string key; // empty: cuMemsetD8Async(memsetPtr, 0, memsetBytes), or the dense GEMM when isDense
     unsigned grid[3] = {1, 1, 1};
     Args args;
     void* memsetPtr = nullptr;
     size_t memsetBytes = 0;
+    bool isDense = false;
+    DenseGemm dense;
 };
 using Plan = std::vector<Step>;
 
@@ -299,8 +398,146 @@ Step kernel(std::string key, unsigned gx, unsigned gy, unsigned gz, Args args)
     return s;
 }
 
+#ifdef WIDE_HAVE_CUBLASLT
+std::mutex gLtMutex;
+std::map<CUcontext, cublasLtHandle_t> gLtHandles;
+std::map<std::string, cublasLtMatmulAlgo_t> gLtAlgos; // heuristic results per (context, problem, alignment)
+
+int ltFail(cublasStatus_t st, char const* what)
+{
+    tLastCudaError = std::string(what) + ": " + lt().statusString(st);
+    return WIDE_ERR_CUDA;
+}
+
+//! RAII for the cuBLASLt descriptors of one call.
+struct LtDescs
+{
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    ~LtDescs()
+    {
+        if (pref)
+            lt().prefDestroy(pref);
+        for (cublasLtMatrixLayout_t l : {a, b, c})
+        {
+            if (l)
+                lt().layoutDestroy(l);
+        }
+        if (op)
+            lt().descDestroy(op);
+    }
+};
+
+int runDense(DenseGemm const& g, cudaStream_t stream)
+{
+    if (!haveLt())
+    {
+        tLastCudaError = "cuBLASLt (libcublasLt) could not be loaded";
+        return WIDE_ERR_NO_KERNEL;
+    }
+    CUcontext ctx = nullptr;
+    CUresult cr = driver().ctxGetCurrent(&ctx);
+    if (cr != CUDA_SUCCESS)
+        return cudaFail(cr, "cuCtxGetCurrent");
+    Lt const& L = lt();
+    cublasLtHandle_t handle = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(gLtMutex);
+        auto it = gLtHandles.find(ctx);
+        if (it == gLtHandles.end())
+        {
+            if (cublasStatus_t st = L.create(&handle); st != CUBLAS_STATUS_SUCCESS)
+                return ltFail(st, "cublasLtCreate");
+            it = gLtHandles.emplace(ctx, handle).first;
+        }
+        handle = it->second;
+    }
+    cudaDataType_t const t
+        = g.dtype == WIDE_FLOAT16 ? CUDA_R_16F : (g.dtype == WIDE_BFLOAT16 ? CUDA_R_16BF : CUDA_R_32F);
+    LtDescs d;
+    cublasOperation_t const ta = CUBLAS_OP_T;
+    cublasOperation_t const tb = CUBLAS_OP_N;
+    cublasStatus_t st = L.descCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F); // fp32: no TF32, as the references
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.descSet(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.descSet(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (st == CUBLAS_STATUS_SUCCESS && g.bias)
+    {
+        cublasLtEpilogue_t const epi = CUBLASLT_EPILOGUE_BIAS;
+        st = L.descSet(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = L.descSet(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias);
+    }
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.layoutCreate(&d.a, t, static_cast<uint64_t>(g.K), static_cast<uint64_t>(g.N), g.K);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.layoutCreate(&d.b, t, static_cast<uint64_t>(g.K), static_cast<uint64_t>(g.M), g.ldx);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.layoutCreate(&d.c, t, static_cast<uint64_t>(g.N), static_cast<uint64_t>(g.M), g.ldc);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return ltFail(st, "cuBLASLt descriptors");
+    auto mis = [](void const* p) { return std::to_string(reinterpret_cast<uintptr_t>(p) % 16); };
+    std::string const key = std::to_string(reinterpret_cast<uintptr_t>(ctx)) + "/" + std::to_string(g.dtype) + "/"
+        + std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K) + "/" + std::to_string(g.ldx)
+        + "/" + std::to_string(g.ldc) + "/" + (g.bias ? "b" + mis(g.bias) : "-") + "/" + mis(g.w) + mis(g.x) + mis(g.y);
+    cublasLtMatmulAlgo_t algo;
+    bool cached = false;
+    {
+        std::lock_guard<std::mutex> lock(gLtMutex);
+        auto it = gLtAlgos.find(key);
+        if ((cached = it != gLtAlgos.end()))
+            algo = it->second;
+    }
+    if (!cached)
+    {
+        size_t const wsBytes = kLtWorkspace;
+        st = L.prefCreate(&d.pref);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = L.prefSet(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsBytes, sizeof wsBytes);
+        cublasLtMatmulHeuristicResult_t res;
+        std::memset(&res, 0, sizeof res);
+        int found = 0;
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = L.heuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &res, &found);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return ltFail(st, "cublasLtMatmulAlgoGetHeuristic");
+        if (found == 0)
+        {
+            tLastCudaError = "cublasLtMatmulAlgoGetHeuristic found no algorithm for " + key;
+            return WIDE_ERR_NO_KERNEL;
+        }
+        algo = res.algo;
+        std::lock_guard<std::mutex> lock(gLtMutex);
+        gLtAlgos[key] = algo;
+    }
+    float const alpha = 1.0f;
+    float const beta = 0.0f;
+    st = L.matmul(handle, d.op, &alpha, g.w, d.a, g.x, d.b, &beta, g.y, d.c, g.y, d.c, &algo, g.ws, kLtWorkspace,
+        stream);
+    return st == CUBLAS_STATUS_SUCCESS ? WIDE_OK : ltFail(st, "cublasLtMatmul");
+}
+#else
+int runDense(DenseGemm const&, cudaStream_t)
+{
+    tLastCudaError = "this build of wide_kernels has no cuBLASLt (cublasLt.h was not found at configure time)";
+    return WIDE_ERR_NO_KERNEL;
+}
+#endif
+
+Step denseStep(DenseGemm const& g)
+{
+    Step s;
+    s.isDense = true;
+    s.dense = g;
+    return s;
+}
+
 int launch(Step& step, int arch, cudaStream_t stream)
 {
+    if (step.isDense)
+        return runDense(step.dense, stream);
     if (step.key.empty())
     {
         CUresult r = driver().memsetD8Async(
@@ -349,6 +586,13 @@ std::string describe(Plan const& plan, int arch)
     {
         if (!out.empty())
             out += ' ';
+        if (step.isDense)
+        {
+            DenseGemm const& g = step.dense;
+            out += "cublasLt" + std::string(g.bias ? "+bias" : "") + " " + std::to_string(g.M) + "x"
+                + std::to_string(g.N) + "x" + std::to_string(g.K);
+            continue;
+        }
         if (step.key.empty())
         {
             out += "memset " + std::to_string(step.memsetBytes);
@@ -406,12 +650,13 @@ int resolve(wide_gemm_params_t const* p, bool kindK, int arch)
     Policy const pol = policyFor(arch);
     if (p->M <= pol.gemvMaxM)
         return WIDE_ALGO_GEMV;
+    int const fallback = pol.fallbackDense && haveLt() ? WIDE_ALGO_DENSE : WIDE_ALGO_TILE;
     if (!fp32 && kindK && p->M >= pol.groupedKMinM && p->group_size >= pol.groupedKMinGs)
         return WIDE_ALGO_GROUPED;
     if (!fp32 && !kindK && p->M >= pol.groupedNMinM && p->group_size >= pol.groupedNMinGs
         && groupedBlockN(p->group_size))
         return WIDE_ALGO_GROUPED;
-    return WIDE_ALGO_TILE; // the plugins' dense path: this library carries no cuBLAS
+    return fallback; // policy.json's fallback; "dense" needs cuBLASLt (else the tile kernels)
 }
 
 int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
@@ -424,7 +669,7 @@ int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
         return WIDE_ERR_INVALID_ARGUMENT;
     if (gated != (p->w2 != nullptr))
         return WIDE_ERR_INVALID_ARGUMENT;
-    if (p->algo < WIDE_ALGO_AUTO || p->algo > WIDE_ALGO_TILE)
+    if (p->algo < WIDE_ALGO_AUTO || p->algo > WIDE_ALGO_DENSE)
         return WIDE_ERR_INVALID_ARGUMENT;
     if (p->algo == WIDE_ALGO_GROUPED && (p->dtype == WIDE_FLOAT32 || (!kindK && !groupedBlockN(p->group_size))))
         return WIDE_ERR_INVALID_ARGUMENT;
@@ -481,6 +726,40 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
             static_cast<unsigned>(p->N / bn), 1, std::move(a)));
         return WIDE_OK;
     }
+    if (algo == WIDE_ALGO_DENSE)
+    {
+        // y = x W^T (+ b) by cuBLASLt; gated: the up projection into the workspace, then one mask pass
+        // (silu(gate) * up, exact zeros on skipped groups).
+        size_t const upBytes = gated ? align256(static_cast<size_t>(p->M) * p->N * 4) : 0;
+        if (!ws || wsSize < upBytes + kLtWorkspace)
+            return WIDE_ERR_WORKSPACE_TOO_SMALL;
+        void* up = ws;
+        void* ltWs = static_cast<char*>(ws) + upBytes;
+        DenseGemm g;
+        g.w = p->w;
+        g.x = p->x;
+        g.y = p->y;
+        g.bias = gated ? nullptr : p->bias;
+        g.M = p->M;
+        g.N = p->N;
+        g.K = p->K;
+        g.ldx = p->K;
+        g.ldc = p->N;
+        g.dtype = p->dtype;
+        g.ws = ltWs;
+        plan.push_back(denseStep(g));
+        if (gated)
+        {
+            g.w = p->w2;
+            g.y = up;
+            plan.push_back(denseStep(g));
+        }
+        a.ptr(p->y).ptr(gated ? up : p->y).ptr(p->y).ptr(p->mask);
+        a.i32(p->M).i32(p->N).i32(G).i32(p->group_size).i32(p->N);
+        plan.push_back(kernel("apply_mask/" + dt + (gated ? "/gated" : "/plain"), cdiv(p->M, kApplyMaskBlockM),
+            cdiv(p->N, kApplyMaskBlockN), 1, std::move(a)));
+        return WIDE_OK;
+    }
     a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
     plan.push_back(kernel("tile_n/" + dt + "/" + var, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, std::move(a)));
@@ -527,6 +806,32 @@ int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, in
         plan.push_back(kernel("cast/" + dt + var, cdiv(p->M * p->N, kCastBlock), 1, 1, std::move(c)));
         return WIDE_OK;
     }
+    if (algo == WIDE_ALGO_DENSE)
+    {
+        // x with skipped input groups zeroed into the workspace (one mask pass), then y = x' W^T (+ b) by cuBLASLt.
+        size_t const xBytes = align256(static_cast<size_t>(p->M) * p->K * 4);
+        if (!workspace || workspaceSize < xBytes + kLtWorkspace)
+            return WIDE_ERR_WORKSPACE_TOO_SMALL;
+        void* xm = workspace;
+        a.ptr(p->x).ptr(p->x).ptr(xm).ptr(p->mask);
+        a.i32(p->M).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+        plan.push_back(kernel("apply_mask/" + dt + "/plain", cdiv(p->M, kApplyMaskBlockM), cdiv(p->K, kApplyMaskBlockN),
+            1, std::move(a)));
+        DenseGemm g;
+        g.w = p->w;
+        g.x = xm;
+        g.y = p->y;
+        g.bias = p->bias;
+        g.M = p->M;
+        g.N = p->N;
+        g.K = p->K;
+        g.ldx = p->K;
+        g.ldc = p->N;
+        g.dtype = p->dtype;
+        g.ws = static_cast<char*>(workspace) + xBytes;
+        plan.push_back(denseStep(g));
+        return WIDE_OK;
+    }
     a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
     plan.push_back(kernel("tile_k/" + dt + var, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, std::move(a)));
@@ -544,6 +849,12 @@ int plan(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, int arch,
         return s;
     if (p->M == 0)
         return WIDE_OK;
+    if (p->algo == WIDE_ALGO_DENSE && !haveLt())
+    {
+        tLastCudaError = kLtWorkspace ? "cuBLASLt (libcublasLt) could not be loaded (set WIDE_CUBLASLT_LIBRARY)"
+                                      : "this build has no cuBLASLt dense path (cublasLt.h not found at configure time)";
+        return WIDE_ERR_NO_KERNEL;
+    }
     return kindK ? planK(p, ws, wsSize, arch, out) : planN(p, gated, ws, wsSize, arch, out);
 }
 
@@ -600,6 +911,11 @@ int wide_kernels_has_cubin(char const* key, int arch)
     return key && cubinArch(key, arch) >= 0 ? 1 : 0;
 }
 
+int wide_kernels_has_cublaslt(void)
+{
+    return haveLt() ? 1 : 0;
+}
+
 size_t wide_gemm_params_sizeof(void)
 {
     return sizeof(wide_gemm_params_t);
@@ -642,7 +958,12 @@ size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
     // Sized for the grouped algorithm whatever AUTO picks at run time (monotonic in M): row lists for
     // the groups along N or K, plus the float32 accumulator of the K-pruned scatter-add.
     int64_t const G = (p->N > p->K ? p->N : p->K) / p->group_size;
-    return rowsBytes(p->M, G) + align256(static_cast<size_t>(p->M) * p->N * 4);
+    size_t const grouped = rowsBytes(p->M, G) + align256(static_cast<size_t>(p->M) * p->N * 4);
+    if (!kLtWorkspace)
+        return grouped;
+    // the dense path: the masked x (gemm_k) or the up projection (gated), then cuBLASLt's scratch
+    size_t const dense = align256(static_cast<size_t>(p->M) * (p->N > p->K ? p->N : p->K) * 4) + kLtWorkspace;
+    return grouped > dense ? grouped : dense;
 }
 
 int wide_gemm_resolve_algo(wide_gemm_params_t const* p, int kind_k, int arch)
