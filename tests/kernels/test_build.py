@@ -39,8 +39,8 @@ def test_build_embeds_a_cubin_for_every_spec_and_arch(kernels_build, kernels_lib
     assert {"libwide_kernels.so", "libwide_kernels_static.a"} <= names
     cache = (kernels_build.build_dir / "CMakeCache.txt").read_text()
     assert re.search(rf"^CMAKE_CUDA_ARCHITECTURES:\w+={re.escape(TEST_ARCHS)}$", cache, re.M)
-    keys = [s.key for s in aot.specs()]
-    assert kernels_lib.wide_kernels_cubin_count() == len(keys) * len(_archs())
+    keys = aot.keys()
+    assert kernels_lib.wide_kernels_cubin_count() == len(aot.specs()) * len(_archs())
     for key in keys:
         for arch in _archs():
             assert kernels_lib.wide_kernels_has_cubin(key.encode(), arch), (key, arch)
@@ -61,7 +61,7 @@ def test_sm90_cubins_use_wgmma_and_sm80_mma_sync(kernels_build):
 
 
 def test_library_reports_its_api(kernels_lib):
-    assert kernels_lib.wide_kernels_api_version() == 2
+    assert kernels_lib.wide_kernels_api_version() == 3
     assert kernels_lib.wide_gemm_params_sizeof() == ctypes.sizeof(GemmParams)
     assert kernels_lib.wide_status_string(0) == b"ok"
     assert b"workspace" in kernels_lib.wide_status_string(3)
@@ -107,7 +107,8 @@ def test_c_auto_policy_matches_python(kernels_lib):
     """The C runtime resolves `auto` from the same policy.json table as wide_export.kernels."""
     from wide_export.kernels.policy import choose, policy_for
 
-    names = {1: "gemv", 2: "grouped", 3: "tile"}
+    names = {1: "gemv", 2: "grouped", 3: "tile", 4: "dense"}
+    dense = "dense" if kernels_lib.wide_kernels_has_cublaslt() else "tile"  # no cuBLASLt: the tile kernels
     for arch in (80, 90):
         pol = policy_for(f"sm_{arch}")
         for kind, kind_k in (("n", 0), ("k", 1)):
@@ -116,8 +117,109 @@ def test_c_auto_policy_matches_python(kernels_lib):
                     p = _params(M=M, N=gs * 4, K=gs * 4, group_size=gs)
                     got = names[kernels_lib.wide_gemm_resolve_algo(ctypes.byref(p), kind_k, arch)]
                     want = choose(kind, M, gs, pol)
-                    want = "tile" if want == "dense" else want  # the plugins' dense path: no cuBLAS in C
+                    want = dense if want == "dense" else want
                     assert got == want, (arch, kind, M, gs)
+
+
+# ---------------------------------------------------------------------------
+# Variant choice: the a16 cubin only when the call is 16-aligned the way it was compiled to assume.
+def _describe(lib, op, arch=90, ws=None, ws_size=0, **kw):
+    p = _params(**kw)
+    buf = ctypes.create_string_buffer(512)
+    status = lib.wide_gemm_describe(ctypes.byref(p), op, arch, ctypes.c_void_p(ws), ctypes.c_size_t(ws_size), buf,
+                                    ctypes.c_size_t(len(buf)))
+    return status, buf.value.decode()
+
+
+def _want_a16(kw, algo, op, ws):
+    """Hand rule (independent of aot.py): the pointers the GEMM kernel itself receives and N, K, group_size
+    (K is the row stride too) multiples of 16; M and the group count G do not matter. The grouped kernels
+    read row lists from the workspace instead of the mask, and the K-pruned one writes a float32
+    accumulator there (its cast kernel reads the bias and writes y)."""
+    names = {1: ("x", "w", "w2", "bias", "mask", "y"), 3: ("x", "w", "w2", "bias", "mask", "y"),
+             2: ("x", "w") if op == 2 else ("x", "w", "w2", "bias", "y")}[algo]
+    ptrs = [kw[n] for n in names if kw.get(n)] + ([ws] if algo == 2 else [])
+    return all(v % 16 == 0 for v in ptrs + [kw["N"], kw["K"], kw["group_size"]])
+
+
+_ALIGNED = dict(M=300, N=384, K=256, group_size=32, x=0x1000, w=0x2000, mask=0x3000, y=0x4000)
+_CHANGES = [dict(), dict(M=301), dict(N=48, group_size=16), dict(x=0x1002), dict(w=0x2008), dict(y=0x4004),
+            dict(mask=0x3004), dict(K=264), dict(K=250), dict(N=392, group_size=8), dict(bias=0x5000),
+            dict(bias=0x5002)]
+
+
+@pytest.mark.parametrize("algo, op", [(3, 0), (3, 1), (3, 2), (1, 0), (1, 2), (2, 0), (2, 1), (2, 2)])
+@pytest.mark.parametrize("dtype", [1, 2, 0])
+@pytest.mark.parametrize("change", _CHANGES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "aligned")
+def test_runtime_picks_the_aligned_variant_only_when_the_call_is_aligned(kernels_lib, algo, op, dtype, change):
+    if algo == 2 and (dtype == 0 or change.get("group_size") == 8 and op != 2):
+        pytest.skip("no grouped cubin for this case")
+    if op == 1 and "bias" in change:
+        pytest.skip("the gated op has no bias")
+    kw = dict(_ALIGNED, **change, dtype=dtype, algo=algo)
+    if op == 2:  # gemm_k groups K: keep K a multiple of the group size
+        kw["K"], kw["N"] = kw["N"], kw["K"]
+    if op == 1:
+        kw["w2"] = 0x6000
+    ws = 0x10000
+    status, text = _describe(kernels_lib, op, ws=ws, ws_size=1 << 30, **kw)
+    assert status == 0, text
+    launches = [t for t in text.split() if "@" in t]
+    gemm = [t for t in launches if not t.startswith(("group_rows@", "cast/"))]
+    assert len(gemm) == 1, text
+    want = "a16" if _want_a16(kw, algo, op, ws) else "any"
+    assert gemm[0].endswith("@" + want), (text, kw)
+    assert all(not t.startswith("group_rows@") or t.endswith("@any") for t in launches)  # nothing to align
+
+
+def test_describe_shows_the_whole_grouped_k_plan(kernels_lib):
+    kw = dict(M=300, N=256, K=384, group_size=128, x=0x1000, w=0x2000, mask=0x3000, y=0x4000, dtype=2, algo=2)
+    status, text = _describe(kernels_lib, 2, ws=0x10000, ws_size=1 << 30, **kw)
+    assert status == 0
+    steps = text.split(" grid=")
+    names = [s.split()[-1] for s in steps[:-1]]
+    assert [n.split("@")[0] for n in names] == ["group_rows", "grouped_k/bfloat16", "cast/bfloat16"], text
+    assert "memset " in text
+    assert _describe(kernels_lib, 2, ws=None, ws_size=0, **kw)[0] == 3  # workspace too small, as the launch says
+    assert _describe(kernels_lib, 7, **kw)[0] == 1
+
+
+@pytest.mark.parametrize("op", [0, 1, 2])
+def test_dense_algo_is_cublaslt_and_a_mask_pass(kernels_lib, op):
+    kw = dict(M=300, N=384, K=256, group_size=32, x=0x1000, w=0x2000, mask=0x3000, y=0x4000, dtype=2, algo=4,
+              bias=None if op == 1 else 0x5000, w2=0x6000 if op == 1 else None)
+    if op == 2:
+        kw["N"], kw["K"] = 256, 384
+    p = _params(**kw)
+    ws_size = kernels_lib.wide_gemm_workspace_size(ctypes.byref(p))
+    status, text = _describe(kernels_lib, op, ws=0x10000, ws_size=ws_size, **kw)
+    if not kernels_lib.wide_kernels_has_cublaslt():
+        assert status == 5  # WIDE_ERR_NO_KERNEL: this build has no cuBLASLt, and says so
+        assert b"cuBLASLt" in kernels_lib.wide_last_cuda_error_string()
+        return
+    assert status == 0, text
+    M, N, K = kw["M"], kw["N"], kw["K"]
+    mask_pass = {0: "apply_mask/bfloat16/plain", 1: "apply_mask/bfloat16/gated", 2: "apply_mask/bfloat16/plain"}[op]
+    grid = f"grid={-(-M // configs.APPLY_MASK_BLOCK_M)}x{-(-(K if op == 2 else N) // configs.APPLY_MASK_BLOCK_N)}x1"
+    want = {0: f"cublasLt+bias {M}x{N}x{K} {mask_pass}@a16 {grid}",
+            1: f"cublasLt {M}x{N}x{K} cublasLt {M}x{N}x{K} {mask_pass}@a16 {grid}",
+            2: f"{mask_pass}@a16 {grid} cublasLt+bias {M}x{N}x{K}"}[op]
+    assert text == want
+    # cuBLASLt's 32 MiB scratch (+ the masked x / the up projection) is part of the workspace
+    assert _describe(kernels_lib, op, ws=0x10000, ws_size=(32 << 20) - 1, **kw)[0] == 3
+    assert kernels_lib.wide_gemm_resolve_algo(ctypes.byref(_params(M=4096, N=4096, K=4096, group_size=32)), 0, 90) == 4
+
+
+def test_variants_share_the_grid_the_c_runtime_computes():
+    """Both variants of a key have the BLOCK_M / BLOCK_N the C runtime's grid assumes; only BLOCK_K / warps differ."""
+    by_key = {}
+    for s in aot.specs():
+        by_key.setdefault(s.key, []).append(s)
+    for key, group in by_key.items():
+        blocks = {tuple(v for k, v in s.constexprs if k in ("BLOCK_M", "BLOCK_N")) for s in group}
+        assert len(blocks) == 1, key
+        if key.split("/")[0] in aot.GEMMS:
+            assert sorted(s.variant for s in group) == ["a16", "any"], key
 
 
 def test_c_tiles_match_python_configs():
@@ -140,6 +242,8 @@ def test_c_tiles_match_python_configs():
     assert const("kGroupedBlockM") == configs.GROUPED_BLOCK_M
     assert arr("kGroupedBlockNs") == configs.GROUPED_BLOCK_NS
     assert const("kGroupedKBlockN") == configs.GROUPED_K_BLOCK_N
+    assert (const("kApplyMaskBlockM"), const("kApplyMaskBlockN")) == (configs.APPLY_MASK_BLOCK_M,
+                                                                      configs.APPLY_MASK_BLOCK_N)
 
 
 def test_policy_table_is_complete():
@@ -186,7 +290,7 @@ def _ptr(t):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_code,dtype_name", [(1, "float16"), (2, "bfloat16"), (0, "float32")])
-@pytest.mark.parametrize("algo", [1, 2, 3])
+@pytest.mark.parametrize("algo", [1, 2, 3, 4])
 @pytest.mark.parametrize("kind", ["n", "n_bias", "gated", "k"])
 @pytest.mark.parametrize("M", [1, 5, 300])
 def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_code, dtype_name, M):
@@ -196,6 +300,8 @@ def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_co
 
     if algo == 2 and dtype_code == 0:
         pytest.skip("no grouped cubins for float32 (tile runs float32 prefill)")
+    if algo == 4 and not kernels_lib.wide_kernels_has_cublaslt():
+        pytest.skip("this build has no cuBLASLt dense path (configure with WIDE_CUBLAS_ROOT)")
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator(device="cuda").manual_seed(M * 10 + algo)
     gs, G, other = 128, 6, 320

@@ -8,10 +8,29 @@ architecture, no GPU needed, and writes into DIR:
 
 - ``wide_aot.bin``: all cubins back to back;
 - ``wide_aot_table.inc``: one C++ initializer per cubin (key, arch, offset,
-  size, kernel name, shared memory, warps), included by
+  size, kernel name, shared memory, warps, parameter count, variant), included by
   ``plugins/kernels/src/wide_kernels.cpp``, which embeds the blob with
   ``.incbin`` and launches through the CUDA driver API;
 - ``wide_aot_policy.inc``: the ``policy.json`` thresholds as C++ constants.
+
+Variants: Triton's JIT specializes every pointer argument whose address and
+every integer argument whose value is a multiple of 16 (``tt.divisibility``;
+``BaseBackend.get_{int,tensor}_specialization``), and integers equal to 1
+become constants. Those hints are what let it prove 16-byte vector loads and
+``cp.async`` / TMA pipelines. So each specialization is compiled twice where
+its loads depend on integers: ``a16``, hinted like the JIT's call on aligned
+tensors (every pointer, and the model dimensions and strides of
+``ALIGNED_INTS``), and ``any``, hinted nothing, correct for every call. The
+table row carries the hinted parameters as a bit mask; the C runtime launches
+``a16`` only when every hinted argument of the call is a multiple of 16.
+Token counts (``M``), group and rank counts (``G``, ``R``) are never hinted:
+they vary per call or need not be multiples of 16, and no load's vector width
+depends on them.
+
+    python -m wide_export.kernels.aot --cubin KEY --archs 90 --out K.cubin [--variant any]
+
+writes one specialization's cubin (``--print-ptx KEY``: its PTX) for reading
+with ``cuobjdump`` (``wide_export.kernels.report``) while tuning a tile.
 
 Why not ``triton.tools.compile``'s C launcher: its template calls ``exit()``
 on any CUDA error (fatal inside TensorRT), loads modules for one context
@@ -22,13 +41,15 @@ one source of tile shapes and a per-context module cache in our runtime.
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures as cf
+import functools
 import json
 import multiprocessing
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from wide_export.kernels import configs as cfg
@@ -36,10 +57,15 @@ from wide_export.kernels.policy import POLICY_FILE
 
 _TRITON_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
+ALIGN = cfg.ALIGN  # the divisibility Triton's JIT specializes on
+ALIGNED_INTS = ("N", "K", "H", "ldx", "ld_src", "group_size", "numel")  # hinted in the a16 variant (see above)
+VARIANTS = ("a16", "any")
+GEMMS = ("tile_n", "tile_k", "grouped_n", "grouped_k")  # key prefixes of the tl.dot GEMM kernels
+
 
 @dataclass(frozen=True)
 class Spec:
-    """One compiled specialization: ``key`` is what the C++ runtime looks up."""
+    """One compiled cubin per architecture: ``key`` (+ ``variant``) is what the C++ runtime looks up."""
 
     key: str
     kernel: str
@@ -47,64 +73,109 @@ class Spec:
     constexprs: tuple  # (name, value)
     num_warps: int
     num_stages: int = cfg.STAGES
+    variant: str = "a16"  # "a16": pointers and ALIGNED_INTS hinted divisible by 16; "any": no hints
+
+
+def hinted_params(spec: Spec, arg_names) -> list[str]:
+    """The runtime parameters (constexprs excluded, declaration order) the variant hints divisible by 16."""
+    if spec.variant == "any":
+        return []
+    consts = dict(spec.constexprs)
+    ptrs = dict(spec.ptr_types)
+    return [n for n in arg_names if n not in consts and (n in ptrs or n in ALIGNED_INTS)]
+
+
+@functools.lru_cache(maxsize=None)
+def _arg_names(kernel: str) -> tuple:
+    """The parameters of `kernel`, read from sources.py's text: importing it would import Triton, which fixes
+    interpreter vs compiled mode for this process (see compile_spec_ptx)."""
+    tree = ast.parse((Path(__file__).with_name("sources.py")).read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == kernel)
+    return tuple(a.arg for a in fn.args.args)
+
+
+def _twins(spec: Spec) -> list[Spec]:
+    """a16 + any when the kernel has an integer of ALIGNED_INTS, else only any (pointer hints alone change
+    no load of such a kernel, and `any` needs no run-time check)."""
+    consts = dict(spec.constexprs)
+    if not any(n in ALIGNED_INTS and n not in consts for n in _arg_names(spec.kernel)):
+        return [replace(spec, variant="any")]
+    return [replace(spec, variant=v) for v in VARIANTS]
 
 
 def _ptrs(dt: str, *names: str, **special: str) -> tuple:
     return tuple((n, special.get(n, f"*{dt}")) for n in names)
 
 
+def _gemm(key: str, kernel: str, ptrs: tuple, flags: tuple, tile_of) -> list[Spec]:
+    """Both variants of a GEMM, each with its tile (tile_of(aligned) -> configs.Tile; same BLOCK_M / N)."""
+    out = []
+    for variant in VARIANTS:
+        t = tile_of(variant == "a16")
+        out.append(Spec(key, kernel, ptrs, flags + (("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
+                                                    ("BLOCK_K", t.block_k)), t.num_warps, t.num_stages, variant))
+    return out
+
+
 def specs() -> list[Spec]:
-    """Every specialization the plugins need (fp32: no grouped kernels, prefill runs the tile kernels)."""
-    out = [Spec("group_rows", "wide_group_rows_kernel", (("mask_ptr", "*i32"), ("rows_ptr", "*i32"),
-                                                           ("counts_ptr", "*i32")),
-                (("BLOCK", cfg.GROUP_ROWS_BLOCK),), 4)]
-    variants = {"plain": (False, False), "bias": (True, False), "gated": (False, True)}
+    """Every cubin the plugins need per architecture (fp32: no grouped kernels, prefill runs the tile kernels)."""
+    out = _twins(Spec("group_rows", "wide_group_rows_kernel", (("mask_ptr", "*i32"), ("rows_ptr", "*i32"),
+                                                               ("counts_ptr", "*i32")),
+                      (("BLOCK", cfg.GROUP_ROWS_BLOCK),), 4))
+    flavours = {"plain": (False, False), "bias": (True, False), "gated": (False, True)}
     for dtype in cfg.DTYPES:
         dt = _TRITON_DTYPE[dtype]
         precise = dtype == "float32"
         for br in cfg.ROUTER_BLOCK_RS:
-            out.append(Spec(f"router/{dtype}/r{br}", "wide_router_kernel",
-                            _ptrs("fp32", "x_ptr", "wc_ptr", "bc_ptr", "wr_ptr", "br_ptr", "mask_ptr",
-                                  x_ptr=f"*{dt}", mask_ptr="*i32"),
-                            (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_H", cfg.ROUTER_BLOCK_H),
-                             ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)), cfg.ROUTER_WARPS))
+            out += _twins(Spec(f"router/{dtype}/r{br}", "wide_router_kernel",
+                               _ptrs("fp32", "x_ptr", "wc_ptr", "bc_ptr", "wr_ptr", "br_ptr", "mask_ptr",
+                                     x_ptr=f"*{dt}", mask_ptr="*i32"),
+                               (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_H", cfg.ROUTER_BLOCK_H),
+                                ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)), cfg.ROUTER_WARPS))
         gemm_n_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
         grouped_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "rows_ptr", "counts_ptr", "y_ptr",
                              rows_ptr="*i32", counts_ptr="*i32")
-        tile = cfg.tile_tile()
-        for var, (has_bias, gated) in variants.items():
+        for var, (has_bias, gated) in flavours.items():
             flags = (("HAS_BIAS", has_bias), ("GATED", gated))
-            out.append(Spec(f"gemv_n/{dtype}/{var}", "wide_gemv_n_kernel", gemm_n_ptrs,
-                            flags + (("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)), cfg.GEMV_WARPS))
-            out.append(Spec(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
-                            flags + (("PRECISE", precise), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
-                                     ("BLOCK_K", tile.block_k)), tile.num_warps))
+            out += _twins(Spec(f"gemv_n/{dtype}/{var}", "wide_gemv_n_kernel", gemm_n_ptrs,
+                               flags + (("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)),
+                               cfg.GEMV_WARPS))
+            out += _gemm(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
+                         flags + (("PRECISE", precise),),
+                         lambda aligned, g=gated: cfg.tile_tile(dtype, gated=g, aligned=aligned))
             if not precise:
                 for bn in cfg.GROUPED_BLOCK_NS:
-                    t = cfg.grouped_n_tile(bn)
-                    out.append(Spec(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
-                                    flags + (("PRECISE", False), ("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
-                                             ("BLOCK_K", t.block_k)), t.num_warps))
+                    out += _gemm(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
+                                 flags + (("PRECISE", False),),
+                                 lambda aligned, b=bn, g=gated: cfg.grouped_n_tile(b, gated=g, aligned=aligned))
         gemm_k_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
         for suffix, has_bias in (("", False), ("/bias", True)):  # K-pruned: plain keys unchanged, "/bias" added
-            out.append(Spec(f"gemv_k/{dtype}{suffix}", "wide_gemv_k_kernel", gemm_k_ptrs,
-                            (("HAS_BIAS", has_bias), ("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)),
-                            cfg.GEMV_WARPS))
-            out.append(Spec(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
-                            (("HAS_BIAS", has_bias), ("PRECISE", precise), ("BLOCK_M", tile.block_m),
-                             ("BLOCK_N", tile.block_n), ("BLOCK_K", tile.block_k)), tile.num_warps))
+            out += _twins(Spec(f"gemv_k/{dtype}{suffix}", "wide_gemv_k_kernel", gemm_k_ptrs,
+                               (("HAS_BIAS", has_bias), ("BLOCK_N", cfg.GEMV_BLOCK_N),
+                                ("BLOCK_K", cfg.GEMV_BLOCK_K)), cfg.GEMV_WARPS))
+            out += _gemm(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
+                         (("HAS_BIAS", has_bias), ("PRECISE", precise)),
+                         lambda aligned: cfg.tile_tile(dtype, aligned=aligned))
             if not precise:
-                out.append(Spec(f"cast/{dtype}{suffix}", "wide_cast_kernel",
-                                (("src_ptr", "*fp32"), ("dst_ptr", f"*{dt}"), ("b_ptr", f"*{dt}")),
-                                (("HAS_BIAS", has_bias), ("BLOCK", cfg.CAST_BLOCK)), 4))
+                out += _twins(Spec(f"cast/{dtype}{suffix}", "wide_cast_kernel",
+                                   (("src_ptr", "*fp32"), ("dst_ptr", f"*{dt}"), ("b_ptr", f"*{dt}")),
+                                   (("HAS_BIAS", has_bias), ("BLOCK", cfg.CAST_BLOCK)), 4))
+        for var, gated in (("plain", False), ("gated", True)):  # the cuBLASLt dense path's mask pass
+            out += _twins(Spec(f"apply_mask/{dtype}/{var}", "wide_apply_mask_kernel",
+                               _ptrs(dt, "src_ptr", "src2_ptr", "dst_ptr", "mask_ptr", mask_ptr="*i32"),
+                               (("GATED", gated), ("BLOCK_M", cfg.APPLY_MASK_BLOCK_M),
+                                ("BLOCK_N", cfg.APPLY_MASK_BLOCK_N)), 4))
         if not precise:
-            t = cfg.grouped_k_tile()
-            out.append(Spec(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
-                            _ptrs(dt, "x_ptr", "w_ptr", "rows_ptr", "counts_ptr", "acc_ptr", rows_ptr="*i32",
-                                  counts_ptr="*i32", acc_ptr="*fp32"),
-                            (("PRECISE", False), ("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
-                             ("BLOCK_K", t.block_k)), t.num_warps))
+            out += _gemm(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
+                         _ptrs(dt, "x_ptr", "w_ptr", "rows_ptr", "counts_ptr", "acc_ptr", rows_ptr="*i32",
+                               counts_ptr="*i32", acc_ptr="*fp32"),
+                         (("PRECISE", False),), lambda aligned: cfg.grouped_k_tile(aligned=aligned))
     return out
+
+
+def keys() -> list[str]:
+    """The keys the C runtime looks up (each with one or two variants per architecture)."""
+    return list(dict.fromkeys(s.key for s in specs()))
 
 
 def _compile(spec: Spec, arch: int):
@@ -119,7 +190,8 @@ def _compile(spec: Spec, arch: int):
     consts = dict(spec.constexprs)
     ptrs = dict(spec.ptr_types)
     signature = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in ptrs}
+    hinted = set(hinted_params(spec, fn.arg_names))
+    attrs = {(i,): [["tt.divisibility", ALIGN]] for i, n in enumerate(fn.arg_names) if n in hinted}
     target = GPUTarget("cuda", arch, 32)
     options = triton.compiler.make_backend(target).parse_options(
         {"num_warps": spec.num_warps, "num_stages": spec.num_stages})
@@ -150,8 +222,11 @@ def compile_spec(spec: Spec, arch: int) -> dict:
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         raise RuntimeError(f"{spec.key} sm_{arch} needs scratch memory, which the plugin runtime does not provide")
     params = [n for n in fn.arg_names if n not in consts]
-    return {"key": spec.key, "arch": arch, "name": md.name, "shared": int(md.shared), "num_warps": spec.num_warps,
-            "nparams": len(params), "cubin": compiled.asm["cubin"]}
+    hinted = set(hinted_params(spec, fn.arg_names))
+    hint_mask = sum(1 << i for i, n in enumerate(params) if n in hinted)
+    return {"key": spec.key, "arch": arch, "variant": spec.variant, "name": md.name, "shared": int(md.shared),
+            "num_warps": spec.num_warps, "nparams": len(params), "hint_mask": hint_mask,
+            "cubin": compiled.asm["cubin"]}
 
 
 def _policy_inc() -> str:
@@ -162,7 +237,8 @@ def _policy_inc() -> str:
             continue
         num = 0 if arch == "default" else int(arch.split("_")[1])
         lines.append(f"{{{num}, {p['gemv_max_m']}, {p['grouped_n_min_m']}, {p['grouped_n_min_group_size']}, "
-                     f"{p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}}},")
+                     f"{p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}, "
+                     f"{1 if p.get('fallback', 'dense') == 'dense' else 0}}},")
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +257,7 @@ def build(out_dir: Path, archs: list[int], jobs: int = 0, log=print) -> list[dic
             results.append(fut.result())
             # every one: `wide-export build` draws its progress bar from these lines
             log(f"aot: {i}/{len(work)} compiled ({time.time() - t0:.0f} s)")
-    results.sort(key=lambda r: (r["key"], r["arch"]))
+    results.sort(key=lambda r: (r["key"], r["arch"], r["variant"]))
     blob, rows, offset = bytearray(), [], 0
     for r in results:
         while len(blob) % 16:
@@ -189,7 +265,8 @@ def build(out_dir: Path, archs: list[int], jobs: int = 0, log=print) -> list[dic
         offset = len(blob)
         blob += r["cubin"]
         rows.append(f'{{"{r["key"]}", {r["arch"]}, {offset}, {len(r["cubin"])}, "{r["name"]}", {r["shared"]}, '
-                    f'{r["num_warps"]}, {r["nparams"]}}},')
+                    f'{r["num_warps"]}, {r["nparams"]}, {ALIGN if r["variant"] == "a16" else 1}, '
+                    f'{r["hint_mask"]}u}},')
     _write(out_dir / "wide_aot.bin", bytes(blob))
     _write(out_dir / "wide_aot_table.inc",
            "// generated by wide_export/kernels/aot.py: do not edit\n" + "\n".join(rows) + "\n")
@@ -214,14 +291,24 @@ def main(argv=None) -> int:
     ap.add_argument("--archs", default="80;90", help='";"-separated compute capabilities, e.g. "80;90"')
     ap.add_argument("--jobs", type=int, default=0)
     ap.add_argument("--print-ptx", metavar="KEY", help="print the PTX of one specialization (first arch) and exit")
+    ap.add_argument("--cubin", metavar="KEY", help="write the cubin of one specialization (first arch) to --out")
+    ap.add_argument("--variant", choices=VARIANTS, default="a16", help="with --print-ptx / --cubin (default a16)")
     args = ap.parse_args(argv)
     archs = sorted({int(a.strip().lower().removeprefix("sm_").split("-")[0].rstrip("a"))
                     for a in args.archs.replace(",", ";").split(";") if a.strip()})
-    if args.print_ptx:
-        spec = next((s for s in specs() if s.key == args.print_ptx), None)
+    one = args.print_ptx or args.cubin
+    if one:
+        spec = next((s for s in specs() if s.key == one and s.variant == args.variant), None)
         if spec is None:
-            ap.error(f"no specialization {args.print_ptx!r}")
-        print(_compile(spec, archs[0])[2].asm["ptx"])
+            ap.error(f"no specialization {one!r} with variant {args.variant} (python -c 'from "
+                     f"wide_export.kernels import aot; print(aot.keys())' lists the keys)")
+        if args.cubin and args.out is None:
+            ap.error("--cubin needs --out FILE")
+        compiled = _compile(spec, archs[0])[2]
+        if args.print_ptx:
+            print(compiled.asm["ptx"])
+        else:
+            _write(args.out, compiled.asm["cubin"])
         return 0
     if args.out is None:
         ap.error("--out is required")

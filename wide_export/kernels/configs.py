@@ -2,9 +2,20 @@
 (``wide_export.kernels.launch``) and the ahead-of-time build for the plugins
 (``wide_export.kernels.aot``, mirrored in ``plugins/kernels/src/wide_kernels.cpp``).
 
-They depend on the dtype and the group size only, never on M, so that one
-cubin per (kernel, dtype, variant) serves every shape a TensorRT profile
-allows. None of these was tuned on a GPU yet (see README, "Kernels").
+They depend on the dtype, the group size and the alignment only, never on M,
+so that one cubin per (kernel, dtype, variant, alignment) serves every shape a
+TensorRT profile allows. None of these was tuned on a GPU yet (see README,
+"Kernels"); what they were chosen for is checked without one:
+``python -m wide_export.kernels.report`` (no cubin spills, GEMM main loops
+pipelined, wgmma on sm_90; tests/kernels/test_cubin_report.py).
+
+Alignment: with pointers and dimensions multiples of 16 (the ``a16`` cubins,
+what Triton's JIT specializes for such calls) the loads are 16-byte vectors
+and cp.async pipelines them. Otherwise (``any``) every fp16 element is its own
+load whose 64-bit address ptxas keeps in registers: a 64-deep K step then
+spills (tile_k: 304 B, gated grouped bn64: 632 B on sm_90), a 16-deep one does
+not. Only BLOCK_K and the warps change with the alignment, never BLOCK_M /
+BLOCK_N, so the launch grid is the same for both.
 """
 
 from __future__ import annotations
@@ -25,12 +36,21 @@ ROUTER_WARPS = 4
 
 GROUP_ROWS_BLOCK = 1024
 CAST_BLOCK = 1024
+APPLY_MASK_BLOCK_M = 8  # the dense path's mask pass: 8 rows x 256 channels per program
+APPLY_MASK_BLOCK_N = 256
 
 TILE_BLOCK_M = 64
 TILE_BLOCK_N = 64
 TILE_BLOCK_K = 64
 TILE_WARPS = 4
 STAGES = 3
+UNALIGNED_BLOCK_K = 16  # K step of every GEMM tile when the call is not 16-aligned (see above)
+GATED_UNALIGNED_WARPS = 8  # two accumulators + element-wise loads: 248-254 registers at 4 warps, 128-181 at 8
+# float32 (PRECISE: IEEE FMA products, no tensor cores): a 64-deep K step at 4 warps spills up to 6 KB on sm_80
+FP32_BLOCK_K = 32
+FP32_UNALIGNED_BLOCK_K = 8  # 16 still spills 16 B (tile_n plain, sm_80)
+FP32_WARPS = 8
+ALIGN = 16  # the divisibility Triton's JIT specializes on (and the C runtime checks before launching a16)
 
 GROUPED_BLOCK_M = 64
 GROUPED_BLOCK_NS = (128, 64, 32, 16)  # the widest that divides group_size is used
@@ -63,14 +83,30 @@ def grouped_block_n(group_size: int) -> int:
     return 0
 
 
-def grouped_n_tile(group_size: int) -> Tile:
+def is_aligned(*values: int) -> bool:
+    """Every value (pointer address or dimension) a multiple of ALIGN: the a16 variants' assumption."""
+    return all(int(v) % ALIGN == 0 for v in values)
+
+
+def _unaligned(t: Tile, gated: bool) -> Tile:
+    return Tile(t.block_m, t.block_n, UNALIGNED_BLOCK_K, max(t.num_warps, GATED_UNALIGNED_WARPS if gated else 0),
+                t.num_stages)
+
+
+def grouped_n_tile(group_size: int, gated: bool = False, aligned: bool = True) -> Tile:
     bn = grouped_block_n(group_size)
-    return Tile(GROUPED_BLOCK_M, bn, GROUPED_BLOCK_K, 8 if bn == 128 else 4)
+    t = Tile(GROUPED_BLOCK_M, bn, GROUPED_BLOCK_K, 8 if bn == 128 else 4)
+    return t if aligned else _unaligned(t, gated)
 
 
-def grouped_k_tile() -> Tile:
-    return Tile(GROUPED_BLOCK_M, GROUPED_K_BLOCK_N, GROUPED_BLOCK_K, 8)
+def grouped_k_tile(aligned: bool = True) -> Tile:
+    t = Tile(GROUPED_BLOCK_M, GROUPED_K_BLOCK_N, GROUPED_BLOCK_K, 8)
+    return t if aligned else _unaligned(t, False)
 
 
-def tile_tile() -> Tile:
-    return Tile(TILE_BLOCK_M, TILE_BLOCK_N, TILE_BLOCK_K, TILE_WARPS)
+def tile_tile(dtype: str = "float16", gated: bool = False, aligned: bool = True) -> Tile:
+    """The tile kernels' tile (tile_n, tile_k) for `dtype` ("float16" / "bfloat16" / "float32")."""
+    if dtype == "float32":
+        return Tile(TILE_BLOCK_M, TILE_BLOCK_N, FP32_BLOCK_K if aligned else FP32_UNALIGNED_BLOCK_K, FP32_WARPS)
+    t = Tile(TILE_BLOCK_M, TILE_BLOCK_N, TILE_BLOCK_K, TILE_WARPS)
+    return t if aligned else _unaligned(t, gated)

@@ -165,6 +165,12 @@ def _precise(dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and interpreted())
 
 
+def _aligned(*tensors, ints=()) -> bool:
+    """Whether Triton will specialize this call as 16-aligned (its data pointers and dimensions): the tile
+    of the matching AOT variant (configs.py, "Alignment"), chosen by the same rule as the C runtime."""
+    return cfg.is_aligned(*(t.data_ptr() for t in tensors if t is not None), *ints)
+
+
 def _launch(kernel, grid, *args, num_warps: int, num_stages: int = cfg.STAGES, **constexprs):
     kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
 
@@ -261,14 +267,14 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str):
                 BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
     elif how == "grouped":
         rows, counts = group_rows(m2)
-        t = cfg.grouped_n_tile(group_size)
+        t = cfg.grouped_n_tile(group_size, gated, _aligned(x2, w, w2, bias, y, ints=(N, K, group_size)))
         grid = (triton_cdiv(M, t.block_m), N // t.block_n)
         _launch(ks.wide_grouped_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
                 bias if bias is not None else dummy, rows, counts, y, M, N, K, group_size, K,
                 num_warps=t.num_warps, num_stages=t.num_stages, **common, PRECISE=_precise(x.dtype),
                 BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
     else:  # tile
-        t = cfg.tile_tile()
+        t = cfg.tile_tile(str(x.dtype)[6:], gated, _aligned(x2, w, w2, bias, m2, y, ints=(N, K, group_size)))
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
         _launch(ks.wide_tile_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
                 bias if bias is not None else dummy, m2, y, M, N, K, G, group_size, K,
@@ -338,7 +344,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto")
                 num_warps=cfg.GEMV_WARPS, HAS_BIAS=has_bias, BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
     elif how == "grouped":
         rows, counts = group_rows(m2)
-        t = cfg.grouped_k_tile()
+        t = cfg.grouped_k_tile(_aligned(x2, w, ints=(N, K, group_size)))
         acc = torch.zeros((M, N), dtype=torch.float32, device=x.device)
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n), G)
         _launch(ks.wide_grouped_gemm_k_kernel, grid, x2, w, rows, counts, acc, M, N, K, group_size, K,
@@ -347,7 +353,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto")
         _launch(ks.wide_cast_kernel, (triton_cdiv(M * N, cfg.CAST_BLOCK),), acc, y, b, M * N, N, num_warps=4,
                 HAS_BIAS=has_bias, BLOCK=cfg.CAST_BLOCK)
     else:  # tile
-        t = cfg.tile_tile()
+        t = cfg.tile_tile(str(x.dtype)[6:], aligned=_aligned(x2, w, bias, m2, y, ints=(N, K, group_size)))
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
         _launch(ks.wide_tile_gemm_k_kernel, grid, x2, w, b, m2, y, M, N, K, G, group_size, K,
                 num_warps=t.num_warps, num_stages=t.num_stages, HAS_BIAS=has_bias, PRECISE=_precise(x.dtype),

@@ -41,6 +41,8 @@ Kernels:
 - ``wide_tile_gemm_n_kernel`` (N-pruned, any M, any group size): a tile GEMM
   with the mask in the epilogue; a tile with no executing (row, group) pair
   skips its K loop.
+- ``wide_apply_mask_kernel``: the mask pass of the plugins' cuBLASLt dense
+  path (exact zeros on skipped groups; gated: silu(gate) * up).
 """
 
 import triton
@@ -299,3 +301,21 @@ def wide_tile_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, 
         acc, acc2 = _gemm_rows(x_ptr, w_ptr, w2_ptr, rm, m_ok, rn, n_ok, K, ldx, acc, acc2, GATED, PRECISE, BLOCK_K)
         acc = _epilogue_n(acc, acc2, b_ptr, rn, n_ok, act, HAS_BIAS, GATED)
     tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def wide_apply_mask_kernel(src_ptr, src2_ptr, dst_ptr, mask_ptr, M, N, G, group_size, ld_src,
+                           GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The mask pass of the plugins' dense (cuBLASLt) path: dst[m, n] = v if mask[m, n // group_size] else 0,
+    v = src[m, n] or, GATED, silu(src[m, n]) * src2[m, n] (float32 math); dst and src2 are [M, N] contiguous,
+    src rows have stride ld_src (dst may be src). Skipped entries are exact zeros whatever src holds."""
+    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = (rm < M)[:, None] & (rn < N)[None, :]
+    keep = (tl.load(mask_ptr + rm[:, None] * G + rn[None, :] // group_size, mask=ok, other=0) != 0) & ok
+    v = tl.load(src_ptr + rm[:, None] * ld_src + rn[None, :], mask=keep, other=0.0).to(tl.float32)
+    if GATED:
+        u = tl.load(src2_ptr + rm[:, None] * N + rn[None, :], mask=keep, other=0.0).to(tl.float32)
+        v = v * tl.sigmoid(v) * u
+    tl.store(dst_ptr + rm[:, None] * N + rn[None, :], tl.where(keep, v, 0.0).to(dst_ptr.dtype.element_ty), mask=ok)

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define WIDE_KERNELS_API_VERSION 2
+#define WIDE_KERNELS_API_VERSION 3
 
 typedef enum {
   WIDE_FLOAT32 = 0,
@@ -49,7 +49,8 @@ typedef enum {
   WIDE_ALGO_AUTO = 0,
   WIDE_ALGO_GEMV = 1,     // per token, only the token's active weight bytes (decode)
   WIDE_ALGO_GROUPED = 2,  // per-group row lists + grouped GEMM (N) / scatter-add (K)
-  WIDE_ALGO_TILE = 3      // token-order tiles, mask in the epilogue / per-tile K-slice skipping
+  WIDE_ALGO_TILE = 3,     // token-order tiles, mask in the epilogue / per-tile K-slice skipping
+  WIDE_ALGO_DENSE = 4     // cuBLASLt on the full weights + one mask pass (builds with cuBLASLt only)
 } wide_algo_t;
 
 const char* wide_status_string(int status);
@@ -59,6 +60,9 @@ const char* wide_last_cuda_error_string(void);
 // Number of embedded cubins, and whether one exists for `key` at compute capability `arch` (e.g. 90).
 int wide_kernels_cubin_count(void);
 int wide_kernels_has_cubin(const char* key, int arch);
+// 1 when this build has the cuBLASLt dense path and libcublasLt loads (AUTO's "dense" fallback runs it;
+// otherwise the tile kernels).
+int wide_kernels_has_cublaslt(void);
 
 // Router: mask[m, g] = (l[m, g, 0] >= l[m, g, 1]), l = (x Wc^T + bc) Wr^T + br,
 // float32 math whatever the dtype of x. Router weights are float32.
@@ -86,6 +90,24 @@ size_t wide_gemm_params_sizeof(void);
 size_t wide_gemm_workspace_size(const wide_gemm_params_t* p);
 // The algorithm AUTO resolves to on the current device (for reports and tests).
 int wide_gemm_resolve_algo(const wide_gemm_params_t* p, int kind_k, int arch);
+
+// The operations, for wide_gemm_describe.
+typedef enum {
+  WIDE_OP_GEMM_N = 0,        // wide_gemm_n
+  WIDE_OP_GEMM_N_GATED = 1,  // wide_gemm_n_gated
+  WIDE_OP_GEMM_K = 2         // wide_gemm_k
+} wide_op_t;
+
+// What the call of `op` with these arguments would launch on a device of compute capability `arch`,
+// without touching CUDA (pointers are only compared, never dereferenced): one "key@variant grid=XxYxZ"
+// per kernel ("memset BYTES" per memset), space-separated, written NUL-terminated into `out`.
+// variant: "a16" = the cubin compiled assuming the call's pointers and dimensions (N, K, group_size,
+// row stride) are multiples of 16 (vector loads, cp.async / TMA pipelines, as Triton's JIT specializes);
+// "any" = the cubin that assumes nothing, launched whenever one of those is not a multiple of 16.
+// Returns the status the launch would return for these arguments (WIDE_ERR_INVALID_ARGUMENT also
+// when `out_size` is too small).
+int wide_gemm_describe(const wide_gemm_params_t* p, int op, int arch, void* workspace, size_t workspace_size,
+                       char* out, size_t out_size);
 
 // y[m, n] = (x[m] . w[n] + bias[n]) * mask[m, n / group_size]; skipped outputs are 0.
 int wide_gemm_n(const wide_gemm_params_t* p, void* workspace, size_t workspace_size, cudaStream_t stream);

@@ -3,13 +3,24 @@
 // The cubins (one per kernel specialization and architecture) are embedded from wide_aot.bin with
 // .incbin; wide_aot_table.inc lists them (see wide_export/kernels/aot.py). This file only validates
 // arguments, picks the algorithm and tile exactly as wide_export/kernels/{launch,configs,policy}.py
-// do, and launches through the CUDA driver API. Modules are loaded once per CUDA context. The driver
+// do, picks each kernel's variant from the call's alignment (pickCubin), and launches through the
+// CUDA driver API. Modules are loaded once per CUDA context. The driver
 // API is taken from libcuda.so.1 at run time (dlopen), as TensorRT does: the library links no libcuda,
 // so it builds where only the toolkit is installed (CI) and loads wherever a driver is.
+//
+// The dense algorithm (WIDE_ALGO_DENSE, AUTO's fallback where policy.json says "dense") is cuBLASLt
+// (cublasLtMatmul, the bias fused as its epilogue) followed by the mask pass (wide_apply_mask_kernel),
+// compiled in when CMake finds cublasLt.h (WIDE_HAVE_CUBLASLT) and taken from libcublasLt at run time
+// (dlopen, as libcuda); without it the dense fallback runs the tile kernels.
 #include "wide_kernels.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
+#ifdef WIDE_HAVE_CUBLASLT
+#include <cublasLt.h>
+#include <cstdlib>
+#include <cstring>
+#endif
 
 #include <map>
 #include <mutex>
@@ -41,6 +52,9 @@ struct Cubin
     unsigned shared;
     unsigned warps;
     int nparams; // the kernel's runtime parameters (constexprs excluded): launch() checks the call against it
+    unsigned align; // 16: the "a16" variant, compiled assuming the parameters of hintMask are multiples of 16;
+                    // 1: the "any" variant, compiled assuming nothing (correct for every call)
+    uint32_t hintMask; // bit i: runtime parameter i (pointer address or integer) is hinted divisible by align
 };
 
 Cubin const kCubins[] = {
@@ -52,6 +66,7 @@ struct Policy
 {
     int arch; // 0 = default
     int64_t gemvMaxM, groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
+    int fallbackDense; // 1: "fallback": "dense" (cuBLASLt when this build has it, else tile); 0: "tile"
 };
 Policy const kPolicies[] = {
 #include "wide_aot_policy.inc"
@@ -67,6 +82,13 @@ constexpr int kTileBlockN = 64;
 constexpr int kGroupedBlockM = 64;
 constexpr int kGroupedBlockNs[] = {128, 64, 32, 16};
 constexpr int kGroupedKBlockN = 128;
+constexpr int kApplyMaskBlockM = 8;
+constexpr int kApplyMaskBlockN = 256;
+#ifdef WIDE_HAVE_CUBLASLT
+constexpr size_t kLtWorkspace = size_t{32} << 20; // cuBLASLt's scratch (NVIDIA suggests 32 MiB on Hopper)
+#else
+constexpr size_t kLtWorkspace = 0;
+#endif
 
 thread_local std::string tLastCudaError;
 
@@ -114,6 +136,72 @@ Driver const& driver()
     return d;
 }
 
+#ifdef WIDE_HAVE_CUBLASLT
+//! The cuBLASLt entry points, resolved once from $WIDE_CUBLASLT_LIBRARY, libcublasLt.so.<major> on the
+//! loader's path, or the folder CMake found the library in.
+struct Lt
+{
+    bool ok = false;
+    decltype(&::cublasLtCreate) create = nullptr;
+    decltype(&::cublasLtMatmulDescCreate) descCreate = nullptr;
+    decltype(&::cublasLtMatmulDescDestroy) descDestroy = nullptr;
+    decltype(&::cublasLtMatmulDescSetAttribute) descSet = nullptr;
+    decltype(&::cublasLtMatrixLayoutCreate) layoutCreate = nullptr;
+    decltype(&::cublasLtMatrixLayoutDestroy) layoutDestroy = nullptr;
+    decltype(&::cublasLtMatmulPreferenceCreate) prefCreate = nullptr;
+    decltype(&::cublasLtMatmulPreferenceDestroy) prefDestroy = nullptr;
+    decltype(&::cublasLtMatmulPreferenceSetAttribute) prefSet = nullptr;
+    decltype(&::cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+    decltype(&::cublasLtMatmul) matmul = nullptr;
+    decltype(&::cublasLtGetStatusString) statusString = nullptr;
+};
+
+Lt const& lt()
+{
+    static Lt const l = [] {
+        Lt r;
+        std::string const soname = "libcublasLt.so." WIDE_STR(CUBLAS_VER_MAJOR);
+        std::vector<std::string> candidates;
+        if (char const* env = std::getenv("WIDE_CUBLASLT_LIBRARY"))
+            candidates.emplace_back(env);
+        candidates.push_back(soname);
+#ifdef WIDE_CUBLASLT_LIB_DIR
+        candidates.push_back(std::string(WIDE_STR(WIDE_CUBLASLT_LIB_DIR)) + "/" + soname);
+#endif
+        void* lib = nullptr;
+        for (std::string const& c : candidates)
+        {
+            if ((lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr)
+                break;
+        }
+        if (!lib)
+            return r;
+        r.ok = resolveSym(lib, r.create, "cublasLtCreate") && resolveSym(lib, r.descCreate, "cublasLtMatmulDescCreate")
+            && resolveSym(lib, r.descDestroy, "cublasLtMatmulDescDestroy")
+            && resolveSym(lib, r.descSet, "cublasLtMatmulDescSetAttribute")
+            && resolveSym(lib, r.layoutCreate, "cublasLtMatrixLayoutCreate")
+            && resolveSym(lib, r.layoutDestroy, "cublasLtMatrixLayoutDestroy")
+            && resolveSym(lib, r.prefCreate, "cublasLtMatmulPreferenceCreate")
+            && resolveSym(lib, r.prefDestroy, "cublasLtMatmulPreferenceDestroy")
+            && resolveSym(lib, r.prefSet, "cublasLtMatmulPreferenceSetAttribute")
+            && resolveSym(lib, r.heuristic, "cublasLtMatmulAlgoGetHeuristic")
+            && resolveSym(lib, r.matmul, "cublasLtMatmul") && resolveSym(lib, r.statusString, "cublasLtGetStatusString");
+        return r;
+    }();
+    return l;
+}
+#endif
+
+//! Whether the dense algorithm can run: cuBLASLt compiled in and its library loadable.
+bool haveLt()
+{
+#ifdef WIDE_HAVE_CUBLASLT
+    return lt().ok;
+#else
+    return false;
+#endif
+}
+
 int cudaFail(CUresult r, char const* what)
 {
     char const* s = nullptr;
@@ -158,17 +246,89 @@ int deviceArch(int& arch)
     return WIDE_OK;
 }
 
-//! The cubin for key on a device of `arch`: same major, highest compiled minor <= the device's.
-int findCubin(std::string const& key, int arch)
+//! The architecture whose cubins of key a device of `arch` runs: same major, highest compiled minor <= the
+//! device's; -1 if none.
+int cubinArch(std::string const& key, int arch)
 {
     int best = -1;
     for (int i = 0; i < kNumCubins; ++i)
     {
         Cubin const& c = kCubins[i];
-        if (key == c.key && c.arch / 10 == arch / 10 && c.arch <= arch && (best < 0 || c.arch > kCubins[best].arch))
-            best = i;
+        if (key == c.key && c.arch / 10 == arch / 10 && c.arch <= arch && c.arch > best)
+            best = c.arch;
     }
     return best;
+}
+
+//! Kernel arguments in declaration order (pointers and i32 scalars, as the Triton kernel declares them).
+class Args
+{
+public:
+    Args& ptr(void const* p)
+    {
+        mPtrs.push_back(reinterpret_cast<CUdeviceptr>(p));
+        mValues.push_back(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)));
+        mKinds.push_back(0);
+        return *this;
+    }
+    Args& i32(int64_t v)
+    {
+        mInts.push_back(static_cast<int32_t>(v));
+        mValues.push_back(static_cast<uint64_t>(v));
+        mKinds.push_back(1);
+        return *this;
+    }
+    size_t size() const
+    {
+        return mKinds.size();
+    }
+    //! Whether every argument named by `mask` (bit i = argument i) is a multiple of `align`.
+    bool meets(uint32_t mask, unsigned align) const
+    {
+        for (size_t i = 0; i < mValues.size() && i < 32; ++i)
+        {
+            if ((mask >> i & 1u) && mValues[i] % align != 0)
+                return false;
+        }
+        return true;
+    }
+    std::vector<void*> build()
+    {
+        std::vector<void*> out;
+        size_t p = 0;
+        size_t i = 0;
+        for (int k : mKinds)
+            out.push_back(k == 0 ? static_cast<void*>(&mPtrs[p++]) : static_cast<void*>(&mInts[i++]));
+        out.push_back(&mScratch[0]); // Triton's global / profile scratch pointers (size 0: aot.py checks)
+        out.push_back(&mScratch[1]);
+        return out;
+    }
+
+private:
+    std::vector<CUdeviceptr> mPtrs;
+    std::vector<int32_t> mInts;
+    std::vector<uint64_t> mValues; // every argument as an unsigned value, for the alignment check
+    std::vector<int> mKinds;
+    CUdeviceptr mScratch[2] = {0, 0};
+};
+
+//! The cubin to launch for key with these arguments on a device of `arch`: the aligned variant when
+//! every argument it was compiled to assume aligned is, else the variant that assumes nothing; -1 if none.
+int pickCubin(std::string const& key, int arch, Args const& args)
+{
+    int const use = cubinArch(key, arch);
+    int safe = -1;
+    for (int i = 0; use >= 0 && i < kNumCubins; ++i)
+    {
+        Cubin const& c = kCubins[i];
+        if (key != c.key || c.arch != use)
+            continue;
+        if (c.align > 1 && args.meets(c.hintMask, c.align))
+            return i;
+        if (c.align <= 1)
+            safe = i;
+    }
+    return safe;
 }
 
 std::mutex gMutex;
@@ -201,69 +361,249 @@ int function(int index, CUfunction& fn)
     return WIDE_OK;
 }
 
-//! Kernel arguments in declaration order (pointers and i32 scalars, as the Triton kernel declares them).
-class Args
+//! y (row-major [M, N], row stride ldc) = x (row-major [M, K], row stride ldx) W^T (W row-major [N, K])
+//! (+ bias[N]), by cuBLASLt in column-major terms: C (N x M) = op_T(W: K x N) * x^T (K x M).
+struct DenseGemm
 {
-public:
-    Args& ptr(void const* p)
-    {
-        mPtrs.push_back(reinterpret_cast<CUdeviceptr>(p));
-        mKinds.push_back(0);
-        return *this;
-    }
-    Args& i32(int64_t v)
-    {
-        mInts.push_back(static_cast<int32_t>(v));
-        mKinds.push_back(1);
-        return *this;
-    }
-    size_t size() const
-    {
-        return mKinds.size();
-    }
-    std::vector<void*> build()
-    {
-        std::vector<void*> out;
-        size_t p = 0;
-        size_t i = 0;
-        for (int k : mKinds)
-            out.push_back(k == 0 ? static_cast<void*>(&mPtrs[p++]) : static_cast<void*>(&mInts[i++]));
-        out.push_back(&mScratch[0]); // Triton's global / profile scratch pointers (size 0: aot.py checks)
-        out.push_back(&mScratch[1]);
-        return out;
-    }
-
-private:
-    std::vector<CUdeviceptr> mPtrs;
-    std::vector<int32_t> mInts;
-    std::vector<int> mKinds;
-    CUdeviceptr mScratch[2] = {0, 0};
+    void const* w = nullptr;
+    void const* x = nullptr;
+    void* y = nullptr;
+    void const* bias = nullptr;
+    int64_t M = 0, N = 0, K = 0, ldx = 0, ldc = 0;
+    wide_dtype_t dtype = WIDE_FLOAT32;
+    void* ws = nullptr; // cuBLASLt's scratch, kLtWorkspace bytes
 };
 
-int launch(std::string const& key, int arch, unsigned gx, unsigned gy, unsigned gz, Args& args, cudaStream_t stream)
+//! One step of a GEMM: a kernel launch (key, grid, arguments), a memset of the workspace, or a cuBLASLt GEMM.
+struct Step
 {
-    if (gx == 0 || gy == 0 || gz == 0)
+    std::string key; // empty: cuMemsetD8Async(memsetPtr, 0, memsetBytes), or the dense GEMM when isDense
+    unsigned grid[3] = {1, 1, 1};
+    Args args;
+    void* memsetPtr = nullptr;
+    size_t memsetBytes = 0;
+    bool isDense = false;
+    DenseGemm dense;
+};
+using Plan = std::vector<Step>;
+
+Step kernel(std::string key, unsigned gx, unsigned gy, unsigned gz, Args args)
+{
+    Step s;
+    s.key = std::move(key);
+    s.grid[0] = gx;
+    s.grid[1] = gy;
+    s.grid[2] = gz;
+    s.args = std::move(args);
+    return s;
+}
+
+#ifdef WIDE_HAVE_CUBLASLT
+std::mutex gLtMutex;
+std::map<CUcontext, cublasLtHandle_t> gLtHandles;
+std::map<std::string, cublasLtMatmulAlgo_t> gLtAlgos; // heuristic results per (context, problem, alignment)
+
+int ltFail(cublasStatus_t st, char const* what)
+{
+    tLastCudaError = std::string(what) + ": " + lt().statusString(st);
+    return WIDE_ERR_CUDA;
+}
+
+//! RAII for the cuBLASLt descriptors of one call.
+struct LtDescs
+{
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    ~LtDescs()
+    {
+        if (pref)
+            lt().prefDestroy(pref);
+        for (cublasLtMatrixLayout_t l : {a, b, c})
+        {
+            if (l)
+                lt().layoutDestroy(l);
+        }
+        if (op)
+            lt().descDestroy(op);
+    }
+};
+
+int runDense(DenseGemm const& g, cudaStream_t stream)
+{
+    if (!haveLt())
+    {
+        tLastCudaError = "cuBLASLt (libcublasLt) could not be loaded";
+        return WIDE_ERR_NO_KERNEL;
+    }
+    CUcontext ctx = nullptr;
+    CUresult cr = driver().ctxGetCurrent(&ctx);
+    if (cr != CUDA_SUCCESS)
+        return cudaFail(cr, "cuCtxGetCurrent");
+    Lt const& L = lt();
+    cublasLtHandle_t handle = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(gLtMutex);
+        auto it = gLtHandles.find(ctx);
+        if (it == gLtHandles.end())
+        {
+            if (cublasStatus_t st = L.create(&handle); st != CUBLAS_STATUS_SUCCESS)
+                return ltFail(st, "cublasLtCreate");
+            it = gLtHandles.emplace(ctx, handle).first;
+        }
+        handle = it->second;
+    }
+    cudaDataType_t const t
+        = g.dtype == WIDE_FLOAT16 ? CUDA_R_16F : (g.dtype == WIDE_BFLOAT16 ? CUDA_R_16BF : CUDA_R_32F);
+    LtDescs d;
+    cublasOperation_t const ta = CUBLAS_OP_T;
+    cublasOperation_t const tb = CUBLAS_OP_N;
+    cublasStatus_t st = L.descCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F); // fp32: no TF32, as the references
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.descSet(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.descSet(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (st == CUBLAS_STATUS_SUCCESS && g.bias)
+    {
+        cublasLtEpilogue_t const epi = CUBLASLT_EPILOGUE_BIAS;
+        st = L.descSet(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = L.descSet(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias);
+    }
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.layoutCreate(&d.a, t, static_cast<uint64_t>(g.K), static_cast<uint64_t>(g.N), g.K);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.layoutCreate(&d.b, t, static_cast<uint64_t>(g.K), static_cast<uint64_t>(g.M), g.ldx);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = L.layoutCreate(&d.c, t, static_cast<uint64_t>(g.N), static_cast<uint64_t>(g.M), g.ldc);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return ltFail(st, "cuBLASLt descriptors");
+    auto mis = [](void const* p) { return std::to_string(reinterpret_cast<uintptr_t>(p) % 16); };
+    std::string const key = std::to_string(reinterpret_cast<uintptr_t>(ctx)) + "/" + std::to_string(g.dtype) + "/"
+        + std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K) + "/" + std::to_string(g.ldx)
+        + "/" + std::to_string(g.ldc) + "/" + (g.bias ? "b" + mis(g.bias) : "-") + "/" + mis(g.w) + mis(g.x) + mis(g.y);
+    cublasLtMatmulAlgo_t algo;
+    bool cached = false;
+    {
+        std::lock_guard<std::mutex> lock(gLtMutex);
+        auto it = gLtAlgos.find(key);
+        if ((cached = it != gLtAlgos.end()))
+            algo = it->second;
+    }
+    if (!cached)
+    {
+        size_t const wsBytes = kLtWorkspace;
+        st = L.prefCreate(&d.pref);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = L.prefSet(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsBytes, sizeof wsBytes);
+        cublasLtMatmulHeuristicResult_t res;
+        std::memset(&res, 0, sizeof res);
+        int found = 0;
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = L.heuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &res, &found);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return ltFail(st, "cublasLtMatmulAlgoGetHeuristic");
+        if (found == 0)
+        {
+            tLastCudaError = "cublasLtMatmulAlgoGetHeuristic found no algorithm for " + key;
+            return WIDE_ERR_NO_KERNEL;
+        }
+        algo = res.algo;
+        std::lock_guard<std::mutex> lock(gLtMutex);
+        gLtAlgos[key] = algo;
+    }
+    float const alpha = 1.0f;
+    float const beta = 0.0f;
+    st = L.matmul(handle, d.op, &alpha, g.w, d.a, g.x, d.b, &beta, g.y, d.c, g.y, d.c, &algo, g.ws, kLtWorkspace,
+        stream);
+    return st == CUBLAS_STATUS_SUCCESS ? WIDE_OK : ltFail(st, "cublasLtMatmul");
+}
+#else
+int runDense(DenseGemm const&, cudaStream_t)
+{
+    tLastCudaError = "this build of wide_kernels has no cuBLASLt (cublasLt.h was not found at configure time)";
+    return WIDE_ERR_NO_KERNEL;
+}
+#endif
+
+Step denseStep(DenseGemm const& g)
+{
+    Step s;
+    s.isDense = true;
+    s.dense = g;
+    return s;
+}
+
+int launch(Step& step, int arch, cudaStream_t stream)
+{
+    if (step.isDense)
+        return runDense(step.dense, stream);
+    if (step.key.empty())
+    {
+        CUresult r = driver().memsetD8Async(
+            reinterpret_cast<CUdeviceptr>(step.memsetPtr), 0, step.memsetBytes, reinterpret_cast<CUstream>(stream));
+        return r == CUDA_SUCCESS ? WIDE_OK : cudaFail(r, "cuMemsetD8Async");
+    }
+    if (step.grid[0] == 0 || step.grid[1] == 0 || step.grid[2] == 0)
         return WIDE_OK;
-    int const index = findCubin(key, arch);
+    int const index = pickCubin(step.key, arch, step.args);
     if (index < 0)
     {
-        tLastCudaError = "no cubin for " + key + " on sm_" + std::to_string(arch);
+        tLastCudaError = "no cubin for " + step.key + " on sm_" + std::to_string(arch);
         return WIDE_ERR_NO_KERNEL;
     }
     Cubin const& c = kCubins[index];
-    if (args.size() != static_cast<size_t>(c.nparams))
+    if (step.args.size() != static_cast<size_t>(c.nparams))
     {
-        tLastCudaError = key + ": " + std::to_string(args.size()) + " arguments for a kernel of "
+        tLastCudaError = step.key + ": " + std::to_string(step.args.size()) + " arguments for a kernel of "
             + std::to_string(c.nparams) + " (sources.py and wide_kernels.cpp disagree)";
         return WIDE_ERR_INVALID_ARGUMENT;
     }
     CUfunction fn;
     if (int s = function(index, fn))
         return s;
-    std::vector<void*> params = args.build();
-    CUresult r = driver().launchKernel(fn, gx, gy, gz, c.warps * 32, 1, 1, c.shared, reinterpret_cast<CUstream>(stream),
-        params.data(), nullptr);
-    return r == CUDA_SUCCESS ? WIDE_OK : cudaFail(r, key.c_str());
+    std::vector<void*> params = step.args.build();
+    CUresult r = driver().launchKernel(fn, step.grid[0], step.grid[1], step.grid[2], c.warps * 32, 1, 1, c.shared,
+        reinterpret_cast<CUstream>(stream), params.data(), nullptr);
+    return r == CUDA_SUCCESS ? WIDE_OK : cudaFail(r, step.key.c_str());
+}
+
+int run(Plan& plan, int arch, cudaStream_t stream)
+{
+    for (Step& step : plan)
+    {
+        if (int s = launch(step, arch, stream))
+            return s;
+    }
+    return WIDE_OK;
+}
+
+//! "key@variant grid=XxYxZ" per launch ("memset BYTES" per memset), space-separated: what run() would do.
+std::string describe(Plan const& plan, int arch)
+{
+    std::string out;
+    for (Step const& step : plan)
+    {
+        if (!out.empty())
+            out += ' ';
+        if (step.isDense)
+        {
+            DenseGemm const& g = step.dense;
+            out += "cublasLt" + std::string(g.bias ? "+bias" : "") + " " + std::to_string(g.M) + "x"
+                + std::to_string(g.N) + "x" + std::to_string(g.K);
+            continue;
+        }
+        if (step.key.empty())
+        {
+            out += "memset " + std::to_string(step.memsetBytes);
+            continue;
+        }
+        int const index = pickCubin(step.key, arch, step.args);
+        out += step.key + "@" + (index < 0 ? "none" : kCubins[index].align > 1 ? "a16" : "any");
+        out += " grid=" + std::to_string(step.grid[0]) + "x" + std::to_string(step.grid[1]) + "x"
+            + std::to_string(step.grid[2]);
+    }
+    return out;
 }
 
 unsigned cdiv(int64_t a, int64_t b)
@@ -310,12 +650,13 @@ int resolve(wide_gemm_params_t const* p, bool kindK, int arch)
     Policy const pol = policyFor(arch);
     if (p->M <= pol.gemvMaxM)
         return WIDE_ALGO_GEMV;
+    int const fallback = pol.fallbackDense && haveLt() ? WIDE_ALGO_DENSE : WIDE_ALGO_TILE;
     if (!fp32 && kindK && p->M >= pol.groupedKMinM && p->group_size >= pol.groupedKMinGs)
         return WIDE_ALGO_GROUPED;
     if (!fp32 && !kindK && p->M >= pol.groupedNMinM && p->group_size >= pol.groupedNMinGs
         && groupedBlockN(p->group_size))
         return WIDE_ALGO_GROUPED;
-    return WIDE_ALGO_TILE; // the plugins' dense path: this library carries no cuBLAS
+    return fallback; // policy.json's fallback; "dense" needs cuBLASLt (else the tile kernels)
 }
 
 int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
@@ -328,7 +669,7 @@ int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
         return WIDE_ERR_INVALID_ARGUMENT;
     if (gated != (p->w2 != nullptr))
         return WIDE_ERR_INVALID_ARGUMENT;
-    if (p->algo < WIDE_ALGO_AUTO || p->algo > WIDE_ALGO_TILE)
+    if (p->algo < WIDE_ALGO_AUTO || p->algo > WIDE_ALGO_DENSE)
         return WIDE_ERR_INVALID_ARGUMENT;
     if (p->algo == WIDE_ALGO_GROUPED && (p->dtype == WIDE_FLOAT32 || (!kindK && !groupedBlockN(p->group_size))))
         return WIDE_ERR_INVALID_ARGUMENT;
@@ -344,33 +685,18 @@ size_t rowsBytes(int64_t M, int64_t G)
     return align256(static_cast<size_t>(G) * M * 4) + align256(static_cast<size_t>(G) * 4);
 }
 
-//! Validation, the empty problem and the device's architecture: WIDE_OK with arch set means "launch".
-int prologue(wide_gemm_params_t const* p, bool kindK, bool gated, int& arch, bool& done)
-{
-    done = true;
-    if (int s = validate(p, kindK, gated))
-        return s;
-    if (p->M == 0)
-        return WIDE_OK;
-    done = false;
-    return deviceArch(arch);
-}
-
-int groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws, int arch, cudaStream_t stream)
+Step groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws)
 {
     auto* rows = static_cast<int32_t*>(ws);
     auto* counts = reinterpret_cast<int32_t*>(static_cast<char*>(ws) + align256(static_cast<size_t>(G) * M * 4));
     Args a;
     a.ptr(mask).ptr(rows).ptr(counts).i32(M).i32(G);
-    return launch("group_rows", arch, static_cast<unsigned>(G), 1, 1, a, stream);
+    return kernel("group_rows", static_cast<unsigned>(G), 1, 1, std::move(a));
 }
 
-int gemmN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, cudaStream_t stream)
+//! The launches of wide_gemm_n / _gated for a validated, non-empty problem on `arch`.
+int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int arch, Plan& plan)
 {
-    int arch = 0;
-    bool done = false;
-    if (int s = prologue(p, false, gated, arch, done); s != WIDE_OK || done)
-        return s;
     std::string const dt = dtypeName(p->dtype);
     std::string const var = gated ? "gated" : (p->bias ? "bias" : "plain");
     int64_t const G = p->N / p->group_size;
@@ -382,26 +708,169 @@ int gemmN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, cuda
     {
         a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
         a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        return launch("gemv_n/" + dt + "/" + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a,
-            stream);
+        plan.push_back(kernel("gemv_n/" + dt + "/" + var, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1,
+            std::move(a)));
+        return WIDE_OK;
     }
     if (algo == WIDE_ALGO_GROUPED)
     {
         if (!ws || wsSize < rowsBytes(p->M, G))
             return WIDE_ERR_WORKSPACE_TOO_SMALL;
-        if (int s = groupRows(p->mask, p->M, G, ws, arch, stream))
-            return s;
+        plan.push_back(groupRows(p->mask, p->M, G, ws));
         int const bn = groupedBlockN(p->group_size);
         auto* rows = static_cast<int32_t*>(ws);
         auto* counts = reinterpret_cast<int32_t*>(static_cast<char*>(ws) + align256(static_cast<size_t>(G) * p->M * 4));
         a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(rows).ptr(counts).ptr(p->y);
         a.i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
-        return launch("grouped_n/" + dt + "/" + var + "/bn" + std::to_string(bn), arch, cdiv(p->M, kGroupedBlockM),
-            static_cast<unsigned>(p->N / bn), 1, a, stream);
+        plan.push_back(kernel("grouped_n/" + dt + "/" + var + "/bn" + std::to_string(bn), cdiv(p->M, kGroupedBlockM),
+            static_cast<unsigned>(p->N / bn), 1, std::move(a)));
+        return WIDE_OK;
+    }
+    if (algo == WIDE_ALGO_DENSE)
+    {
+        // y = x W^T (+ b) by cuBLASLt; gated: the up projection into the workspace, then one mask pass
+        // (silu(gate) * up, exact zeros on skipped groups).
+        size_t const upBytes = gated ? align256(static_cast<size_t>(p->M) * p->N * 4) : 0;
+        if (!ws || wsSize < upBytes + kLtWorkspace)
+            return WIDE_ERR_WORKSPACE_TOO_SMALL;
+        void* up = ws;
+        void* ltWs = static_cast<char*>(ws) + upBytes;
+        DenseGemm g;
+        g.w = p->w;
+        g.x = p->x;
+        g.y = p->y;
+        g.bias = gated ? nullptr : p->bias;
+        g.M = p->M;
+        g.N = p->N;
+        g.K = p->K;
+        g.ldx = p->K;
+        g.ldc = p->N;
+        g.dtype = p->dtype;
+        g.ws = ltWs;
+        plan.push_back(denseStep(g));
+        if (gated)
+        {
+            g.w = p->w2;
+            g.y = up;
+            plan.push_back(denseStep(g));
+        }
+        a.ptr(p->y).ptr(gated ? up : p->y).ptr(p->y).ptr(p->mask);
+        a.i32(p->M).i32(p->N).i32(G).i32(p->group_size).i32(p->N);
+        plan.push_back(kernel("apply_mask/" + dt + (gated ? "/gated" : "/plain"), cdiv(p->M, kApplyMaskBlockM),
+            cdiv(p->N, kApplyMaskBlockN), 1, std::move(a)));
+        return WIDE_OK;
     }
     a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    return launch("tile_n/" + dt + "/" + var, arch, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, a, stream);
+    plan.push_back(kernel("tile_n/" + dt + "/" + var, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, std::move(a)));
+    return WIDE_OK;
+}
+
+//! The launches of wide_gemm_k for a validated, non-empty problem on `arch`.
+int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, int arch, Plan& plan)
+{
+    std::string const dt = dtypeName(p->dtype);
+    std::string const var = p->bias ? "/bias" : ""; // the bias [N] is added to every output (outputs are not grouped)
+    void const* b = p->bias ? p->bias : p->w;       // never read by the plain variants
+    int64_t const G = p->K / p->group_size;
+    int const algo = resolve(p, true, arch);
+    Args a;
+    if (algo == WIDE_ALGO_GEMV)
+    {
+        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+        plan.push_back(
+            kernel("gemv_k/" + dt + var, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, std::move(a)));
+        return WIDE_OK;
+    }
+    if (algo == WIDE_ALGO_GROUPED)
+    {
+        size_t const rb = rowsBytes(p->M, G);
+        size_t const accBytes = static_cast<size_t>(p->M) * p->N * 4;
+        if (!workspace || workspaceSize < rb + align256(accBytes))
+            return WIDE_ERR_WORKSPACE_TOO_SMALL;
+        plan.push_back(groupRows(p->mask, p->M, G, workspace));
+        auto* rows = static_cast<int32_t*>(workspace);
+        auto* counts
+            = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + align256(static_cast<size_t>(G) * p->M * 4));
+        void* acc = static_cast<char*>(workspace) + rb;
+        Step zero;
+        zero.memsetPtr = acc;
+        zero.memsetBytes = accBytes;
+        plan.push_back(std::move(zero));
+        a.ptr(p->x).ptr(p->w).ptr(rows).ptr(counts).ptr(acc).i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
+        plan.push_back(kernel("grouped_k/" + dt, cdiv(p->M, kGroupedBlockM), cdiv(p->N, kGroupedKBlockN),
+            static_cast<unsigned>(G), std::move(a)));
+        Args c;
+        c.ptr(acc).ptr(p->y).ptr(b).i32(p->M * p->N).i32(p->N);
+        plan.push_back(kernel("cast/" + dt + var, cdiv(p->M * p->N, kCastBlock), 1, 1, std::move(c)));
+        return WIDE_OK;
+    }
+    if (algo == WIDE_ALGO_DENSE)
+    {
+        // x with skipped input groups zeroed into the workspace (one mask pass), then y = x' W^T (+ b) by cuBLASLt.
+        size_t const xBytes = align256(static_cast<size_t>(p->M) * p->K * 4);
+        if (!workspace || workspaceSize < xBytes + kLtWorkspace)
+            return WIDE_ERR_WORKSPACE_TOO_SMALL;
+        void* xm = workspace;
+        a.ptr(p->x).ptr(p->x).ptr(xm).ptr(p->mask);
+        a.i32(p->M).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+        plan.push_back(kernel("apply_mask/" + dt + "/plain", cdiv(p->M, kApplyMaskBlockM), cdiv(p->K, kApplyMaskBlockN),
+            1, std::move(a)));
+        DenseGemm g;
+        g.w = p->w;
+        g.x = xm;
+        g.y = p->y;
+        g.bias = p->bias;
+        g.M = p->M;
+        g.N = p->N;
+        g.K = p->K;
+        g.ldx = p->K;
+        g.ldc = p->N;
+        g.dtype = p->dtype;
+        g.ws = static_cast<char*>(workspace) + xBytes;
+        plan.push_back(denseStep(g));
+        return WIDE_OK;
+    }
+    a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
+    a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
+    plan.push_back(kernel("tile_k/" + dt + var, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, std::move(a)));
+    return WIDE_OK;
+}
+
+//! Validation, then the plan of operation `op` (WIDE_OP_*) on `arch`; an empty plan for M == 0.
+int plan(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, int arch, Plan& out)
+{
+    bool const kindK = op == WIDE_OP_GEMM_K;
+    bool const gated = op == WIDE_OP_GEMM_N_GATED;
+    if (op < WIDE_OP_GEMM_N || op > WIDE_OP_GEMM_K)
+        return WIDE_ERR_INVALID_ARGUMENT;
+    if (int s = validate(p, kindK, gated))
+        return s;
+    if (p->M == 0)
+        return WIDE_OK;
+    if (p->algo == WIDE_ALGO_DENSE && !haveLt())
+    {
+        tLastCudaError = kLtWorkspace ? "cuBLASLt (libcublasLt) could not be loaded (set WIDE_CUBLASLT_LIBRARY)"
+                                      : "this build has no cuBLASLt dense path (cublasLt.h not found at configure time)";
+        return WIDE_ERR_NO_KERNEL;
+    }
+    return kindK ? planK(p, ws, wsSize, arch, out) : planN(p, gated, ws, wsSize, arch, out);
+}
+
+int gemm(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, cudaStream_t stream)
+{
+    if (int s = validate(p, op == WIDE_OP_GEMM_K, op == WIDE_OP_GEMM_N_GATED))
+        return s; // before any CUDA call
+    if (p->M == 0)
+        return WIDE_OK;
+    int arch = 0;
+    if (int s = deviceArch(arch))
+        return s;
+    Plan steps;
+    if (int s = plan(op, p, ws, wsSize, arch, steps))
+        return s;
+    return run(steps, arch, stream);
 }
 
 } // namespace
@@ -439,7 +908,12 @@ int wide_kernels_cubin_count(void)
 
 int wide_kernels_has_cubin(char const* key, int arch)
 {
-    return key && findCubin(key, arch) >= 0 ? 1 : 0;
+    return key && cubinArch(key, arch) >= 0 ? 1 : 0;
+}
+
+int wide_kernels_has_cublaslt(void)
+{
+    return haveLt() ? 1 : 0;
 }
 
 size_t wide_gemm_params_sizeof(void)
@@ -472,8 +946,9 @@ int wide_router(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, float c
         return s;
     Args a;
     a.ptr(x).ptr(wc).ptr(bc).ptr(wr).ptr(br).ptr(mask).i32(M).i32(H).i32(R).i32(G).i32(H);
-    return launch(std::string("router/") + dtypeName(dtype) + "/r" + std::to_string(blockR), arch,
-        cdiv(M, kRouterBlockM), 1, 1, a, stream);
+    Step step = kernel(std::string("router/") + dtypeName(dtype) + "/r" + std::to_string(blockR), cdiv(M, kRouterBlockM),
+        1, 1, std::move(a));
+    return launch(step, arch, stream);
 }
 
 size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
@@ -483,7 +958,12 @@ size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
     // Sized for the grouped algorithm whatever AUTO picks at run time (monotonic in M): row lists for
     // the groups along N or K, plus the float32 accumulator of the K-pruned scatter-add.
     int64_t const G = (p->N > p->K ? p->N : p->K) / p->group_size;
-    return rowsBytes(p->M, G) + align256(static_cast<size_t>(p->M) * p->N * 4);
+    size_t const grouped = rowsBytes(p->M, G) + align256(static_cast<size_t>(p->M) * p->N * 4);
+    if (!kLtWorkspace)
+        return grouped;
+    // the dense path: the masked x (gemm_k) or the up projection (gated), then cuBLASLt's scratch
+    size_t const dense = align256(static_cast<size_t>(p->M) * (p->N > p->K ? p->N : p->K) * 4) + kLtWorkspace;
+    return grouped > dense ? grouped : dense;
 }
 
 int wide_gemm_resolve_algo(wide_gemm_params_t const* p, int kind_k, int arch)
@@ -491,61 +971,33 @@ int wide_gemm_resolve_algo(wide_gemm_params_t const* p, int kind_k, int arch)
     return p ? resolve(p, kind_k != 0, arch) : -1;
 }
 
+int wide_gemm_describe(wide_gemm_params_t const* p, int op, int arch, void* workspace, size_t workspace_size,
+    char* out, size_t out_size)
+{
+    Plan steps;
+    if (int s = plan(op, p, workspace, workspace_size, arch, steps))
+        return s;
+    std::string const text = describe(steps, arch);
+    if (!out || out_size <= text.size())
+        return WIDE_ERR_INVALID_ARGUMENT;
+    text.copy(out, text.size());
+    out[text.size()] = '\0';
+    return WIDE_OK;
+}
+
 int wide_gemm_n(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
-    return gemmN(p, false, workspace, workspace_size, stream);
+    return gemm(WIDE_OP_GEMM_N, p, workspace, workspace_size, stream);
 }
 
 int wide_gemm_n_gated(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
-    return gemmN(p, true, workspace, workspace_size, stream);
+    return gemm(WIDE_OP_GEMM_N_GATED, p, workspace, workspace_size, stream);
 }
 
 int wide_gemm_k(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
-    int arch = 0;
-    bool done = false;
-    if (int s = prologue(p, true, false, arch, done); s != WIDE_OK || done)
-        return s;
-    std::string const dt = dtypeName(p->dtype);
-    std::string const var = p->bias ? "/bias" : ""; // the bias [N] is added to every output (outputs are not grouped)
-    void const* b = p->bias ? p->bias : p->w;       // never read by the plain variants
-    int64_t const G = p->K / p->group_size;
-    int const algo = resolve(p, true, arch);
-    Args a;
-    if (algo == WIDE_ALGO_GEMV)
-    {
-        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
-        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        return launch("gemv_k/" + dt + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a, stream);
-    }
-    if (algo == WIDE_ALGO_GROUPED)
-    {
-        size_t const rb = rowsBytes(p->M, G);
-        size_t const accBytes = static_cast<size_t>(p->M) * p->N * 4;
-        if (!workspace || workspace_size < rb + align256(accBytes))
-            return WIDE_ERR_WORKSPACE_TOO_SMALL;
-        if (int s = groupRows(p->mask, p->M, G, workspace, arch, stream))
-            return s;
-        auto* rows = static_cast<int32_t*>(workspace);
-        auto* counts
-            = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + align256(static_cast<size_t>(G) * p->M * 4));
-        void* acc = static_cast<char*>(workspace) + rb;
-        CUresult r
-            = driver().memsetD8Async(reinterpret_cast<CUdeviceptr>(acc), 0, accBytes, reinterpret_cast<CUstream>(stream));
-        if (r != CUDA_SUCCESS)
-            return cudaFail(r, "cuMemsetD8Async");
-        a.ptr(p->x).ptr(p->w).ptr(rows).ptr(counts).ptr(acc).i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
-        if (int s = launch("grouped_k/" + dt, arch, cdiv(p->M, kGroupedBlockM), cdiv(p->N, kGroupedKBlockN),
-                static_cast<unsigned>(G), a, stream))
-            return s;
-        Args c;
-        c.ptr(acc).ptr(p->y).ptr(b).i32(p->M * p->N).i32(p->N);
-        return launch("cast/" + dt + var, arch, cdiv(p->M * p->N, kCastBlock), 1, 1, c, stream);
-    }
-    a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
-    a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    return launch("tile_k/" + dt + var, arch, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, a, stream);
+    return gemm(WIDE_OP_GEMM_K, p, workspace, workspace_size, stream);
 }
 
 } // extern "C"
