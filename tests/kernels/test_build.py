@@ -110,12 +110,12 @@ def test_c_auto_policy_matches_python(kernels_lib):
     names = {1: "gemv", 2: "grouped", 3: "tile"}
     for arch in (80, 90):
         pol = policy_for(f"sm_{arch}")
-        for kind, kind_k in (("n", 0), ("k", 1)):
+        for kind, kind_k in (("n", 0), ("k", 1), ("gated", 2)):  # gemv_max_m is per kind
             for M in (1, 2, 3, 64, 1023, 1024, 8192):
                 for gs in (16, 32, 64, 128, 512, 96):
                     p = _params(M=M, N=gs * 4, K=gs * 4, group_size=gs)
                     got = names[kernels_lib.wide_gemm_resolve_algo(ctypes.byref(p), kind_k, arch)]
-                    want = choose(kind, M, gs, pol)
+                    want = choose(kind, M, gs, pol, gs * 4, gs * 4)
                     want = "tile" if want == "dense" else want  # the plugins' dense path: no cuBLAS in C
                     assert got == want, (arch, kind, M, gs)
 
@@ -133,6 +133,9 @@ def test_c_tiles_match_python_configs():
         return tuple(int(v) for v in re.search(rf"constexpr int {name}\[\] = \{{([^}}]*)\}}", src).group(1).split(","))
 
     assert const("kGemvBlockN") == configs.GEMV_BLOCK_N
+    assert (const("kGemvKBlockN"), const("kGemvKBlockK")) == (configs.GEMV_K_BLOCK_N, configs.GEMV_K_BLOCK_K)
+    assert (const("kDecodeSms"), const("kDecodeTargetWaves")) == (configs.DECODE_SMS, configs.DECODE_TARGET_WAVES)
+    assert const("kSplitkReduceBlock") == configs.SPLITK_REDUCE_BLOCK
     assert const("kRouterBlockM") == configs.ROUTER_BLOCK_M
     assert arr("kRouterBlockRs") == configs.ROUTER_BLOCK_RS
     assert const("kCastBlock") == configs.CAST_BLOCK

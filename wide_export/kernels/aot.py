@@ -87,9 +87,14 @@ def specs() -> list[Spec]:
                                              ("BLOCK_K", t.block_k)), t.num_warps))
         gemm_k_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
         for suffix, has_bias in (("", False), ("/bias", True)):  # K-pruned: plain keys unchanged, "/bias" added
-            out.append(Spec(f"gemv_k/{dtype}{suffix}", "wide_gemv_k_kernel", gemm_k_ptrs,
-                            (("HAS_BIAS", has_bias), ("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)),
+            # decode: split-K GEMV (+ float32 partials) and its fixed-order reduction (launch.gemv_k_plan)
+            out.append(Spec(f"gemv_k/{dtype}{suffix}", "wide_gemv_k_kernel",
+                            gemm_k_ptrs + (("part_ptr", "*fp32"),),
+                            (("HAS_BIAS", has_bias), ("BLOCK_N", cfg.GEMV_K_BLOCK_N), ("BLOCK_K", cfg.GEMV_K_BLOCK_K)),
                             cfg.GEMV_WARPS))
+            out.append(Spec(f"splitk_reduce/{dtype}{suffix}", "wide_splitk_reduce_kernel",
+                            (("part_ptr", "*fp32"), ("b_ptr", f"*{dt}"), ("y_ptr", f"*{dt}")),
+                            (("HAS_BIAS", has_bias), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
             out.append(Spec(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
                             (("HAS_BIAS", has_bias), ("PRECISE", precise), ("BLOCK_M", tile.block_m),
                              ("BLOCK_N", tile.block_n), ("BLOCK_K", tile.block_k)), tile.num_warps))
@@ -161,8 +166,15 @@ def _policy_inc() -> str:
         if arch.startswith("_") or arch == "interpreter":
             continue
         num = 0 if arch == "default" else int(arch.split("_")[1])
-        lines.append(f"{{{num}, {p['gemv_max_m']}, {p['grouped_n_min_m']}, {p['grouped_n_min_group_size']}, "
-                     f"{p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}}},")
+        g = p["gemv_max_m"]
+        shapes = []  # per-shape gemv_max_m overrides: {kind ('n', 'g' = gated, 'k'), N, K, max M}
+        for key, v in p.get("gemv_max_m_shapes", {}).items():
+            kind, nk = key.split(":")
+            n, k = nk.split("x")
+            shapes.append(f"{{'{'g' if kind == 'gated' else kind}', {n}, {k}, {v}}}")
+        lines.append(f"{{{num}, {g['n']}, {g['gated']}, {g['k']}, {p['grouped_n_min_m']}, "
+                     f"{p['grouped_n_min_group_size']}, {p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}, "
+                     f"{{{', '.join(shapes)}}}}},")
     return "\n".join(lines) + "\n"
 
 

@@ -48,17 +48,31 @@ Cubin const kCubins[] = {
 };
 int const kNumCubins = static_cast<int>(sizeof(kCubins) / sizeof(kCubins[0]));
 
+//! A per-shape override of gemv_max_m (policy.json "gemv_max_m_shapes"): kind 'n', 'g' (gated) or 'k'; 0 = unused.
+struct ShapeRule
+{
+    char kind;
+    int64_t N, K, gemvMaxM;
+};
 struct Policy
 {
     int arch; // 0 = default
-    int64_t gemvMaxM, groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
+    int64_t gemvMaxMN, gemvMaxMGated, gemvMaxMK; // gemv_max_m per kernel kind
+    int64_t groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
+    ShapeRule shapes[8];
 };
 Policy const kPolicies[] = {
 #include "wide_aot_policy.inc"
 };
 
 // Tiles: keep in step with wide_export/kernels/configs.py (tests/kernels/test_build.py checks them).
-constexpr int kGemvBlockN = 16;
+constexpr int kGemvBlockN = 8;
+// Decode split-K GEMV (gemv_k) and its plan: keep in step with configs.py and launch.gemv_k_plan.
+constexpr int kGemvKBlockN = 32;
+constexpr int kGemvKBlockK = 128;
+constexpr int kDecodeSms = 132;
+constexpr int kDecodeTargetWaves = 4;
+constexpr int kSplitkReduceBlock = 1024;
 constexpr int kRouterBlockM = 16;
 constexpr int kRouterBlockRs[] = {16, 32, 64, 128, 256};
 constexpr int kCastBlock = 1024;
@@ -156,6 +170,17 @@ int deviceArch(int& arch)
         return cudaFail(r, "cuDeviceGetAttribute");
     arch = major * 10 + minor;
     return WIDE_OK;
+}
+
+//! Streaming multiprocessors of the current device (kDecodeSms when it cannot be read).
+int64_t smCount()
+{
+    CUdevice dev;
+    int n = 0;
+    if (!driver().ok || driver().ctxGetDevice(&dev) != CUDA_SUCCESS
+        || driver().deviceGetAttribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
+        return kDecodeSms;
+    return n;
 }
 
 //! The cubin for key on a device of `arch`: same major, highest compiled minor <= the device's.
@@ -302,13 +327,24 @@ int groupedBlockN(int64_t gs)
     return 0;
 }
 
-int resolve(wide_gemm_params_t const* p, bool kindK, int arch)
+int64_t gemvMaxM(Policy const& pol, wide_gemm_params_t const* p, bool kindK, bool gated)
+{
+    char const kind = kindK ? 'k' : (gated ? 'g' : 'n');
+    for (ShapeRule const& r : pol.shapes)
+    {
+        if (r.kind == kind && r.N == p->N && r.K == p->K)
+            return r.gemvMaxM;
+    }
+    return kindK ? pol.gemvMaxMK : (gated ? pol.gemvMaxMGated : pol.gemvMaxMN);
+}
+
+int resolve(wide_gemm_params_t const* p, bool kindK, bool gated, int arch)
 {
     bool const fp32 = p->dtype == WIDE_FLOAT32; // no grouped cubins for float32 (aot.specs)
     if (p->algo != WIDE_ALGO_AUTO)
         return p->algo;
     Policy const pol = policyFor(arch);
-    if (p->M <= pol.gemvMaxM)
+    if (p->M <= gemvMaxM(pol, p, kindK, gated))
         return WIDE_ALGO_GEMV;
     if (!fp32 && kindK && p->M >= pol.groupedKMinM && p->group_size >= pol.groupedKMinGs)
         return WIDE_ALGO_GROUPED;
@@ -337,6 +373,33 @@ int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
     if (p->M * p->K >= lim || p->M * p->N >= lim || p->N * p->K >= lim)
         return WIDE_ERR_INVALID_ARGUMENT;
     return WIDE_OK;
+}
+
+//! Splits of the split-K GEMV (mirrors launch.gemv_k_plan): {splits, K chunks per split}.
+std::pair<int64_t, int64_t> gemvKPlan(int64_t M, int64_t N, int64_t K, int64_t sms, int64_t maxSplits)
+{
+    int64_t const programs = M * ((N + kGemvKBlockN - 1) / kGemvKBlockN);
+    int64_t const chunks = (K + kGemvKBlockK - 1) / kGemvKBlockK;
+    int64_t want = (kDecodeTargetWaves * sms + programs - 1) / programs;
+    int64_t splits = want < 1 ? 1 : want;
+    splits = splits < chunks ? splits : chunks;
+    splits = splits < maxSplits ? splits : maxSplits;
+    splits = splits < 1 ? 1 : splits;
+    int64_t const per = (chunks + splits - 1) / splits;
+    return {(chunks + per - 1) / per, per};
+}
+
+//! Float32 rows [S * M] the split-K partials of any M' <= M need (the GEMV runs at small M only).
+int64_t splitRows(int64_t M, int64_t N, int64_t K)
+{
+    int64_t most = 0;
+    int64_t const sms = smCount();
+    for (int64_t m = 1; m <= M && m <= 64; ++m)
+    {
+        int64_t const r = gemvKPlan(m, N, K, sms, int64_t{1} << 30).first * m;
+        most = r > most ? r : most;
+    }
+    return most;
 }
 
 size_t rowsBytes(int64_t M, int64_t G)
@@ -376,7 +439,7 @@ int gemmN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, cuda
     int64_t const G = p->N / p->group_size;
     void const* w2 = gated ? p->w2 : p->w; // never read when the variant does not use it
     void const* b = p->bias ? p->bias : p->w;
-    int const algo = resolve(p, false, arch);
+    int const algo = resolve(p, false, gated, arch);
     Args a;
     if (algo == WIDE_ALGO_GEMV)
     {
@@ -483,12 +546,14 @@ size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
     // Sized for the grouped algorithm whatever AUTO picks at run time (monotonic in M): row lists for
     // the groups along N or K, plus the float32 accumulator of the K-pruned scatter-add.
     int64_t const G = (p->N > p->K ? p->N : p->K) / p->group_size;
-    return rowsBytes(p->M, G) + align256(static_cast<size_t>(p->M) * p->N * 4);
+    int64_t const split = splitRows(p->M, p->N, p->K); // the split-K GEMV's float32 partials [S, M, N]
+    int64_t const rows = split > p->M ? split : p->M;
+    return rowsBytes(p->M, G) + align256(static_cast<size_t>(rows) * p->N * 4);
 }
 
 int wide_gemm_resolve_algo(wide_gemm_params_t const* p, int kind_k, int arch)
 {
-    return p ? resolve(p, kind_k != 0, arch) : -1;
+    return p ? resolve(p, kind_k == 1, kind_k == 2, arch) : -1; // kind_k: 0 gemm_n, 1 gemm_k, 2 gated
 }
 
 int wide_gemm_n(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
@@ -511,13 +576,24 @@ int wide_gemm_k(wide_gemm_params_t const* p, void* workspace, size_t workspace_s
     std::string const var = p->bias ? "/bias" : ""; // the bias [N] is added to every output (outputs are not grouped)
     void const* b = p->bias ? p->bias : p->w;       // never read by the plain variants
     int64_t const G = p->K / p->group_size;
-    int const algo = resolve(p, true, arch);
+    int const algo = resolve(p, true, false, arch);
     Args a;
     if (algo == WIDE_ALGO_GEMV)
     {
-        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
-        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        return launch("gemv_k/" + dt + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a, stream);
+        // split-K: float32 partials [S, M, N] in the workspace (as many splits as it holds), summed in split order
+        size_t const slab = static_cast<size_t>(p->M) * p->N * 4;
+        int64_t const room = workspace ? static_cast<int64_t>(workspace_size / slab) : 0;
+        auto const plan = gemvKPlan(p->M, p->N, p->K, smCount(), room > 1 ? room : 1);
+        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y).ptr(plan.first > 1 ? workspace : p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K).i32(plan.second);
+        if (int s = launch("gemv_k/" + dt + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvKBlockN),
+                static_cast<unsigned>(plan.first), a, stream))
+            return s;
+        if (plan.first == 1)
+            return WIDE_OK;
+        Args c;
+        c.ptr(workspace).ptr(b).ptr(p->y).i32(p->M * p->N).i32(p->N).i32(plan.first);
+        return launch("splitk_reduce/" + dt + var, arch, cdiv(p->M * p->N, kSplitkReduceBlock), 1, 1, c, stream);
     }
     if (algo == WIDE_ALGO_GROUPED)
     {
