@@ -122,3 +122,35 @@ def validate(table: Any) -> list[str]:
             continue
         errs += validate_entry(arch, entry)
     return errs
+
+
+def dump(table: dict[str, Any]) -> str:
+    """policy.json's text: one line per architecture (diffs of a recorded policy stay one line)."""
+    items = list(table.items())
+    lines = ["{"]
+    for i, (k, v) in enumerate(items):
+        lines.append(f"  {json.dumps(k)}: {json.dumps(v)}" + ("," if i < len(items) - 1 else ""))
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+def merge_recorded(recorded: Any, table: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(table with the recorded architectures replaced, what is wrong with the record); the table is unchanged
+    when the record is refused. A record is `bench kernels`' policy-<arch>.json: measured sm_<NN> entries only."""
+    errs = validate(recorded)
+    if not errs:
+        if not recorded or all(k.startswith("_") for k in recorded):
+            errs.append("the record holds no architecture")
+        for arch, entry in recorded.items():
+            if arch.startswith("_"):
+                continue
+            if not arch.startswith("sm_"):
+                errs.append(f"{arch!r}: a record sets measured GPU architectures (sm_<NN>) only")
+            elif entry.get("measured") is not True:
+                errs.append(f"{arch}: a record must be measured (\"measured\": true)")
+    if errs:
+        return table, errs
+    out = dict(table)
+    for arch, entry in recorded.items():
+        if not arch.startswith("_"):
+            out[arch] = entry
+    return out, []
