@@ -247,7 +247,7 @@ def wide_splitk_reduce_kernel(part_ptr, b_ptr, y_ptr, MN, N, S, HAS_BIAS: tl.con
     tl.store(y_ptr + r, v.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # row / group counts: not in a vectorised dim
 def wide_group_rows_kernel(mask_ptr, rows_ptr, counts_ptr, M, G, BLOCK: tl.constexpr):
     # grid (G,): rows[g, :count] = the rows executing group g (ascending), rows[g, count:] = the others.
     g = tl.program_id(0)
@@ -272,7 +272,7 @@ def wide_group_rows_kernel(mask_ptr, rows_ptr, counts_ptr, M, G, BLOCK: tl.const
     tl.store(counts_ptr + g, n_act)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # row / group counts: not in a vectorised dim
 def wide_grouped_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, rows_ptr, counts_ptr, y_ptr, M, N, K, group_size, ldx,
                                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISE: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -296,7 +296,7 @@ def wide_grouped_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, rows_ptr, counts_ptr
     tl.store(y_ptr + rows[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=in_m[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # row / group counts: not in a vectorised dim
 def wide_grouped_gemm_k_kernel(x_ptr, w_ptr, rows_ptr, counts_ptr, acc_ptr, M, N, K, group_size, ldx,
                                PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr):
@@ -322,7 +322,7 @@ def wide_grouped_gemm_k_kernel(x_ptr, w_ptr, rows_ptr, counts_ptr, acc_ptr, M, N
         tl.atomic_add(acc_ptr + rows[:, None] * N + rn[None, :], acc, mask=act[:, None] & n_ok[None, :], sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "G"])  # row / group counts: not in a vectorised dim
 def wide_tile_gemm_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
                             HAS_BIAS: tl.constexpr, PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr):
@@ -361,7 +361,7 @@ def wide_cast_kernel(src_ptr, dst_ptr, b_ptr, numel, N, HAS_BIAS: tl.constexpr, 
     tl.store(dst_ptr + r, v.to(dst_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "G"])  # row / group counts: not in a vectorised dim
 def wide_tile_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
                             HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
