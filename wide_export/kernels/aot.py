@@ -59,6 +59,11 @@ def specs() -> list[Spec]:
                                                            ("counts_ptr", "*i32")),
                 (("BLOCK", cfg.GROUP_ROWS_BLOCK),), 4)]
     variants = {"plain": (False, False), "bias": (True, False), "gated": (False, True)}
+    for br in cfg.ROUTER_BLOCK_RS:  # the split router's second pass: float32 whatever the activations
+        out.append(Spec(f"router_logits/r{br}", "wide_router_logits_kernel",
+                        _ptrs("fp32", "part_ptr", "bc_ptr", "wr_ptr", "br_ptr", "mask_ptr", mask_ptr="*i32"),
+                        (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)),
+                        cfg.ROUTER_WARPS))
     for dtype in cfg.DTYPES:
         dt = _TRITON_DTYPE[dtype]
         precise = dtype == "float32"
@@ -68,6 +73,10 @@ def specs() -> list[Spec]:
                                   x_ptr=f"*{dt}", mask_ptr="*i32"),
                             (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_H", cfg.ROUTER_BLOCK_H),
                              ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)), cfg.ROUTER_WARPS))
+        out.append(Spec(f"router_split/{dtype}", "wide_router_split_kernel",
+                        _ptrs("fp32", "x_ptr", "wc_ptr", "part_ptr", x_ptr=f"*{dt}"),
+                        (("BLOCK_M", cfg.ROUTER_SPLIT_BLOCK_M), ("BLOCK_R", cfg.ROUTER_SPLIT_BLOCK_R),
+                         ("BLOCK_H", cfg.ROUTER_SPLIT_BLOCK_H)), cfg.ROUTER_WARPS))
         gemm_n_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
         grouped_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "rows_ptr", "counts_ptr", "y_ptr",
                              rows_ptr="*i32", counts_ptr="*i32")

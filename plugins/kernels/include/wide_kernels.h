@@ -66,6 +66,13 @@ int wide_kernels_has_cubin(const char* key, int arch);
 int wide_router(const void* x, wide_dtype_t dtype, int64_t M, int64_t H,
                 const float* wc, const float* bc, int64_t R, const float* wr, const float* br, int64_t G,
                 int32_t* mask, cudaStream_t stream);
+// The same with a workspace: up to 64 tokens the compressor GEMM is split over many CTAs (decode),
+// its float32 partials in the workspace; with less than wide_router_workspace_size(M, H, R) bytes the
+// one-pass router runs (what wide_router does). The size is non-decreasing in M.
+size_t wide_router_workspace_size(int64_t M, int64_t H, int64_t R);
+int wide_router_ws(const void* x, wide_dtype_t dtype, int64_t M, int64_t H,
+                   const float* wc, const float* bc, int64_t R, const float* wr, const float* br, int64_t G,
+                   int32_t* mask, void* workspace, size_t workspace_size, cudaStream_t stream);
 
 typedef struct {
   int64_t M, N, K;

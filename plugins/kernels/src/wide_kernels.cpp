@@ -73,6 +73,11 @@ constexpr int kGemvKBlockK = 128;
 constexpr int kDecodeSms = 132;
 constexpr int kDecodeTargetWaves = 4;
 constexpr int kSplitkReduceBlock = 1024;
+// Split router (decode): keep in step with configs.py and launch.router_plan.
+constexpr int kRouterSplitMaxM = 64;
+constexpr int kRouterSplitBlockM = 8;
+constexpr int kRouterSplitBlockR = 8;
+constexpr int kRouterSplitBlockH = 16;
 constexpr int kRouterBlockM = 16;
 constexpr int kRouterBlockRs[] = {16, 32, 64, 128, 256};
 constexpr int kCastBlock = 1024;
@@ -389,6 +394,17 @@ std::pair<int64_t, int64_t> gemvKPlan(int64_t M, int64_t N, int64_t K, int64_t s
     return {(chunks + per - 1) / per, per};
 }
 
+//! Splits of the split router (mirrors launch.router_plan): {splits, H chunks per split}; M <= kRouterSplitMaxM.
+std::pair<int64_t, int64_t> routerPlan(int64_t M, int64_t H, int64_t R, int64_t sms)
+{
+    int64_t const programs = ((M + kRouterSplitBlockM - 1) / kRouterSplitBlockM) * ((R + kRouterSplitBlockR - 1) / kRouterSplitBlockR);
+    int64_t const chunks = (H + kRouterSplitBlockH - 1) / kRouterSplitBlockH;
+    int64_t want = (kDecodeTargetWaves * sms + programs - 1) / programs;
+    int64_t splits = want < 1 ? 1 : (want < chunks ? want : chunks);
+    int64_t const per = (chunks + splits - 1) / splits;
+    return {(chunks + per - 1) / per, per};
+}
+
 //! Float32 rows [S * M] the split-K partials of any M' <= M need (the GEMV runs at small M only).
 int64_t splitRows(int64_t M, int64_t N, int64_t K)
 {
@@ -537,6 +553,54 @@ int wide_router(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, float c
     a.ptr(x).ptr(wc).ptr(bc).ptr(wr).ptr(br).ptr(mask).i32(M).i32(H).i32(R).i32(G).i32(H);
     return launch(std::string("router/") + dtypeName(dtype) + "/r" + std::to_string(blockR), arch,
         cdiv(M, kRouterBlockM), 1, 1, a, stream);
+}
+
+size_t wide_router_workspace_size(int64_t M, int64_t H, int64_t R)
+{
+    if (M <= 0 || H <= 0 || R <= 0)
+        return 0;
+    int64_t const sms = smCount();
+    int64_t most = 0; // partials [S, M', R] of every M' <= M the split router runs for
+    for (int64_t m = 1; m <= M && m <= kRouterSplitMaxM; ++m)
+    {
+        int64_t const r = routerPlan(m, H, R, sms).first * m;
+        most = r > most ? r : most;
+    }
+    return align256(static_cast<size_t>(most) * R * 4);
+}
+
+int wide_router_ws(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, float const* wc, float const* bc,
+    int64_t R, float const* wr, float const* br, int64_t G, int32_t* mask, void* workspace, size_t workspace_size,
+    cudaStream_t stream)
+{
+    if (!workspace || M > kRouterSplitMaxM || M <= 0 || R <= 0 || H <= 0 || !x || !wc || !bc || !wr || !br || !mask
+        || G <= 0 || !dtypeName(dtype))
+        return wide_router(x, dtype, M, H, wc, bc, R, wr, br, G, mask, stream); // validation + one-pass router
+    int blockR = 0;
+    for (int b : kRouterBlockRs)
+    {
+        if (R <= b)
+        {
+            blockR = b;
+            break;
+        }
+    }
+    if (!blockR || M * H >= (int64_t{1} << 31))
+        return WIDE_ERR_INVALID_ARGUMENT;
+    int arch = 0;
+    if (int s = deviceArch(arch))
+        return s;
+    auto const plan = routerPlan(M, H, R, smCount());
+    if (workspace_size < static_cast<size_t>(plan.first) * M * R * 4)
+        return wide_router(x, dtype, M, H, wc, bc, R, wr, br, G, mask, stream);
+    Args a;
+    a.ptr(x).ptr(wc).ptr(workspace).i32(M).i32(H).i32(R).i32(H).i32(plan.second);
+    if (int s = launch(std::string("router_split/") + dtypeName(dtype), arch, cdiv(M, kRouterSplitBlockM),
+            cdiv(R, kRouterSplitBlockR), static_cast<unsigned>(plan.first), a, stream))
+        return s;
+    Args b;
+    b.ptr(workspace).ptr(bc).ptr(wr).ptr(br).ptr(mask).i32(M).i32(R).i32(G).i32(plan.first);
+    return launch("router_logits/r" + std::to_string(blockR), arch, cdiv(M, kRouterBlockM), 1, 1, b, stream);
 }
 
 size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
