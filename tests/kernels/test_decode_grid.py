@@ -17,7 +17,7 @@ TOKENS = tuple(range(1, 9))
 
 
 def _plan(kind, M, N, K, sms=SMS):
-    return launch.gemv_k_plan(M, N, K, sms) if kind == "k" else launch.gemv_n_plan(M, N)
+    return launch.gemv_k_plan(M, N, K, sms) if kind == "k" else launch.gemv_n_plan(M, N, K, sms)
 
 
 @pytest.mark.parametrize("M", TOKENS)
@@ -36,9 +36,12 @@ def test_router_grid_fills_two_waves_at_8b_hidden(R, M):
 
 
 def test_plans_by_hand_at_t1():
-    """T = 1 grids computed by hand from the tile sizes (8 / 32 outputs, 128-wide K chunks, 4-wave target)."""
-    assert launch.gemv_n_plan(1, 4096).grid == (1, 4096 // 8, 1)          # q: 512 CTAs
-    assert launch.gemv_n_plan(1, 14336).grid == (1, 14336 // 8, 1)        # gate/up: 1792 CTAs
+    """T = 1 grids computed by hand from the tile sizes (8 outputs x 256-wide K chunks for N-pruned, 32 x 128
+    for K-pruned) and the 4-wave target (528 CTAs)."""
+    # q: 512 tiles < 528 -> 2 splits of the 16 chunks: 1024 CTAs (about 512 execute at 50 % sparsity)
+    q = launch.gemv_n_plan(1, 4096, 4096, SMS)
+    assert (q.grid, q.chunks_per_split) == ((1, 512, 2), 8)
+    assert launch.gemv_n_plan(1, 14336, 4096, SMS).grid == (1, 14336 // 8, 1)  # gate/up: 1792 CTAs, no split
     # o: 128 tiles of 32 outputs, 32 chunks; 4 * 132 / 128 -> 5 splits of ceil(32 / 5) = 7 chunks -> 5 splits
     o = launch.gemv_k_plan(1, 4096, 4096, SMS)
     assert (o.grid, o.chunks_per_split) == ((1, 128, 5), 7)
@@ -54,8 +57,12 @@ def test_plans_by_hand_at_t1():
                                        (1, 32, 128, 132), (2, 4096, 14336, 1), (5, 100, 1000, 7), (1, 64, 130, 2)])
 def test_splits_partition_the_k_chunks(M, N, K, sms):
     """Every K chunk belongs to exactly one split and no split is empty."""
-    plan = launch.gemv_k_plan(M, N, K, sms)
-    chunks = -(-K // cfg.GEMV_K_BLOCK_K)
+    for plan, chunks in ((launch.gemv_k_plan(M, N, K, sms), -(-K // cfg.GEMV_K_BLOCK_K)),
+                         (launch.gemv_n_plan(M, N, K, sms), -(-K // cfg.GEMV_BLOCK_K))):
+        _check_partition(plan, chunks)
+
+
+def _check_partition(plan, chunks):
     covered = sorted(c for s in range(plan.splits)
                      for c in range(s * plan.chunks_per_split, min((s + 1) * plan.chunks_per_split, chunks)))
     assert covered == list(range(chunks))
@@ -92,5 +99,5 @@ def test_launches_use_the_plans(monkeypatch):
     kernels.router(x, torch.randn(24, 300), torch.randn(24), torch.randn(6, 24), torch.randn(6))
     grids = [g for _, g in seen]
     assert launch.gemv_k_plan(2, 40, 300, cfg.DECODE_SMS).grid in grids
-    assert launch.gemv_n_plan(2, 40).grid in grids
+    assert launch.gemv_n_plan(2, 40, 300, cfg.DECODE_SMS).grid in grids
     assert launch.router_plan(2, 300, 24, cfg.DECODE_SMS).grid in grids

@@ -113,7 +113,8 @@ def test_masked_gemm_cpu_interpreter(kind, algo, dtype, shape):
 # Decode (gemv): K long enough for several 128-wide K chunks (split-K) and N for several 8-wide output tiles;
 # group sizes that are no multiple of the blocks (12 vs 8 outputs, 160 and 48 vs 128-wide chunks), K and N
 # tails, a first token that skips every group and a last one that executes all. `sms` re-plans the grid:
-# 132 (H200) gives one chunk per split, 2 several chunks per split, 1 a single split writing y directly.
+# 132 (H200) gives one chunk per split, 6 several chunks per split, 1 a single split writing y directly.
+# The non-grouped width: N = 300 for K-pruned, K = 800 (4 chunks of 256, tail 32) for N-pruned.
 DECODE_CASES = (("k", (1,), 160, 5, 0.5), ("k", (3,), 128, 4, 0.5), ("k", (2, 4), 48, 9, 0.5),
                 ("k", (1,), 128, 3, 1.0), ("n", (1,), 12, 7, 0.5), ("n", (5,), 24, 3, 0.5), ("n", (2,), 16, 4, 1.0))
 FAMILY = {"k": ("k", "k_bias"), "n": ("n", "n_bias", "gated")}
@@ -122,7 +123,7 @@ FAMILY = {"k": ("k", "k_bias"), "n": ("n", "n_bias", "gated")}
 def _decode_params():
     for fam, lead, gs, G, s in DECODE_CASES:
         for kind, dtype in itertools.product(FAMILY[fam], DTYPES):
-            for sms in ((132, 2, 1) if fam == "k" and dtype == torch.float32 else (132,)):
+            for sms in ((132, 6, 1) if dtype == torch.float32 else (132,)):
                 yield pytest.param(kind, dtype, (lead, gs, G, s), sms,
                                    id=f"{kind}-{str(dtype)[6:]}-M{'x'.join(map(str, lead))}-gs{gs}-G{G}-s{s}-sms{sms}")
 
@@ -133,8 +134,8 @@ def test_gemv_decode_paths_cpu_interpreter(kind, dtype, shape, sms, monkeypatch)
 
     monkeypatch.setattr(launch, "sm_count", lambda device: sms)
     lead, gs, G, s = shape
-    t = make_inputs(kind, lead, gs, G, s, dtype, "cpu", _case_seed("decode", kind, dtype, shape, sms), other=300,
-                    edge_tokens=True)
+    t = make_inputs(kind, lead, gs, G, s, dtype, "cpu", _case_seed("decode", kind, dtype, shape, sms),
+                    other=300 if kind.startswith("k") else 800, edge_tokens=True)
     got, want = run(kind, t, gs, "gemv")
     check(kind, got, want, t, gs, dtype)
     if kind.startswith("k") and s == 1.0:  # every input group skipped: exactly the bias (or zero)

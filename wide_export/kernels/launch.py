@@ -234,10 +234,13 @@ def _split(programs: int, chunks: int, sms: int, max_splits: Optional[int] = Non
     return -(-chunks // per), per
 
 
-def gemv_n_plan(M: int, N: int) -> DecodePlan:
-    """N-pruned / gated GEMV: one program per (token, GEMV_BLOCK_N outputs), all of K (the gated epilogue needs
-    the full sums, so no split); tokens fastest so a weight tile's tokens run together."""
-    return DecodePlan("wide_gemv_n_kernel", (M, triton_cdiv(N, cfg.GEMV_BLOCK_N), 1))
+def gemv_n_plan(M: int, N: int, K: int, sms: int = cfg.DECODE_SMS, max_splits: Optional[int] = None) -> DecodePlan:
+    """N-pruned / gated GEMV: (token, GEMV_BLOCK_N outputs, split) programs, tokens fastest so a weight tile's
+    tokens run together; K split into whole GEMV_BLOCK_K chunks only while the grid is under
+    DECODE_TARGET_WAVES waves (q at T = 1: 2 splits; gate/up: none)."""
+    tiles = triton_cdiv(N, cfg.GEMV_BLOCK_N)
+    splits, per = _split(M * tiles, triton_cdiv(K, cfg.GEMV_BLOCK_K), sms, max_splits)
+    return DecodePlan("wide_gemv_n_kernel", (M, tiles, splits), splits, per)
 
 
 def gemv_k_plan(M: int, N: int, K: int, sms: int = cfg.DECODE_SMS, max_splits: Optional[int] = None) -> DecodePlan:
@@ -357,9 +360,16 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str):
     dummy = w  # never read: HAS_BIAS / GATED are constexpr False
     common = dict(HAS_BIAS=bias is not None, GATED=gated)
     if how == "gemv":
-        _launch(ks.wide_gemv_n_kernel, gemv_n_plan(M, N).grid, x2, w, w2 if gated else dummy, bias if bias is not None else dummy,
-                m2, y, M, N, K, G, group_size, K, num_warps=cfg.GEMV_WARPS, **common,
-                BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
+        plan = gemv_n_plan(M, N, K, sm_count(x.device))
+        # split-K partials (gated: gate then up), summed and finished (silu * up, mask zeros) in split order
+        part = torch.empty(((2 if gated else 1) * plan.splits, M, N) if plan.splits > 1 else (1,),
+                           dtype=torch.float32, device=x.device)
+        _launch(ks.wide_gemv_n_kernel, plan.grid, x2, w, w2 if gated else dummy,
+                bias if bias is not None else dummy, m2, y, part, M, N, K, G, group_size, K, plan.chunks_per_split,
+                num_warps=cfg.GEMV_WARPS, **common, BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
+        if plan.splits > 1:  # the bias is already in split 0's partial (executing outputs only)
+            _launch(ks.wide_splitk_reduce_kernel, (triton_cdiv(M * N, cfg.SPLITK_REDUCE_BLOCK),), part, dummy, y,
+                    M * N, N, plan.splits, num_warps=4, HAS_BIAS=False, GATED=gated, BLOCK=cfg.SPLITK_REDUCE_BLOCK)
     elif how == "grouped":
         rows, counts = group_rows(m2)
         t = cfg.grouped_n_tile(group_size)
@@ -442,7 +452,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto")
                 BLOCK_K=cfg.GEMV_K_BLOCK_K)
         if plan.splits > 1:
             _launch(ks.wide_splitk_reduce_kernel, (triton_cdiv(M * N, cfg.SPLITK_REDUCE_BLOCK),), part, b, y,
-                    M * N, N, plan.splits, num_warps=4, HAS_BIAS=has_bias, BLOCK=cfg.SPLITK_REDUCE_BLOCK)
+                    M * N, N, plan.splits, num_warps=4, HAS_BIAS=has_bias, GATED=False, BLOCK=cfg.SPLITK_REDUCE_BLOCK)
     elif how == "grouped":
         rows, counts = group_rows(m2)
         t = cfg.grouped_k_tile()

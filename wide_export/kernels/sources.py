@@ -22,13 +22,16 @@ Kernels:
   a slice of H), partial sums in float32 ``[S, M, R]``, then one small
   program per 16 tokens sums the S partials in a fixed order (deterministic)
   and applies the router GEMM and the rule.
-- ``wide_gemv_n_kernel`` (decode, N-pruned, optional gated / bias): one
-  program per (token, BLOCK_N output channels); weight rows of the token's
-  skipped groups are not loaded, and a tile none of whose channels executes
-  skips its K loop and writes zeros. Products accumulate in a
-  ``[BLOCK_N, BLOCK_K]`` float32 register tile, reduced once after the loop.
-  The grid puts the tokens of one weight tile next to each other so rows
-  that share a tile share it through L2 instead of re-reading HBM.
+- ``wide_gemv_n_kernel`` (decode, N-pruned, optional gated / bias): split-K
+  like ``wide_gemv_k_kernel``: one program per (token, BLOCK_N output
+  channels, range of K chunks); weight rows of the token's skipped groups are
+  not loaded, and a tile none of whose channels executes skips its K loop.
+  Products accumulate in a ``[BLOCK_N, BLOCK_K]`` float32 register tile,
+  reduced once after the loop. One split applies bias / silu(gate) * up /
+  the mask and writes y; several write float32 partials (gated: gate and up)
+  that ``wide_splitk_reduce_kernel`` sums and finishes. The grid puts the
+  tokens of one weight tile next to each other so rows that share a tile
+  share it through L2 instead of re-reading HBM.
 - ``wide_gemv_k_kernel`` (decode, K-pruned, optional bias added to every
   output): split-K, TEAL's ``sparse_gemv`` schedule for row-major weights:
   one program per (token, BLOCK_N outputs, range of K chunks); a chunk whose
@@ -169,23 +172,27 @@ def wide_router_logits_kernel(part_ptr, bc_ptr, wr_ptr, br_ptr, mask_ptr, M, R, 
     _router_decide(z, wr_ptr, br_ptr, mask_ptr, rm, m_ok, rr, r_ok, R, G, BLOCK_G)
 
 
-@triton.jit(do_not_specialize=["M"])  # values vary per call; nothing to gain
-def wide_gemv_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
-                       HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+@triton.jit(do_not_specialize=["M", "chunks_per_split"])  # values vary per call; nothing to gain
+def wide_gemv_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, part_ptr, M, N, K, G, group_size, ldx,
+                       chunks_per_split, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid (M, cdiv(N, BLOCK_N)): tokens fastest, so the M programs of a weight tile run together.
+    # grid (M, cdiv(N, BLOCK_N), S): tokens fastest, so the M programs of a weight tile run together;
+    # program (m, pn, s) covers K chunks [s * chunks_per_split, ...) of token m's BLOCK_N outputs.
     m = tl.program_id(0)
     pn = tl.program_id(1)
+    s = tl.program_id(2)
     rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     # this token's decision for each output channel's group; weight rows of skipped groups are not loaded.
     act = (tl.load(mask_ptr + m * G + rn // group_size, mask=n_ok, other=0) != 0) & n_ok
     out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if tl.max(act.to(tl.int32), axis=0) > 0:  # else: an output tile of skipped groups, zeros without a K loop
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
+        c0 = s * chunks_per_split
+        for c in range(c0, tl.minimum(c0 + chunks_per_split, tl.cdiv(K, BLOCK_K))):
+            rk = c * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = rk < K
             xk = tl.load(x_ptr + m * ldx + rk, mask=k_ok, other=0.0).to(tl.float32)
             w_ok = act[:, None] & k_ok[None, :]
@@ -195,13 +202,20 @@ def wide_gemv_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G,
                 w2 = tl.load(w2_ptr + rn[:, None] * K + rk[None, :], mask=w_ok, other=0.0)
                 acc2 += w2.to(tl.float32) * xk[None, :]
         out = tl.sum(acc, axis=1)  # the one reduction across K lanes
-        if HAS_BIAS:
-            out += tl.load(b_ptr + rn, mask=act, other=0.0).to(tl.float32)
         if GATED:
             up = tl.sum(acc2, axis=1)
+        if HAS_BIAS:
+            if s == 0:  # once per output: in the only split, or in split 0's partial
+                out += tl.load(b_ptr + rn, mask=act, other=0.0).to(tl.float32)
+    if tl.num_programs(2) == 1:  # one split: this program owns the output
+        if GATED:
             out = out * tl.sigmoid(out) * up
         out = tl.where(act, out, 0.0)
-    tl.store(y_ptr + m * N + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+        tl.store(y_ptr + m * N + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:  # float32 partials [S, M, N] (gated: then the up partials [S, M, N]); skipped outputs hold exact zeros
+        tl.store(part_ptr + s * M * N + m * N + rn, out, mask=n_ok)
+        if GATED:
+            tl.store(part_ptr + (tl.num_programs(2) + s) * M * N + m * N + rn, up, mask=n_ok)
 
 
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])  # values vary per call; nothing to gain
@@ -235,13 +249,20 @@ def wide_gemv_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, part_ptr, M, N, K, 
 
 
 @triton.jit(do_not_specialize=["S"])  # values vary per call; nothing to gain
-def wide_splitk_reduce_kernel(part_ptr, b_ptr, y_ptr, MN, N, S, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """y = sum over s of part[s] (fixed order: deterministic) + bias, cast; part float32 [S, M, N]."""
+def wide_splitk_reduce_kernel(part_ptr, b_ptr, y_ptr, MN, N, S, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                              BLOCK: tl.constexpr):
+    """y = sum over s of part[s] (fixed order: deterministic) + bias, cast; part float32 [S, M, N].
+    GATED: part holds the gate partials then the up partials, y = silu(gate) * up (0 where both are 0)."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = r < MN
     v = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(0, S):
         v += tl.load(part_ptr + s * MN + r, mask=ok, other=0.0)
+    if GATED:
+        u = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(0, S):
+            u += tl.load(part_ptr + (S + s) * MN + r, mask=ok, other=0.0)
+        v = v * tl.sigmoid(v) * u
     if HAS_BIAS:
         v += tl.load(b_ptr + r % N, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + r, v.to(y_ptr.dtype.element_ty), mask=ok)
