@@ -138,7 +138,7 @@ def test_c_tiles_match_python_configs():
     def arr(name):
         return tuple(int(v) for v in re.search(rf"constexpr int {name}\[\] = \{{([^}}]*)\}}", src).group(1).split(","))
 
-    assert const("kGemvBlockN") == configs.GEMV_BLOCK_N
+    assert (const("kGemvBlockN"), const("kGemvBlockK")) == (configs.GEMV_BLOCK_N, configs.GEMV_BLOCK_K)
     assert (const("kGemvKBlockN"), const("kGemvKBlockK")) == (configs.GEMV_K_BLOCK_N, configs.GEMV_K_BLOCK_K)
     assert (const("kDecodeSms"), const("kDecodeTargetWaves")) == (configs.DECODE_SMS, configs.DECODE_TARGET_WAVES)
     assert const("kSplitkReduceBlock") == configs.SPLITK_REDUCE_BLOCK

@@ -83,7 +83,7 @@ def specs() -> list[Spec]:
         tile = cfg.tile_tile()
         for var, (has_bias, gated) in variants.items():
             flags = (("HAS_BIAS", has_bias), ("GATED", gated))
-            out.append(Spec(f"gemv_n/{dtype}/{var}", "wide_gemv_n_kernel", gemm_n_ptrs,
+            out.append(Spec(f"gemv_n/{dtype}/{var}", "wide_gemv_n_kernel", gemm_n_ptrs + (("part_ptr", "*fp32"),),
                             flags + (("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)), cfg.GEMV_WARPS))
             out.append(Spec(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
                             flags + (("PRECISE", precise), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
@@ -94,6 +94,10 @@ def specs() -> list[Spec]:
                     out.append(Spec(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
                                     flags + (("PRECISE", False), ("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
                                              ("BLOCK_K", t.block_k)), t.num_warps))
+        # the N-pruned split GEMV's reduction: gated (silu(gate) * up); its bias is in split 0's partial
+        out.append(Spec(f"splitk_reduce/{dtype}/gated", "wide_splitk_reduce_kernel",
+                        (("part_ptr", "*fp32"), ("b_ptr", f"*{dt}"), ("y_ptr", f"*{dt}")),
+                        (("HAS_BIAS", False), ("GATED", True), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
         gemm_k_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
         for suffix, has_bias in (("", False), ("/bias", True)):  # K-pruned: plain keys unchanged, "/bias" added
             # decode: split-K GEMV (+ float32 partials) and its fixed-order reduction (launch.gemv_k_plan)
@@ -103,7 +107,7 @@ def specs() -> list[Spec]:
                             cfg.GEMV_WARPS))
             out.append(Spec(f"splitk_reduce/{dtype}{suffix}", "wide_splitk_reduce_kernel",
                             (("part_ptr", "*fp32"), ("b_ptr", f"*{dt}"), ("y_ptr", f"*{dt}")),
-                            (("HAS_BIAS", has_bias), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
+                            (("HAS_BIAS", has_bias), ("GATED", False), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
             out.append(Spec(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
                             (("HAS_BIAS", has_bias), ("PRECISE", precise), ("BLOCK_M", tile.block_m),
                              ("BLOCK_N", tile.block_n), ("BLOCK_K", tile.block_k)), tile.num_warps))

@@ -67,6 +67,7 @@ Policy const kPolicies[] = {
 
 // Tiles: keep in step with wide_export/kernels/configs.py (tests/kernels/test_build.py checks them).
 constexpr int kGemvBlockN = 8;
+constexpr int kGemvBlockK = 256;
 // Decode split-K GEMV (gemv_k) and its plan: keep in step with configs.py and launch.gemv_k_plan.
 constexpr int kGemvKBlockN = 32;
 constexpr int kGemvKBlockK = 128;
@@ -380,11 +381,9 @@ int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
     return WIDE_OK;
 }
 
-//! Splits of the split-K GEMV (mirrors launch.gemv_k_plan): {splits, K chunks per split}.
-std::pair<int64_t, int64_t> gemvKPlan(int64_t M, int64_t N, int64_t K, int64_t sms, int64_t maxSplits)
+//! {splits, chunks per split} of `chunks` K chunks over `programs` output programs (mirrors launch._split).
+std::pair<int64_t, int64_t> splitPlan(int64_t programs, int64_t chunks, int64_t sms, int64_t maxSplits)
 {
-    int64_t const programs = M * ((N + kGemvKBlockN - 1) / kGemvKBlockN);
-    int64_t const chunks = (K + kGemvKBlockK - 1) / kGemvKBlockK;
     int64_t want = (kDecodeTargetWaves * sms + programs - 1) / programs;
     int64_t splits = want < 1 ? 1 : want;
     splits = splits < chunks ? splits : chunks;
@@ -392,6 +391,19 @@ std::pair<int64_t, int64_t> gemvKPlan(int64_t M, int64_t N, int64_t K, int64_t s
     splits = splits < 1 ? 1 : splits;
     int64_t const per = (chunks + splits - 1) / splits;
     return {(chunks + per - 1) / per, per};
+}
+
+//! The split-K GEMVs' plans (mirror launch.gemv_k_plan / gemv_n_plan).
+std::pair<int64_t, int64_t> gemvKPlan(int64_t M, int64_t N, int64_t K, int64_t sms, int64_t maxSplits)
+{
+    return splitPlan(M * ((N + kGemvKBlockN - 1) / kGemvKBlockN), (K + kGemvKBlockK - 1) / kGemvKBlockK, sms,
+        maxSplits);
+}
+
+std::pair<int64_t, int64_t> gemvNPlan(int64_t M, int64_t N, int64_t K, int64_t sms, int64_t maxSplits)
+{
+    return splitPlan(M * ((N + kGemvBlockN - 1) / kGemvBlockN), (K + kGemvBlockK - 1) / kGemvBlockK, sms,
+        maxSplits);
 }
 
 //! Splits of the split router (mirrors launch.router_plan): {splits, H chunks per split}; M <= kRouterSplitMaxM.
@@ -412,8 +424,10 @@ int64_t splitRows(int64_t M, int64_t N, int64_t K)
     int64_t const sms = smCount();
     for (int64_t m = 1; m <= M && m <= 64; ++m)
     {
-        int64_t const r = gemvKPlan(m, N, K, sms, int64_t{1} << 30).first * m;
-        most = r > most ? r : most;
+        int64_t const rk = gemvKPlan(m, N, K, sms, int64_t{1} << 30).first * m;
+        int64_t const rn = 2 * gemvNPlan(m, N, K, sms, int64_t{1} << 30).first * m; // gated: gate + up partials
+        most = rk > most ? rk : most;
+        most = rn > most ? rn : most;
     }
     return most;
 }
@@ -459,10 +473,21 @@ int gemmN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, cuda
     Args a;
     if (algo == WIDE_ALGO_GEMV)
     {
-        a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
-        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        return launch("gemv_n/" + dt + "/" + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, a,
-            stream);
+        // split-K: float32 partials [S, M, N] (gated: gate then up) in the workspace, as many splits as it holds
+        size_t const slab = static_cast<size_t>(p->M) * p->N * 4 * (gated ? 2 : 1);
+        int64_t const room = ws ? static_cast<int64_t>(wsSize / slab) : 0;
+        auto const plan = gemvNPlan(p->M, p->N, p->K, smCount(), room > 1 ? room : 1);
+        a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y).ptr(plan.first > 1 ? ws : p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K).i32(plan.second);
+        if (int s = launch("gemv_n/" + dt + "/" + var, arch, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN),
+                static_cast<unsigned>(plan.first), a, stream))
+            return s;
+        if (plan.first == 1)
+            return WIDE_OK;
+        Args c; // the bias is in split 0's partial: the reduction adds none
+        c.ptr(ws).ptr(b).ptr(p->y).i32(p->M * p->N).i32(p->N).i32(plan.first);
+        return launch("splitk_reduce/" + dt + (gated ? "/gated" : ""), arch, cdiv(p->M * p->N, kSplitkReduceBlock), 1,
+            1, c, stream);
     }
     if (algo == WIDE_ALGO_GROUPED)
     {
