@@ -91,7 +91,7 @@ size_t wide_gemm_params_sizeof(void);
 // Workspace for the GEMM on these sizes (row lists of the grouped algorithm, float32 accumulator of
 // the K-pruned scatter-add). Non-decreasing in M.
 size_t wide_gemm_workspace_size(const wide_gemm_params_t* p);
-// The algorithm AUTO resolves to on the current device (for reports and tests).
+// The algorithm AUTO resolves to on the current device (for reports and tests); kind_k: 0 gemm_n, 1 gemm_k, 2 gated.
 int wide_gemm_resolve_algo(const wide_gemm_params_t* p, int kind_k, int arch);
 
 // y[m, n] = (x[m] . w[n] + bias[n]) * mask[m, n / group_size]; skipped outputs are 0.
