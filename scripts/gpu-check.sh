@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the one prepared GPU run for the WIDE kernels (fits one 480 s device call).
-#   1. build plugins/kernels for sm_$CUDA_ARCH (Triton AOT cubins + C runtime)      <=  80 s
+#   1. build plugins/kernels for sm_$CUDA_ARCH (Triton AOT cubins + C runtime)      <=  75 s
 #   2. pytest -m gpu tests/kernels tests/bench: the Triton kernels (JIT), the C
 #      runtime's AOT cubins (the plugins' path) and one Llama layer on the kernels
-#      against the PyTorch references                                          <= 150 s
-#   3. wide-export bench kernels --preset short (vs cuBLAS; JSON, PNG, policy)   <= 120 s
-#   4. wide-export bench e2e --sparsity 0.5 (WIDE vs dense Llama-3.1-8B layers)  <=  90 s
+#      against the PyTorch references; ~65 cold JIT specialisations (counted on CPU
+#      by tests/kernels/test_gpu_budget.py)                                     <= 145 s
+#   3. wide-export bench kernels --preset short (bf16 vs cuBLAS; roofline; JSON
+#      rewritten after every case, token counts outermost)                      <= 120 s
+#   4. wide-export bench e2e --sparsity 0.5 (WIDE vs dense Llama-3.1-8B layers)  <=  80 s
 #   5. a short pass/fail + speed table, printed last (summary.txt)
-# Every stage has its own timeout; the whole run stays under 480 s. Results go to $OUT
-# (the device tool's output folder) or ./gpu-results, 8 files:
+# Stage timeouts send SIGINT first (pytest then still writes its junit file, the benchmark keeps the cases
+# it finished), SIGKILL 5 s later: 75 + 145 + 120 + 80 + 4 x 5 = 440 s, plus environment and summary
+# (~10 s), under 460 s. The test stage also logs one line per test as it goes (-rA -v in run.log); when
+# it is killed before writing junit, the summary rebuilds gpu-tests.xml from those lines. Results go to
+# $OUT (the device tool's output folder) or ./gpu-results, 8 files:
 #   run.log gpu-tests.xml kernels.json kernels.png policy-sm_XX.json e2e.json e2e.png summary.txt
 # Needs: python3 with a CUDA torch, triton (>= 3.6), pytest, rich, typer; cmake (+ninja), nvcc.
 set -uo pipefail
@@ -18,7 +23,7 @@ ROOT=$(pwd)
 OUT=${OUT:-$ROOT/gpu-results}
 ARCH=${CUDA_ARCH:-90}
 BUILD=${BUILD_DIR:-$ROOT/build/gpu-check}
-T_BUILD=${T_BUILD:-80} T_TESTS=${T_TESTS:-150} T_BENCH=${T_BENCH:-120} T_E2E=${T_E2E:-90}
+T_BUILD=${T_BUILD:-75} T_TESTS=${T_TESTS:-145} T_BENCH=${T_BENCH:-120} T_E2E=${T_E2E:-80} T_KILL=5
 mkdir -p "$OUT"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
@@ -35,7 +40,13 @@ step() { printf '\n=== %s (%s) ===\n' "$1" "$(date -u +%H:%M:%S)" | tee -a "$LOG
 run() {
   local name=$1 t=$2; shift 2
   local start=$(wc -l < "$LOG")
-  if timeout "$t" "$@" >> "$LOG" 2>&1; then eval "${name}_status=ok"; else eval "${name}_status=FAILED"; fi
+  local rc=0
+  timeout -s INT -k "$T_KILL" "$t" "$@" >> "$LOG" 2>&1 || rc=$?
+  case $rc in
+    0) eval "${name}_status=ok" ;;
+    124|130|137) eval "${name}_status=TIMEOUT" ;;  # SIGINT at the timeout (124 / 130), or killed after it (137)
+    *) eval "${name}_status=FAILED" ;;
+  esac
   tail -n +"$((start + 1))" "$LOG" | tail -n 30
 }
 
@@ -52,8 +63,12 @@ print('built in %.0f s:' % (time.time() - t), *r.libraries, sep='\n  ')
 
 step "gpu tests"
 # The Triton-JIT tests need no build; the C-runtime tests rebuild incrementally (a no-op after step 1).
-run tests "$T_TESTS" "$PYTHON" -m pytest -q -m gpu tests/kernels tests/bench -p no:cacheprovider --maxfail=20 \
+TESTS_START=$(wc -l < "$LOG")
+run tests "$T_TESTS" "$PYTHON" -m pytest -v -rA -m gpu tests/kernels tests/bench -p no:cacheprovider --maxfail=20 \
     --junitxml="$OUT/gpu-tests.xml"
+TESTS_LOG=$(mktemp)
+trap 'rm -f "$TESTS_LOG"' EXIT
+tail -n +"$((TESTS_START + 1))" "$LOG" > "$TESTS_LOG"
 
 step "benchmark: kernels (short preset)"
 run bench "$T_BENCH" "$PYTHON" -c "from wide_export.cli import main; main()" bench kernels --preset short --output "$OUT"
@@ -82,36 +97,60 @@ echo "tp (run-tp over NCCL, >= 2 GPUs): $tp_status" | tee "$OUT/tp.txt"
 # --- end of the tensor-parallelism stage --------------------------------------------------------------
 
 step "summary"
-"$PYTHON" - "$OUT" "$build_status" "$tests_status" "$bench_status" "$e2e_status" <<'PY' | tee "$OUT/summary.txt"
-import json, sys, xml.etree.ElementTree as ET
+"$PYTHON" - "$OUT" "$TESTS_LOG" "$build_status" "$tests_status" "$bench_status" "$e2e_status" <<'PY' | tee "$OUT/summary.txt"
+import json, re, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, build, tests, bench, e2e = Path(sys.argv[1]), *sys.argv[2:]
+out, tests_log, build, tests, bench, e2e = Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:]
 rows = [("build", build, "")]
 xml = out / "gpu-tests.xml"
+suite = None
 if xml.exists():
-    s = ET.parse(xml).getroot()
-    s = s if s.tag == "testsuite" else s.find("testsuite")
-    n, f, e, sk = (int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
-    rows.append(("gpu tests", tests, f"{n - f - e - sk} passed, {f + e} failed, {sk} skipped"))
+    try:
+        root = ET.parse(xml).getroot()
+        suite = root if root.tag == "testsuite" else root.find("testsuite")
+    except ET.ParseError:
+        suite = None
+if suite is None:  # pytest was killed before writing junit: rebuild it from the per-test lines it logged
+    results = re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", tests_log.read_text()
+                         if tests_log.exists() else "", re.M)
+    suite = ET.Element("testsuite", name="gpu-check (rebuilt from run.log: pytest stopped before writing junit)")
+    for nodeid, res in results:
+        case = ET.SubElement(suite, "testcase", classname=nodeid.split("::")[0], name=nodeid.split("::", 1)[1])
+        if res in ("FAILED", "ERROR"):
+            ET.SubElement(case, "failure", message=res)
+        elif res in ("SKIPPED", "XFAIL"):
+            ET.SubElement(case, "skipped")
+    fails = sum(r in ("FAILED", "ERROR") for _, r in results)
+    skips = sum(r in ("SKIPPED", "XFAIL") for _, r in results)
+    suite.set("tests", str(len(results)))
+    suite.set("failures", str(fails))
+    suite.set("errors", "0")
+    suite.set("skipped", str(skips))
+    ET.ElementTree(suite).write(xml, encoding="unicode")
+    note = " (junit rebuilt from the log)"
 else:
-    rows.append(("gpu tests", tests, "no junit report"))
+    note = ""
+n, f, e, sk = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+rows.append(("gpu tests", tests, f"{n - f - e - sk} passed, {f + e} failed, {sk} skipped{note}"))
 js = out / "kernels.json"
 if js.exists():
     data = json.loads(js.read_text())
-    sp = [r["speedup"] for r in data["rows"]]
-    rows.append(("bench", bench, f"{len(sp)} cases, auto speedup min {min(sp):.2f}x max {max(sp):.2f}x, "
-                                 f"copy bw {data['copy_bandwidth_gbs']:.0f} GB/s"))
-    for t in data.get("targets", []):
+    sp = [r["speedup"] for r in data["rows"]] or [0.0]
+    rows.append(("bench", bench, f"{len(data['rows'])} cases{'' if data.get('complete') else ' (INCOMPLETE)'}, "
+                                 f"auto speedup min {min(sp):.2f}x max {max(sp):.2f}x, copy bw "
+                                 f"{data['copy_bandwidth_gbs']:.0f} GB/s, {data.get('tensor_tflops', 0):.0f} TFLOP/s"))
+    for t in data.get("targets") or []:
         rows.append(("  target", "met" if t["met"] else "MISSED", f"{t['target']}: {t['evidence']}"))
-    rows.append(("  policy", "measured", json.dumps(next(iter(data.get("measured_policy", {}).values()), {}))))
+    pol = data.get("measured_policy") or {}
+    rows.append(("  policy", "measured" if pol else "none", json.dumps(next(iter(pol.values()), {}))[:300]))
     for T in (1, 4, 256, 4096, 16384):
         for r in data["rows"]:
             if r["tokens"] == T and r["mask"] == "random" and r["sparsity"] == 0.5 and r["group_size"] == 128:
-                bw = f", {r['bandwidth_pct_of_copy']:.0f}% bw" if r.get("bandwidth_pct_of_copy") else ""
+                pct = f", {r['pct_of_roofline']:.0f}% of roofline" if r.get("pct_of_roofline") else ""
                 algos = " ".join(f"{a}={ms:.3f}" for a, ms in sorted(r["algo_ms"].items()))
                 rows.append((f"  T={T}", f"{r['speedup']:.2f}x",
                              f"{r['kernel']} {r['shape']} auto={r['auto_algo']} dense={r['dense_ms']:.3f}ms "
-                             f"{algos}{bw}"))
+                             f"{algos}{pct}"))
 else:
     rows.append(("bench", bench, "no kernels.json"))
 ej = out / "e2e.json"
@@ -125,6 +164,9 @@ if ej.exists():
                      + (f" (paper {paper}x)" if paper else "") + (" graph" if c.get("cuda_graph") else "")))
 else:
     rows.append(("e2e", e2e, "no e2e.json"))
+files = ["run.log", "gpu-tests.xml", "kernels.json", "kernels.png", "e2e.json", "e2e.png"]
+missing = [f for f in files if not (out / f).exists()] + ([] if list(out.glob("policy-sm_*.json")) else ["policy-sm_XX.json"])
+rows.append(("files", "ok" if not missing else "MISSING", ", ".join(missing)))
 w = max(len(a) for a, _, _ in rows)
 for a, b, c in rows:
     print(f"{a:<{w}}  {b:<8}  {c}")

@@ -101,6 +101,12 @@ def test_empty_problem_and_monotonic_workspace(kernels_lib):
             ctypes.c_void_p(0x3000), ctypes.c_int64(300), ctypes.c_void_p(0x4000), ctypes.c_void_p(0x5000),
             ctypes.c_int64(4), ctypes.c_void_p(0x6000), None]
     assert kernels_lib.wide_router(*args) == 1
+    assert kernels_lib.wide_router_ws(*args[:-1], None, ctypes.c_size_t(0), None) == 1
+    # the split router's partials (launch.router_plan): T = 1, H = 4096, R = 64 -> 64 splits x 64 floats
+    kernels_lib.wide_router_workspace_size.restype = ctypes.c_size_t
+    rsizes = [kernels_lib.wide_router_workspace_size(ctypes.c_int64(m), ctypes.c_int64(4096), ctypes.c_int64(64))
+              for m in (1, 8, 64, 65, 4096)]
+    assert rsizes == sorted(rsizes) and rsizes[0] >= 64 * 64 * 4
 
 
 def test_c_auto_policy_matches_python(kernels_lib):
@@ -111,12 +117,12 @@ def test_c_auto_policy_matches_python(kernels_lib):
     dense = "dense" if kernels_lib.wide_kernels_has_cublaslt() else "tile"  # no cuBLASLt: the tile kernels
     for arch in (80, 90):
         pol = policy_for(f"sm_{arch}")
-        for kind, kind_k in (("n", 0), ("k", 1)):
+        for kind, kind_k in (("n", 0), ("k", 1), ("gated", 2)):  # gemv_max_m is per kind
             for M in (1, 2, 3, 64, 1023, 1024, 8192):
                 for gs in (16, 32, 64, 128, 512, 96):
                     p = _params(M=M, N=gs * 4, K=gs * 4, group_size=gs)
                     got = names[kernels_lib.wide_gemm_resolve_algo(ctypes.byref(p), kind_k, arch)]
-                    want = choose(kind, M, gs, pol)
+                    want = choose(kind, M, gs, pol, gs * 4, gs * 4)
                     want = dense if want == "dense" else want
                     assert got == want, (arch, kind, M, gs)
 
@@ -234,7 +240,13 @@ def test_c_tiles_match_python_configs():
     def arr(name):
         return tuple(int(v) for v in re.search(rf"constexpr int {name}\[\] = \{{([^}}]*)\}}", src).group(1).split(","))
 
-    assert const("kGemvBlockN") == configs.GEMV_BLOCK_N
+    assert (const("kGemvBlockN"), const("kGemvBlockK")) == (configs.GEMV_BLOCK_N, configs.GEMV_BLOCK_K)
+    assert (const("kGemvKBlockN"), const("kGemvKBlockK")) == (configs.GEMV_K_BLOCK_N, configs.GEMV_K_BLOCK_K)
+    assert (const("kDecodeSms"), const("kDecodeTargetWaves")) == (configs.DECODE_SMS, configs.DECODE_TARGET_WAVES)
+    assert const("kSplitkReduceBlock") == configs.SPLITK_REDUCE_BLOCK
+    assert (const("kRouterSplitMaxM"), const("kRouterSplitBlockM"), const("kRouterSplitBlockR"),
+            const("kRouterSplitBlockH")) == (configs.ROUTER_SPLIT_MAX_M, configs.ROUTER_SPLIT_BLOCK_M,
+                                             configs.ROUTER_SPLIT_BLOCK_R, configs.ROUTER_SPLIT_BLOCK_H)
     assert const("kRouterBlockM") == configs.ROUTER_BLOCK_M
     assert arr("kRouterBlockRs") == configs.ROUTER_BLOCK_RS
     assert const("kCastBlock") == configs.CAST_BLOCK
@@ -332,14 +344,15 @@ def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_co
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", (77, 3))  # the one-pass router, the split one (decode, workspace)
 @pytest.mark.parametrize("dtype_code,dtype_name", [(1, "float16"), (0, "float32")])
-def test_c_router_on_gpu(kernels_lib, dtype_code, dtype_name):
+def test_c_router_on_gpu(kernels_lib, dtype_code, dtype_name, M):
     import torch
 
     from wide_export.ops import reference as ref
 
     gen = torch.Generator(device="cuda").manual_seed(5)
-    M, H, R, G = 77, 512, 96, 10
+    H, R, G = 512, 96, 10
     x = torch.randn(M, H, device="cuda", generator=gen).to(getattr(torch, dtype_name))
     wc = torch.randn(R, H, device="cuda", generator=gen) / H**0.5
     bc = torch.randn(R, device="cuda", generator=gen) * 0.1
@@ -347,10 +360,14 @@ def test_c_router_on_gpu(kernels_lib, dtype_code, dtype_name):
     br = torch.randn(2 * G, device="cuda", generator=gen) * 0.1
     mask = torch.full((M, G), -1, dtype=torch.int32, device="cuda")
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    status = kernels_lib.wide_router(ctypes.c_void_p(x.data_ptr()), dtype_code, ctypes.c_int64(M), ctypes.c_int64(H),
-                                     *(ctypes.c_void_p(t.data_ptr()) for t in (wc, bc)), ctypes.c_int64(R),
-                                     *(ctypes.c_void_p(t.data_ptr()) for t in (wr, br)), ctypes.c_int64(G),
-                                     ctypes.c_void_p(mask.data_ptr()), stream)
+    kernels_lib.wide_router_workspace_size.restype = ctypes.c_size_t
+    nws = kernels_lib.wide_router_workspace_size(ctypes.c_int64(M), ctypes.c_int64(H), ctypes.c_int64(R))
+    ws = torch.empty(max(nws, 1), dtype=torch.uint8, device="cuda")
+    status = kernels_lib.wide_router_ws(ctypes.c_void_p(x.data_ptr()), dtype_code, ctypes.c_int64(M),
+                                        ctypes.c_int64(H), *(ctypes.c_void_p(t.data_ptr()) for t in (wc, bc)),
+                                        ctypes.c_int64(R), *(ctypes.c_void_p(t.data_ptr()) for t in (wr, br)),
+                                        ctypes.c_int64(G), ctypes.c_void_p(mask.data_ptr()),
+                                        ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nws), stream)
     assert status == 0, kernels_lib.wide_last_cuda_error_string()
     torch.cuda.synchronize()
     logits = ref.router_logits(x, wc, bc, wr, br)

@@ -78,6 +78,39 @@ def test_bench_kernels_tiny_preset_runs_the_kernels_on_cpu(cli, tmp_path):
     assert "missed" not in res.output and "met " not in res.output and "measured auto policy" not in res.output
     assert data["timings_meaningful"] is False and data["targets"] == [] and data["measured_policy"] is None
     assert "Triton interpreter" in data["timings_note"]
+    # bf16 by default; the roofline of every case in the JSON and in the printed table, its % marked n/m
+    assert data["dtype"] == "bf16" and data["complete"] is True
+    assert all(r["bytes_needed"] > 0 and r["flops"] >= 0 and r["roofline_ms"] > 0 for r in data["rows"])
+    assert any(r["flops"] > 0 for r in data["rows"])  # (a T = 1 mask may skip every group: 0 FLOPs)
+    assert all(r["pct_of_roofline"] is None for r in data["rows"])
+    flat = " ".join(res.output.split())
+    assert "roofline at H200 reference figures (4.3 TB/s copy, 790 TFLOP/s bf16)" in flat
+    assert "% of limit" in flat and "n/m, CPU interpreter timings mean nothing" in flat
+    assert flat.count(" n/m ") >= len(data["rows"])  # one per case
+
+
+def test_bench_json_is_written_case_by_case(tmp_path):
+    """A run stopped after two cases (a stage timeout) leaves those two in kernels.json, marked incomplete."""
+    import json
+
+    import torch
+
+    from wide_export.bench.kernels import run_kernel_bench, write_json
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the tiny preset then runs on it")
+    path = tmp_path / "kernels.json"
+
+    def on_row(rep):
+        write_json(rep, path)
+        if len(rep.rows) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_kernel_bench(preset="tiny", on_row=on_row)
+    data = json.loads(path.read_text())
+    assert len(data["rows"]) == 2 and data["complete"] is False
+    assert data["measured_policy"] is None and data["targets"] == []
 
 
 def test_the_interpreter_plot_says_its_timings_mean_nothing(monkeypatch, tmp_path):
@@ -133,10 +166,13 @@ def test_measured_policy_reads_the_crossovers():
         gemv = 0.5 if T <= 2 else 2.0          # gemv beats dense (1.0 ms) up to T = 2
         grouped = 0.6 if T >= 256 else 1.5      # grouped beats dense from T = 256
         rows.append(_row("n", T, 1.0, algo_ms={"gemv": gemv, "grouped": grouped, "dense": 1.0}, auto="dense"))
-        gemv_k = 0.5 if T <= 4 else 2.0        # ... and to T = 4 for gemm_k: the policy needs every kernel
+        gemv_k = 0.5 if T <= 4 else 2.0        # ... and to T = 4 for gemm_k: thresholds are per kind
         rows.append(_row("k", T, 1.0, algo_ms={"gemv": gemv_k, "grouped": 1.2, "dense": 1.0}, auto="dense"))
     pol = measured_policy(Report("x", "sm_90", "fp16", "short", 1.0, rows))["sm_90"]
-    assert pol["gemv_max_m"] == 2
+    from wide_export.kernels.policy import policy_for
+
+    # gated was not timed: it keeps the table's value
+    assert pol["gemv_max_m"] == {"n": 2, "k": 4, "gated": policy_for("sm_90")["gemv_max_m"]["gated"]}
     assert (pol["grouped_n_min_m"], pol["grouped_n_min_group_size"]) == (256, 128)
     assert pol["grouped_k_min_m"] > 4096  # never wins: never chosen
     assert pol["measured"] is True

@@ -28,21 +28,27 @@ CPU_SHAPES = (((1,), 16, 4, 0.5), ((2, 3), 32, 3, 0.5), ((2, 35), 48, 2, 0.5), (
 # GPU: Llama-sized widths; float32 only on the first shape (each new specialization costs a JIT compile).
 GPU_SHAPES = (((2, 150), 64, 64, 0.5), ((1,), 128, 32, 0.5), ((4,), 512, 8, 0.5), ((4096,), 128, 112, 0.5),
               ((4096,), 32, 128, 0.75), ((17,), 96, 16, 0.5))
+GPU_FP16_SHAPES = (1, 3)  # indices into GPU_SHAPES
 
 
 def _case_seed(*parts) -> int:
     return abs(hash(tuple(str(p) for p in parts))) % (2**31)
 
 
-def make_inputs(kind, lead, gs, G, sparsity, dtype, device, seed):
+def make_inputs(kind, lead, gs, G, sparsity, dtype, device, seed, other=None, edge_tokens=False):
+    """edge_tokens: the first token skips every group, the last executes every group (when M >= 2)."""
     gen = torch.Generator().manual_seed(seed)
-    other = 200 if device == "cpu" else 1024  # the non-grouped width
+    other = other or (200 if device == "cpu" else 1024)  # the non-grouped width
     N, K = (other, G * gs) if kind.startswith("k") else (G * gs, other)
     x = torch.randn(*lead, K, generator=gen).to(dtype)
     w = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
     w2 = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
     b = torch.randn(N, generator=gen).to(dtype)
     mask = (torch.rand(*lead, G, generator=gen) >= sparsity).to(torch.int32)
+    if edge_tokens and mask.numel() // G >= 2:
+        flat = mask.view(-1, G)
+        flat[0] = 0
+        flat[-1] = 1
     if kind.startswith("k"):  # garbage in skipped input groups must be ignored
         keep = mask.bool().repeat_interleave(gs, dim=-1)
         x = torch.where(keep, x, torch.full_like(x, 3e3 if dtype != torch.float16 else 3e2))
@@ -74,12 +80,23 @@ def check(kind, got, want, t, gs, dtype):
         assert (got[off] == 0).all()
 
 
+def _on_gpu(kind, dtype, i) -> bool:
+    """The GPU subset: every JIT specialisation is a cold compile (~1 s) inside gpu-check.sh's one 480 s run
+    (tests/kernels/test_gpu_budget.py bounds their count). bf16 (the default dtype) everywhere; fp16 on the
+    decode and the 4096-token shapes; fp32 on the first shape only; the bias variants in bf16 only."""
+    if dtype == torch.float32:
+        return i == 0 and not kind.endswith("bias")
+    if dtype == torch.float16:
+        return i in GPU_FP16_SHAPES and not kind.endswith("bias")
+    return True
+
+
 def _params(shapes, gpu=False):
     for kind, algo, dtype, shape in itertools.product(KINDS, ALGOS, DTYPES, shapes):
         lead, gs, G, s = shape
         if algo == "grouped" and not kind.startswith("k") and gs % 16:
             continue  # grouped N needs a 16-multiple group size (tile covers the rest)
-        if gpu and dtype == torch.float32 and shape != shapes[0]:
+        if gpu and not _on_gpu(kind, dtype, shapes.index(shape)):
             continue
         yield pytest.param(kind, algo, dtype, shape,
                            id=f"{kind}-{algo}-{str(dtype)[6:]}-M{'x'.join(map(str, lead))}-gs{gs}-G{G}-s{s}")
@@ -91,6 +108,39 @@ def test_masked_gemm_cpu_interpreter(kind, algo, dtype, shape):
     t = make_inputs(kind, lead, gs, G, s, dtype, "cpu", _case_seed(kind, algo, dtype, shape))
     got, want = run(kind, t, gs, algo)
     check(kind, got, want, t, gs, dtype)
+
+
+# Decode (gemv): K long enough for several 128-wide K chunks (split-K) and N for several 8-wide output tiles;
+# group sizes that are no multiple of the blocks (12 vs 8 outputs, 160 and 48 vs 128-wide chunks), K and N
+# tails, a first token that skips every group and a last one that executes all. `sms` re-plans the grid:
+# 132 (H200) gives one chunk per split, 6 several chunks per split, 1 a single split writing y directly.
+# The non-grouped width: N = 300 for K-pruned, K = 800 (4 chunks of 256, tail 32) for N-pruned.
+DECODE_CASES = (("k", (1,), 160, 5, 0.5), ("k", (3,), 128, 4, 0.5), ("k", (2, 4), 48, 9, 0.5),
+                ("k", (1,), 128, 3, 1.0), ("n", (1,), 12, 7, 0.5), ("n", (5,), 24, 3, 0.5), ("n", (2,), 16, 4, 1.0))
+FAMILY = {"k": ("k", "k_bias"), "n": ("n", "n_bias", "gated")}
+
+
+def _decode_params():
+    for fam, lead, gs, G, s in DECODE_CASES:
+        for kind, dtype in itertools.product(FAMILY[fam], DTYPES):
+            for sms in ((132, 6, 1) if dtype == torch.float32 else (132,)):
+                yield pytest.param(kind, dtype, (lead, gs, G, s), sms,
+                                   id=f"{kind}-{str(dtype)[6:]}-M{'x'.join(map(str, lead))}-gs{gs}-G{G}-s{s}-sms{sms}")
+
+
+@pytest.mark.parametrize("kind,dtype,shape,sms", list(_decode_params()))
+def test_gemv_decode_paths_cpu_interpreter(kind, dtype, shape, sms, monkeypatch):
+    from wide_export.kernels import launch
+
+    monkeypatch.setattr(launch, "sm_count", lambda device: sms)
+    lead, gs, G, s = shape
+    t = make_inputs(kind, lead, gs, G, s, dtype, "cpu", _case_seed("decode", kind, dtype, shape, sms),
+                    other=300 if kind.startswith("k") else 800, edge_tokens=True)
+    got, want = run(kind, t, gs, "gemv")
+    check(kind, got, want, t, gs, dtype)
+    if kind.startswith("k") and s == 1.0:  # every input group skipped: exactly the bias (or zero)
+        exact = t["b"].expand_as(got) if kind == "k_bias" else torch.zeros_like(got)
+        assert torch.equal(got, exact)
 
 
 @pytest.mark.gpu
@@ -138,7 +188,9 @@ def _check_router(x, wc, bc, wr, br):
         assert 0.2 < want.float().mean() < 0.8  # genuinely mixed decisions
 
 
-ROUTER_CASES = (((1,), 64, 16, 4), ((2, 5), 96, 24, 5), ((37,), 200, 100, 18), ((3,), 48, 256, 1))
+# M <= 64: the split router (H tail 200 % 16, R tails 100 % 8 and 24 % 8 = 0); M = 70: the fused one.
+ROUTER_CASES = (((1,), 64, 16, 4), ((2, 5), 96, 24, 5), ((37,), 200, 100, 18), ((3,), 48, 256, 1),
+                ((70,), 72, 20, 3))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -148,9 +200,22 @@ def test_router_cpu_interpreter(case, dtype):
     _check_router(*_router_inputs(lead, H, R, G, dtype, "cpu", _case_seed("router", case, dtype)))
 
 
+@pytest.mark.parametrize("sms", (1, 3))
+def test_router_split_with_few_splits_cpu_interpreter(sms, monkeypatch):
+    """Fewer, longer splits (several H chunks each, or a single split) decide the same."""
+    from wide_export.kernels import launch
+
+    monkeypatch.setattr(launch, "sm_count", lambda device: sms)
+    assert launch.router_plan(4, 200, 40, sms).chunks_per_split > 1
+    _check_router(*_router_inputs((4,), 200, 40, 6, torch.float32, "cpu", _case_seed("router-few", sms)))
+
+
+GPU_ROUTER_CASES = (((1,), 4096, 128, 8), ((4096,), 4096, 128, 112), ((7,), 2048, 64, 2))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", (((1,), 4096, 128, 8), ((4096,), 4096, 128, 112), ((7,), 2048, 64, 2)))
+@pytest.mark.parametrize("case", GPU_ROUTER_CASES)
 def test_router_gpu(case, dtype):
     lead, H, R, G = case
     _check_router(*_router_inputs(lead, H, R, G, dtype, "cuda", _case_seed("router", case, dtype)))

@@ -8,8 +8,13 @@ sizes, sparsities, mask kinds and token counts. CUDA-event timings (median
 after warm-up) of launches queued behind a GPU sleep so host overhead is not
 timed, with inputs rotated so the weights do not sit in L2. Every timed case's
 output is checked once against ``wide_export.ops.reference``. Results: a
-table, JSON, a PNG of speedup vs tokens (as in the WIDE paper), and the
-measured ``auto`` thresholds for this GPU as ``policy-<arch>.json``.
+table, JSON (rewritten after every case, so a timeout keeps what was done), a
+PNG of speedup vs tokens (as in the WIDE paper), the measured ``auto``
+thresholds for this GPU as ``policy-<arch>.json`` (per kernel kind, against
+plain dense; ``--record`` merges one into ``wide_export/kernels/policy.json``),
+and a roofline per case: the bytes the case must move (weights its mask needs
+at least once, activations, mask) and its FLOPs, the time they take at the
+device's copy bandwidth and tensor throughput, and the kernel's % of it.
 """
 
 from __future__ import annotations
@@ -60,6 +65,11 @@ PRESETS = {
 TINY_SHAPES = [("tiny", "q", 64, 48, "n"), ("tiny", "gate_up", 64, 48, "gated"), ("tiny", "down", 48, 64, "k")]
 
 
+# The H200 figures issue 20 was written against; the roofline of a CPU run uses them (its timings mean
+# nothing, so its % of the limit is not reported), a GPU run measures its own.
+H200_COPY_GBS = 4300.0
+H200_BF16_TFLOPS = 790.0
+
 INTERPRETER_NOTE = ("CPU run through the Triton interpreter: the kernels' code ran, but their timings (and the "
                     "speed-ups against torch's CPU matmul) say nothing about a GPU")
 
@@ -83,6 +93,10 @@ class Row:
     max_rel_error: float = 0.0
     bandwidth_gbs: Optional[float] = None
     bandwidth_pct_of_copy: Optional[float] = None
+    bytes_needed: int = 0             # weight bytes the mask needs at least once + x, y and the mask
+    flops: int = 0                    # 2 x the multiply-adds of the tokens' executing groups
+    roofline_ms: float = 0.0          # max(bytes / copy bandwidth, flops / tensor throughput)
+    pct_of_roofline: Optional[float] = None  # 100 x roofline_ms / wide_ms (None: CPU interpreter)
 
     @property
     def G(self) -> int:
@@ -97,6 +111,10 @@ class Report:
     preset: str
     copy_bandwidth_gbs: float
     rows: list[Row] = field(default_factory=list)
+    tensor_tflops: float = H200_BF16_TFLOPS
+    roofline_copy_gbs: float = H200_COPY_GBS  # the measured copy bandwidth on a GPU
+    roofline_basis: str = "H200 reference figures (4.3 TB/s copy, 790 TFLOP/s bf16)"
+    complete: bool = False
 
 
 def make_mask(tokens: int, groups: int, sparsity: float, kind: str, generator, device):
@@ -128,6 +146,30 @@ def copy_bandwidth_gbs(cuda: bool, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
+def tensor_tflops(cuda: bool, dtype) -> float:
+    """Dense matmul throughput (TFLOP/s) of this GPU in `dtype`: one 8192^3 cuBLAS GEMM, median of 5."""
+    import torch
+
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = time_ms(lambda _: torch.matmul(a, b), reps=5, warmup=2, cuda=cuda)
+    del a, b
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def roofline(kind: str, N: int, K: int, gs: int, mask, esize: int) -> tuple[int, int]:
+    """(bytes, FLOPs) a masked GEMM must move / do: the weight groups any token executes, read once, plus x, y
+    and the mask; FLOPs over each token's own executing groups (gated: two weights)."""
+    nmat = 2 if kind == "gated" else 1
+    m = mask.bool()
+    T, G = m.shape
+    union = m.any(dim=0).float().mean().item() if T else 0.0
+    per_token = m.float().mean(dim=1).sum().item()
+    weight_bytes = union * N * K * esize * nmat
+    return int(weight_bytes + T * (K + N) * esize + T * G * 4), int(2 * per_token * N * K * nmat)
+
+
 def _rotations(weight_bytes: int, cuda: bool) -> int:
     import torch
 
@@ -137,9 +179,12 @@ def _rotations(weight_bytes: int, cuda: bool) -> int:
     return max(1, min(4, math.ceil(2 * l2 / max(weight_bytes, 1))))
 
 
-def run_kernel_bench(preset: str = "short", dtype: str = "fp16", seed: int = 0,
-                     progress: Optional[Callable[[str], None]] = None) -> Report:
-    """Run the benchmark grid of `preset` (GPU; the 'tiny' preset also runs on CPU through the interpreter)."""
+def run_kernel_bench(preset: str = "short", dtype: str = "bf16", seed: int = 0,
+                     progress: Optional[Callable[[str], None]] = None,
+                     on_row: Optional[Callable[[Report], None]] = None) -> Report:
+    """Run the benchmark grid of `preset` (GPU; the 'tiny' preset also runs on CPU through the interpreter).
+
+    on_row(report) is called after every case (the CLI rewrites kernels.json there)."""
     import torch
 
     if preset not in PRESETS:
@@ -153,13 +198,24 @@ def run_kernel_bench(preset: str = "short", dtype: str = "fp16", seed: int = 0,
     gen = torch.Generator(device=device).manual_seed(seed)
     report = Report(device=torch.cuda.get_device_name(0) if cuda else "cpu (Triton interpreter)",
                     arch=arch_of(device), dtype=dtype, preset=preset, copy_bandwidth_gbs=copy_bandwidth_gbs(cuda))
+    if cuda:
+        report.tensor_tflops = tensor_tflops(cuda, dt)
+        report.roofline_copy_gbs = report.copy_bandwidth_gbs
+        report.roofline_basis = "measured on this GPU (copy bandwidth, 8192^3 cuBLAS GEMM)"
     esize = torch.tensor([], dtype=dt).element_size()
     shapes = TINY_SHAPES if preset == "tiny" else [s for s in SHAPES if s[0] in cfg.models]
+    mats = {}
     for model, name, N, K, kind in shapes:
         nw = _rotations(N * K * esize * (2 if kind == "gated" else 1), cuda)
         weights = [torch.randn(N, K, device=device, dtype=dt, generator=gen) * 0.02 for _ in range(nw)]
-        ups = [torch.randn(N, K, device=device, dtype=dt, generator=gen) * 0.02 for _ in range(nw)]
-        for T in cfg.tokens:
+        ups = ([torch.randn(N, K, device=device, dtype=dt, generator=gen) * 0.02 for _ in range(nw)]
+               if kind == "gated" else weights)  # up weights only where they are read
+        mats[(model, name)] = weights, ups
+    # Token counts outermost: a run cut short (gpu-check.sh's stage timeout) has every shape at the smallest
+    # token counts (decode) rather than every token count of the first shapes.
+    for T in cfg.tokens:
+        for model, name, N, K, kind in shapes:
+            weights, ups = mats[(model, name)]
             xs = [torch.randn(T, K, device=device, dtype=dt, generator=gen) for _ in range(2)]
             dense = _dense_ms(kind, xs, weights, ups, cfg, cuda)
             for gs in cfg.group_sizes:
@@ -170,11 +226,14 @@ def run_kernel_bench(preset: str = "short", dtype: str = "fp16", seed: int = 0,
                         if progress:
                             progress(f"{kind} {model}/{name} T={T} gs={gs} s={s} {mk}")
                         report.rows.append(_measure(kind, f"{model}/{name}", N, K, gs, s, mk, T, xs, weights, ups,
-                                                    dense, cfg, gen, report.copy_bandwidth_gbs, cuda))
+                                                    dense, cfg, gen, report, cuda))
+                        if on_row:
+                            on_row(report)
             del xs
-        del weights, ups
-        if cuda:
-            torch.cuda.empty_cache()
+    del mats
+    if cuda:
+        torch.cuda.empty_cache()
+    report.complete = True
     return report
 
 
@@ -230,7 +289,7 @@ def _algos_for(kind: str, T: int, gs: int, cuda: bool) -> list[str]:
     return out
 
 
-def _measure(kind, shape, N, K, gs, s, mk, T, xs, weights, ups, dense_ms, cfg, gen, copy_bw, cuda) -> Row:
+def _measure(kind, shape, N, K, gs, s, mk, T, xs, weights, ups, dense_ms, cfg, gen, report, cuda) -> Row:
     from wide_export.kernels.launch import arch_of
     from wide_export.kernels.policy import choose, policy_for
 
@@ -238,7 +297,7 @@ def _measure(kind, shape, N, K, gs, s, mk, T, xs, weights, ups, dense_ms, cfg, g
     device = xs[0].device
     masks = [make_mask(T, G, s, mk, gen, device) for _ in range(2)]
     n = max(len(weights), len(xs))
-    auto = choose(kind, T, gs, policy_for(arch_of(device)))
+    auto = choose(kind, T, gs, policy_for(arch_of(device)), N, K)
     algos = _algos_for(kind, T, gs, cuda)
     if auto not in algos:
         algos.append(auto)
@@ -256,30 +315,55 @@ def _measure(kind, shape, N, K, gs, s, mk, T, xs, weights, ups, dense_ms, cfg, g
     row = Row(kernel=kind, shape=shape, N=N, K=K, group_size=gs, sparsity=s, mask=mk, tokens=T, dense_ms=dense_ms,
               algo_ms=times, auto_algo=auto, wide_ms=times[auto], speedup=dense_ms / times[auto],
               active_weight_fraction=active, max_rel_error=worst)
+    esize = xs[0].element_size()
+    row.bytes_needed, row.flops = roofline(kind, N, K, gs, masks[0], esize)
+    row.roofline_ms = max(row.bytes_needed / (report.roofline_copy_gbs * 1e9),
+                          row.flops / (report.tensor_tflops * 1e12)) * 1e3
+    if cuda:
+        row.pct_of_roofline = 100.0 * row.roofline_ms / row.wide_ms
     if T <= 4 and "gemv" in times:  # decode: the bytes each token must read, per second
-        esize = xs[0].element_size()
         nmat = 2 if kind == "gated" else 1
         needed = active * T * N * K * esize * nmat + T * (K + N) * esize + masks[0].numel() * 4
         row.bandwidth_gbs = needed / (times["gemv"] * 1e-3) / 1e9
-        row.bandwidth_pct_of_copy = 100.0 * row.bandwidth_gbs / copy_bw
+        row.bandwidth_pct_of_copy = 100.0 * row.bandwidth_gbs / report.copy_bandwidth_gbs
     return row
 
 
 def measured_policy(report: Report) -> dict:
-    """The `auto` thresholds these measurements support (random masks, 50 % sparsity), for policy.json."""
+    """The `auto` thresholds these measurements support (random masks, 50 % sparsity), for policy.json.
+
+    Every algorithm is compared with PLAIN dense (the dense model's cuBLAS op, no mask pass), per kernel
+    kind: gemv_max_m[kind] is the largest T up to which the GEMV beats dense at every T' <= T, every shape
+    and group size of that kind; a shape whose own crossover differs gets a gemv_max_m_shapes rule.
+    """
+    from wide_export.kernels.policy import KINDS, MAX_SHAPE_RULES, shape_key
+
     rows = [r for r in report.rows if r.mask == "random" and abs(r.sparsity - 0.5) < 1e-9]
 
     def wins(r, algo):
-        return algo in r.algo_ms and r.algo_ms[algo] < r.algo_ms.get("dense", r.dense_ms)
+        return algo in r.algo_ms and r.algo_ms[algo] < r.dense_ms
 
+    def gemv_max(sel):
+        best = 0
+        for T in sorted({r.tokens for r in sel}):
+            at = [r for r in sel if r.tokens == T]
+            if not all(wins(r, "gemv") for r in at):
+                break
+            best = T
+        return best
+
+    from wide_export.kernels.policy import policy_for
+
+    per_kind, rules = {}, {}
+    for kind in KINDS:
+        sel = [r for r in rows if r.kernel == kind]
+        # a kind this run did not time keeps the value the table has for this architecture
+        per_kind[kind] = gemv_max(sel) if sel else policy_for(report.arch)["gemv_max_m"][kind]
+        for N, K in sorted({(r.N, r.K) for r in sel}):
+            own = gemv_max([r for r in sel if (r.N, r.K) == (N, K)])
+            if own != per_kind[kind] and len(rules) < MAX_SHAPE_RULES:
+                rules[shape_key(kind, N, K)] = own
     tokens = sorted({r.tokens for r in rows})
-    gemv_max = 0
-    for T in tokens:
-        sel = [r for r in rows if r.tokens == T]
-        if sel and all(wins(r, "gemv") for r in sel):
-            gemv_max = T
-        else:
-            break
 
     def grouped(kinds):
         best = None  # (min tokens, min group size) from which grouped beats dense everywhere above
@@ -295,9 +379,40 @@ def measured_policy(report: Report) -> dict:
 
     n_t, n_gs = grouped(("n", "gated"))
     k_t, k_gs = grouped(("k",))
-    return {report.arch: {"measured": True, "device": report.device, "dtype": report.dtype,
-                          "gemv_max_m": gemv_max, "grouped_n_min_m": n_t, "grouped_n_min_group_size": n_gs,
-                          "grouped_k_min_m": k_t, "grouped_k_min_group_size": k_gs, "fallback": "dense"}}
+    entry = {"measured": True, "device": report.device, "dtype": report.dtype, "gemv_max_m": per_kind,
+             "grouped_n_min_m": n_t, "grouped_n_min_group_size": n_gs, "grouped_k_min_m": k_t,
+             "grouped_k_min_group_size": k_gs, "fallback": "dense"}
+    if rules:
+        entry["gemv_max_m_shapes"] = rules
+    return {report.arch: entry}
+
+
+def record_policy(src: Path, dest: Optional[Path] = None) -> str:
+    """Merge a measured policy-<arch>.json into policy.json (dest); returns the architectures recorded.
+    A malformed record is refused with one WideError line and dest is left untouched."""
+    from wide_export.kernels import policy as pol
+
+    dest = dest or pol.POLICY_FILE
+    hint = "record the policy-<arch>.json that `wide-export bench kernels` wrote on a GPU"
+    try:
+        recorded = json.loads(Path(src).read_text())
+    except FileNotFoundError:
+        raise WideError(f"no policy record at {src}", hint=hint) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WideError(f"{src} is not a JSON policy record ({str(e).splitlines()[0]})", hint=hint) from None
+    table = json.loads(dest.read_text())
+    merged, errs = pol.merge_recorded(recorded, table)
+    if errs:
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        raise WideError(f"{src} is not a valid policy record: {errs[0]}{more}", hint=hint)
+    bad = pol.validate(merged)
+    if bad:  # the repository's own table was already broken: do not write on top of it
+        raise WideError(f"{dest} is not a valid policy table: {bad[0]}", hint="fix it by hand first")
+    tmp = dest.with_suffix(".json.tmp")
+    tmp.write_text(pol.dump(merged))
+    tmp.replace(dest)
+    pol._table.cache_clear()
+    return ", ".join(k for k in recorded if not k.startswith("_"))
 
 
 # ---------------------------------------------------------------------------
@@ -330,11 +445,13 @@ def target_checks(report: Report) -> list[tuple[str, bool, str]]:
 
 
 def write_json(report: Report, path: Path) -> None:
+    """kernels.json, written atomically; while the run is going (complete: false) rows only, no verdicts."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(report)
     data["timings_meaningful"] = report.arch != "interpreter"
-    if report.arch == "interpreter":  # CPU interpreter: no policy or target verdicts from its timings
-        data["timings_note"] = INTERPRETER_NOTE
+    if report.arch == "interpreter" or not report.complete:  # no policy or target verdicts from these
+        if report.arch == "interpreter":
+            data["timings_note"] = INTERPRETER_NOTE
         data["measured_policy"] = None
         data["targets"] = []
     else:
@@ -405,4 +522,41 @@ def speedup_table(report: Report):
             txt = "" if r is None else f"{r.speedup:.2f} {r.auto_algo[:2]}"
             vals.append(f"[red]{txt}[/]" if r is not None and r.speedup < 0.95 else txt)
         table.add_row(key[0], key[1], str(key[2]), f"{key[3]:.1f}", key[4], *vals)
+    return table
+
+
+def _si(v: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def _time(ms: float) -> str:
+    return f"{ms:.3g} ms" if ms >= 1 else (f"{ms * 1e3:.3g} us" if ms >= 1e-3 else f"{ms * 1e6:.3g} ns")
+
+
+def roofline_table(report: Report):
+    """rich Table: per case the bytes and FLOPs it needs, the time they take at the roofline, and `auto`'s share."""
+    from rich import box
+    from rich.table import Table
+
+    interp = report.arch == "interpreter"
+    rows = report.rows
+    if len(rows) > 200:  # the full preset: random masks at 50 % only
+        rows = [r for r in rows if r.mask == "random" and abs(r.sparsity - 0.5) < 1e-9]
+    title = (f"roofline ({report.roofline_basis}: {report.roofline_copy_gbs:.0f} GB/s, "
+             f"{report.tensor_tflops:.0f} TFLOP/s)" if not interp else
+             f"roofline at {report.roofline_basis}; % of it: n/m, CPU interpreter timings mean nothing")
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    table.add_column("case", overflow="fold")
+    for col in ("bytes", "FLOPs", "limit", "auto", "% of limit"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in sorted(rows, key=lambda r: (r.kernel, r.shape, r.group_size, r.sparsity, r.mask, r.tokens)):
+        case = f"{r.kernel} {r.shape} gs{r.group_size} T={r.tokens}"
+        if r.mask != "random" or abs(r.sparsity - 0.5) > 1e-9:
+            case += f" s={r.sparsity:g} {r.mask}"
+        pct = "n/m" if r.pct_of_roofline is None else f"{r.pct_of_roofline:.0f}%"
+        table.add_row(case, _si(r.bytes_needed, "B"), _si(r.flops, ""), _time(r.roofline_ms),
+                      f"{r.auto_algo} {_time(r.wide_ms)}", pct)
     return table

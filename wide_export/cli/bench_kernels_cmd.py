@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -16,30 +16,45 @@ def bench_kernels(
                                              "(tokens 1..16384, group sizes 32/128/512, sparsity 25/50/75 %, "
                                              "random and correlated masks, Llama-3.1-8B and Qwen3-8B) or 'tiny' "
                                              "(CPU interpreter smoke run; timings mean nothing).")] = "short",
-    dtype: Annotated[str, typer.Option(help="Activation/weight dtype: fp16 or bf16.")] = "fp16",
-    output: Annotated[Path, typer.Option(help="Folder for kernels.json, kernels.png and policy-<arch>.json.")]
-    = Path("bench-results"),
+    dtype: Annotated[str, typer.Option(help="Activation/weight dtype: bf16 or fp16.")] = "bf16",
+    output: Annotated[Path, typer.Option(help="Folder for kernels.json (rewritten after every case), kernels.png "
+                                              "and policy-<arch>.json.")] = Path("bench-results"),
     seed: Annotated[int, typer.Option(help="Seed of the random inputs and masks.")] = 0,
+    record: Annotated[Optional[Path], typer.Option(
+        "--record", metavar="FILE", help="Run nothing: merge a measured policy-<arch>.json (written by a GPU run "
+                                         "of this command) into wide_export/kernels/policy.json, after checking "
+                                         "it against the policy schema.")] = None,
 ) -> None:
-    """Time every masked-GEMM algorithm against cuBLAS on Llama-3.1-8B / Qwen3-8B shapes; table, JSON, PNG.
+    """Time every masked-GEMM algorithm against cuBLAS on Llama-3.1-8B / Qwen3-8B shapes; table, roofline, JSON, PNG.
 
-    Also writes the `auto` thresholds these timings support as policy-<arch>.json:
-    merge it into wide_export/kernels/policy.json to make them the default on that GPU.
+    Also writes the `auto` thresholds these timings support (per kernel kind, against plain dense) as
+    policy-<arch>.json: `wide-export bench kernels --record policy-<arch>.json` makes them the default on
+    that GPU.
     """
     import json
 
     from rich.console import Console
 
-    from wide_export.bench.kernels import (measured_policy, run_kernel_bench, speedup_table, target_checks,
-                                           write_json, write_plot)
-
     console = Console(highlight=False)
-    with console.status("benchmarking") as status:
-        report = run_kernel_bench(preset=preset, dtype=dtype, seed=seed, progress=status.update)
+    if record is not None:
+        from wide_export.bench.kernels import record_policy
+        from wide_export.kernels.policy import POLICY_FILE
+
+        archs = record_policy(record)
+        console.print(f"recorded the measured policy of {archs} into {POLICY_FILE}")
+        return
+
+    from wide_export.bench.kernels import (measured_policy, roofline_table, run_kernel_bench, speedup_table,
+                                           target_checks, write_json, write_plot)
+
     json_path, png_path = output / "kernels.json", output / "kernels.png"
+    with console.status("benchmarking") as status:
+        report = run_kernel_bench(preset=preset, dtype=dtype, seed=seed, progress=status.update,
+                                  on_row=lambda rep: write_json(rep, json_path))
     write_json(report, json_path)
     plotted = write_plot(report, png_path)
     console.print(speedup_table(report))
+    console.print(roofline_table(report))
     if report.arch == "interpreter":
         # CPU timings of the interpreter say nothing about the kernels: no targets, no policy from them.
         console.print("[yellow]CPU run through the Triton interpreter: the timings mean nothing; targets not "
@@ -50,9 +65,10 @@ def bench_kernels(
         policy_path.write_text(json.dumps(policy, indent=2) + "\n")
         for name, ok, evidence in target_checks(report):
             console.print(f"{'[green]met[/]' if ok else '[red]missed[/]'}  {name}: {evidence}")
-        console.print(f"measured auto policy: {policy_path}")
+        console.print(f"measured auto policy: {policy_path} (wide-export bench kernels --record {policy_path})")
     console.print(f"results: {json_path}" + (f", plot: {png_path}" if plotted else
                                               " (no plot: install the `bench` extra for matplotlib)"))
+
 
 def register(app: typer.Typer) -> None:
     from wide_export.cli.bench_cmd import bench_app

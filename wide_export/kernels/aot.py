@@ -123,6 +123,11 @@ def specs() -> list[Spec]:
                                                                ("counts_ptr", "*i32")),
                       (("BLOCK", cfg.GROUP_ROWS_BLOCK),), 4))
     flavours = {"plain": (False, False), "bias": (True, False), "gated": (False, True)}
+    for br in cfg.ROUTER_BLOCK_RS:  # the split router's second pass: float32 whatever the activations
+        out += _twins(Spec(f"router_logits/r{br}", "wide_router_logits_kernel",
+                           _ptrs("fp32", "part_ptr", "bc_ptr", "wr_ptr", "br_ptr", "mask_ptr", mask_ptr="*i32"),
+                           (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)),
+                           cfg.ROUTER_WARPS))
     for dtype in cfg.DTYPES:
         dt = _TRITON_DTYPE[dtype]
         precise = dtype == "float32"
@@ -132,12 +137,16 @@ def specs() -> list[Spec]:
                                      x_ptr=f"*{dt}", mask_ptr="*i32"),
                                (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_H", cfg.ROUTER_BLOCK_H),
                                 ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)), cfg.ROUTER_WARPS))
+        out += _twins(Spec(f"router_split/{dtype}", "wide_router_split_kernel",
+                           _ptrs("fp32", "x_ptr", "wc_ptr", "part_ptr", x_ptr=f"*{dt}"),
+                           (("BLOCK_M", cfg.ROUTER_SPLIT_BLOCK_M), ("BLOCK_R", cfg.ROUTER_SPLIT_BLOCK_R),
+                            ("BLOCK_H", cfg.ROUTER_SPLIT_BLOCK_H)), cfg.ROUTER_WARPS))
         gemm_n_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
         grouped_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "rows_ptr", "counts_ptr", "y_ptr",
                              rows_ptr="*i32", counts_ptr="*i32")
         for var, (has_bias, gated) in flavours.items():
             flags = (("HAS_BIAS", has_bias), ("GATED", gated))
-            out += _twins(Spec(f"gemv_n/{dtype}/{var}", "wide_gemv_n_kernel", gemm_n_ptrs,
+            out += _twins(Spec(f"gemv_n/{dtype}/{var}", "wide_gemv_n_kernel", gemm_n_ptrs + (("part_ptr", "*fp32"),),
                                flags + (("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)),
                                cfg.GEMV_WARPS))
             out += _gemm(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
@@ -148,11 +157,20 @@ def specs() -> list[Spec]:
                     out += _gemm(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
                                  flags + (("PRECISE", False),),
                                  lambda aligned, b=bn, g=gated: cfg.grouped_n_tile(b, gated=g, aligned=aligned))
+        # the N-pruned split GEMV's reduction: gated (silu(gate) * up); its bias is in split 0's partial
+        out += _twins(Spec(f"splitk_reduce/{dtype}/gated", "wide_splitk_reduce_kernel",
+                           (("part_ptr", "*fp32"), ("b_ptr", f"*{dt}"), ("y_ptr", f"*{dt}")),
+                           (("HAS_BIAS", False), ("GATED", True), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
         gemm_k_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
         for suffix, has_bias in (("", False), ("/bias", True)):  # K-pruned: plain keys unchanged, "/bias" added
-            out += _twins(Spec(f"gemv_k/{dtype}{suffix}", "wide_gemv_k_kernel", gemm_k_ptrs,
-                               (("HAS_BIAS", has_bias), ("BLOCK_N", cfg.GEMV_BLOCK_N),
-                                ("BLOCK_K", cfg.GEMV_BLOCK_K)), cfg.GEMV_WARPS))
+            # decode: split-K GEMV (+ float32 partials) and its fixed-order reduction (launch.gemv_k_plan)
+            out += _twins(Spec(f"gemv_k/{dtype}{suffix}", "wide_gemv_k_kernel",
+                               gemm_k_ptrs + (("part_ptr", "*fp32"),),
+                               (("HAS_BIAS", has_bias), ("BLOCK_N", cfg.GEMV_K_BLOCK_N),
+                                ("BLOCK_K", cfg.GEMV_K_BLOCK_K)), cfg.GEMV_WARPS))
+            out += _twins(Spec(f"splitk_reduce/{dtype}{suffix}", "wide_splitk_reduce_kernel",
+                               (("part_ptr", "*fp32"), ("b_ptr", f"*{dt}"), ("y_ptr", f"*{dt}")),
+                               (("HAS_BIAS", has_bias), ("GATED", False), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
             out += _gemm(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
                          (("HAS_BIAS", has_bias), ("PRECISE", precise)),
                          lambda aligned: cfg.tile_tile(dtype, aligned=aligned))
@@ -236,9 +254,15 @@ def _policy_inc() -> str:
         if arch.startswith("_") or arch == "interpreter":
             continue
         num = 0 if arch == "default" else int(arch.split("_")[1])
-        lines.append(f"{{{num}, {p['gemv_max_m']}, {p['grouped_n_min_m']}, {p['grouped_n_min_group_size']}, "
-                     f"{p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}, "
-                     f"{1 if p.get('fallback', 'dense') == 'dense' else 0}}},")
+        g = p["gemv_max_m"]
+        shapes = []  # per-shape gemv_max_m overrides: {kind ('n', 'g' = gated, 'k'), N, K, max M}
+        for key, v in p.get("gemv_max_m_shapes", {}).items():
+            kind, nk = key.split(":")
+            n, k = nk.split("x")
+            shapes.append(f"{{'{'g' if kind == 'gated' else kind}', {n}, {k}, {v}}}")
+        lines.append(f"{{{num}, {g['n']}, {g['gated']}, {g['k']}, {p['grouped_n_min_m']}, "
+                     f"{p['grouped_n_min_group_size']}, {p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}, "
+                     f"{1 if p.get('fallback', 'dense') == 'dense' else 0}, {{{', '.join(shapes)}}}}},")
     return "\n".join(lines) + "\n"
 
 

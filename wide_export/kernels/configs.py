@@ -24,15 +24,28 @@ from dataclasses import dataclass
 
 DTYPES = ("float16", "bfloat16", "float32")
 
-GEMV_BLOCK_N = 16
-GEMV_BLOCK_K = 256
-GEMV_WARPS = 4
+# Decode (gemv, router): many programs per GEMV (TEAL's split-K sparse GEMV, FasterDecoding/TEAL), planned
+# by wide_export.kernels.launch.{gemv_n,gemv_k,router}_plan for the launching GPU's SM count.
+DECODE_SMS = 132           # H200; the plans use the device's own count, this one on CPU and in the grid tests
+DECODE_MIN_WAVES = 2       # every decode grid at Llama-3.1-8B shapes fills >= 2 waves (tests/kernels/test_decode_grid.py)
+DECODE_TARGET_WAVES = 4    # K is split until the grid reaches this many waves (or one K chunk per split)
 
-ROUTER_BLOCK_M = 16
+GEMV_BLOCK_N = 8           # gemv_n: output channels per program, the whole K in one program (no split)
+GEMV_BLOCK_K = 256
+GEMV_K_BLOCK_N = 32        # gemv_k: output channels per program
+GEMV_K_BLOCK_K = 128       # gemv_k: K chunk; a split is a range of chunks
+GEMV_WARPS = 4
+SPLITK_REDUCE_BLOCK = 1024
+
+ROUTER_BLOCK_M = 16        # the fused router (prefill): one program per 16 tokens
 ROUTER_BLOCK_H = 64
 ROUTER_BLOCK_G = 16
 ROUTER_BLOCK_RS = (16, 32, 64, 128, 256)  # BLOCK_R >= R: the compressor output stays in registers
 ROUTER_WARPS = 4
+ROUTER_SPLIT_MAX_M = 64    # up to this many tokens the router runs split (router_split + router_logits)
+ROUTER_SPLIT_BLOCK_M = 8
+ROUTER_SPLIT_BLOCK_R = 8   # compressor rows per program
+ROUTER_SPLIT_BLOCK_H = 16  # H chunk; a split is a range of chunks
 
 GROUP_ROWS_BLOCK = 1024
 CAST_BLOCK = 1024

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from wide_export.errors import WideError
@@ -38,11 +39,38 @@ def kernels():
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as the AOT build; silences Triton 3.9's warning
     from wide_export.kernels import sources
 
+    if _is_interpreted(sources.wide_cast_kernel):
+        _interpreter_scalar_index_compat()
     if _is_interpreted(sources.wide_cast_kernel) and _is_compiled_mode(_tl_zeros()):
         # triton.language was imported before the variable was set: its own @jit helpers are compiled-mode.
         raise WideError("Triton was imported before the CPU interpreter was switched on",
                         hint=f"set {INTERPRET_ENV}=1 in the environment before starting Python")
     return sources
+
+
+def _interpreter_scalar_index_compat() -> None:
+    """Triton < 3.7's interpreter: ``range(0, K, BLOCK)`` over a scalar argument with numpy >= 2.4.
+
+    The interpreter holds a scalar as a 1-element array and its ``tensor.__index__`` is
+    ``int(array)``, which numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python
+    scalars"): every kernel with a loop over a scalar bound failed. Triton 3.7 squeezes the array
+    first; this installs that same ``__index__`` on older interpreters (and nothing on newer ones).
+    """
+    import triton
+    from triton.runtime import interpreter as ti
+
+    if tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit()) >= (3, 7):
+        return
+    orig = getattr(ti, "_patch_lang_tensor", None)
+    if orig is None or getattr(orig, "_wide_squeeze_index", False):
+        return
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched._wide_squeeze_index = True
+    ti._patch_lang_tensor = patched
 
 
 def _tl_zeros():
@@ -148,11 +176,11 @@ def _rows(x, name: str, K: int):
     return x.reshape(-1, K).contiguous()
 
 
-def _pick(kind: str, algo: str, M: int, group_size: int, device) -> str:
+def _pick(kind: str, algo: str, M: int, group_size: int, device, N: int, K: int) -> str:
     if algo not in ALGOS:
         raise ValueError(f"algo must be one of {list(ALGOS)}, got {algo!r}")
     if algo == "auto":
-        return choose(kind, M, group_size, policy_for(arch_of(device)))
+        return choose(kind, M, group_size, policy_for(arch_of(device)), N, K)
     if algo == "grouped" and kind != "k" and not cfg.grouped_block_n(group_size):
         raise ValueError(f"the grouped algorithm needs group_size % {cfg.GROUPED_BLOCK_NS[-1]} == 0, "
                          f"got {group_size}; use algo='tile'")
@@ -173,6 +201,72 @@ def _aligned(*tensors, ints=()) -> bool:
 
 def _launch(kernel, grid, *args, num_warps: int, num_stages: int = cfg.STAGES, **constexprs):
     kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors the decode grids are planned for: the GPU's, else the H200's (132)."""
+    if device.type == "cuda":
+        return _torch().cuda.get_device_properties(device).multi_processor_count
+    return cfg.DECODE_SMS
+
+
+# ---------------------------------------------------------------------------
+# Decode launch plans: pure functions of the shapes (the launches below and tests/kernels/test_decode_grid.py)
+@dataclass(frozen=True)
+class DecodePlan:
+    """How a decode kernel is launched: its grid and how K (or H) is split across programs."""
+
+    kernel: str
+    grid: tuple
+    splits: int = 1               # programs along K sharing one output tile (grid[2])
+    chunks_per_split: int = 0     # K (H) chunks of BLOCK_K (BLOCK_H) per split; 0 = no split loop
+
+    @property
+    def ctas(self) -> int:
+        n = 1
+        for g in self.grid:
+            n *= g
+        return n
+
+    def waves(self, sms: int = cfg.DECODE_SMS) -> float:
+        return self.ctas / sms
+
+
+def _split(programs: int, chunks: int, sms: int, max_splits: Optional[int] = None) -> tuple[int, int]:
+    """(splits, chunks per split): split `chunks` K chunks until programs * splits reaches the target waves."""
+    want = max(1, -(-cfg.DECODE_TARGET_WAVES * sms // max(programs, 1)))
+    splits = max(1, min(want, chunks, max_splits or chunks))
+    per = -(-chunks // splits)
+    return -(-chunks // per), per
+
+
+def gemv_n_plan(M: int, N: int, K: int, sms: int = cfg.DECODE_SMS, max_splits: Optional[int] = None) -> DecodePlan:
+    """N-pruned / gated GEMV: (token, GEMV_BLOCK_N outputs, split) programs, tokens fastest so a weight tile's
+    tokens run together; K split into whole GEMV_BLOCK_K chunks only while the grid is under
+    DECODE_TARGET_WAVES waves (q at T = 1: 2 splits; gate/up: none)."""
+    tiles = triton_cdiv(N, cfg.GEMV_BLOCK_N)
+    splits, per = _split(M * tiles, triton_cdiv(K, cfg.GEMV_BLOCK_K), sms, max_splits)
+    return DecodePlan("wide_gemv_n_kernel", (M, tiles, splits), splits, per)
+
+
+def gemv_k_plan(M: int, N: int, K: int, sms: int = cfg.DECODE_SMS, max_splits: Optional[int] = None) -> DecodePlan:
+    """K-pruned GEMV, split-K: (token, GEMV_K_BLOCK_N outputs, split) programs; K is cut into splits of whole
+    GEMV_K_BLOCK_K chunks until the grid reaches DECODE_TARGET_WAVES waves (max_splits: what the workspace
+    holds)."""
+    tiles = triton_cdiv(N, cfg.GEMV_K_BLOCK_N)
+    splits, per = _split(M * tiles, triton_cdiv(K, cfg.GEMV_K_BLOCK_K), sms, max_splits)
+    return DecodePlan("wide_gemv_k_kernel", (M, tiles, splits), splits, per)
+
+
+def router_plan(M: int, H: int, R: int, sms: int = cfg.DECODE_SMS) -> DecodePlan:
+    """Router: up to ROUTER_SPLIT_MAX_M tokens, the compressor split over (token tile, 8 rows of Wc, H slices);
+    above, the fused one-pass router (one program per 16 tokens)."""
+    if M > cfg.ROUTER_SPLIT_MAX_M:
+        return DecodePlan("wide_router_kernel", (triton_cdiv(M, cfg.ROUTER_BLOCK_M), 1, 1))
+    programs = triton_cdiv(M, cfg.ROUTER_SPLIT_BLOCK_M) * triton_cdiv(R, cfg.ROUTER_SPLIT_BLOCK_R)
+    splits, per = _split(programs, triton_cdiv(H, cfg.ROUTER_SPLIT_BLOCK_H), sms)
+    return DecodePlan("wide_router_split_kernel", (triton_cdiv(M, cfg.ROUTER_SPLIT_BLOCK_M),
+                                                   triton_cdiv(R, cfg.ROUTER_SPLIT_BLOCK_R), splits), splits, per)
 
 
 # ---------------------------------------------------------------------------
@@ -203,11 +297,22 @@ def router(x, wc, bc, wr, br):
     M = x2.shape[0]
     _check_device(x2, wc, bc, wr, br)
     out = torch.empty((M, G), dtype=torch.int32, device=x.device)
-    if M:
-        grid = (triton_cdiv(M, cfg.ROUTER_BLOCK_M),)
-        _launch(kernels().wide_router_kernel, grid, x2, wc, bc.contiguous(), wr, br.contiguous(), out,
+    if not M:
+        return out.reshape(*x.shape[:-1], G)
+    ks = kernels()
+    plan = router_plan(M, H, R, sm_count(x.device))
+    if plan.kernel == "wide_router_kernel":
+        _launch(ks.wide_router_kernel, plan.grid, x2, wc, bc.contiguous(), wr, br.contiguous(), out,
                 M, H, R, G, H, num_warps=cfg.ROUTER_WARPS, BLOCK_M=cfg.ROUTER_BLOCK_M,
                 BLOCK_H=cfg.ROUTER_BLOCK_H, BLOCK_R=block_r, BLOCK_G=cfg.ROUTER_BLOCK_G)
+    else:
+        part = torch.empty((plan.splits, M, R), dtype=torch.float32, device=x.device)
+        _launch(ks.wide_router_split_kernel, plan.grid, x2, wc, part, M, H, R, H, plan.chunks_per_split,
+                num_warps=cfg.ROUTER_WARPS, BLOCK_M=cfg.ROUTER_SPLIT_BLOCK_M, BLOCK_R=cfg.ROUTER_SPLIT_BLOCK_R,
+                BLOCK_H=cfg.ROUTER_SPLIT_BLOCK_H)
+        _launch(ks.wide_router_logits_kernel, (triton_cdiv(M, cfg.ROUTER_BLOCK_M),), part, bc.contiguous(), wr,
+                br.contiguous(), out, M, R, G, plan.splits, num_warps=cfg.ROUTER_WARPS,
+                BLOCK_M=cfg.ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=cfg.ROUTER_BLOCK_G)
     return out.reshape(*x.shape[:-1], G)
 
 
@@ -249,7 +354,7 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str):
     m2 = _mask(mask, lead, G)
     M = x2.shape[0]
     _check_device(x2, w, w2, bias, m2)
-    how = _pick(kind, algo, M, group_size, x.device)
+    how = _pick(kind, algo, M, group_size, x.device, N, K)
     gated = w2 is not None
     if how == "dense":
         y = _dense_n(x2, w, w2, bias, m2, group_size)
@@ -261,10 +366,16 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str):
     dummy = w  # never read: HAS_BIAS / GATED are constexpr False
     common = dict(HAS_BIAS=bias is not None, GATED=gated)
     if how == "gemv":
-        grid = (M, triton_cdiv(N, cfg.GEMV_BLOCK_N))
-        _launch(ks.wide_gemv_n_kernel, grid, x2, w, w2 if gated else dummy, bias if bias is not None else dummy,
-                m2, y, M, N, K, G, group_size, K, num_warps=cfg.GEMV_WARPS, **common,
-                BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
+        plan = gemv_n_plan(M, N, K, sm_count(x.device))
+        # split-K partials (gated: gate then up), summed and finished (silu * up, mask zeros) in split order
+        part = torch.empty(((2 if gated else 1) * plan.splits, M, N) if plan.splits > 1 else (1,),
+                           dtype=torch.float32, device=x.device)
+        _launch(ks.wide_gemv_n_kernel, plan.grid, x2, w, w2 if gated else dummy,
+                bias if bias is not None else dummy, m2, y, part, M, N, K, G, group_size, K, plan.chunks_per_split,
+                num_warps=cfg.GEMV_WARPS, **common, BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
+        if plan.splits > 1:  # the bias is already in split 0's partial (executing outputs only)
+            _launch(ks.wide_splitk_reduce_kernel, (triton_cdiv(M * N, cfg.SPLITK_REDUCE_BLOCK),), part, dummy, y,
+                    M * N, N, plan.splits, num_warps=4, HAS_BIAS=False, GATED=gated, BLOCK=cfg.SPLITK_REDUCE_BLOCK)
     elif how == "grouped":
         rows, counts = group_rows(m2)
         t = cfg.grouped_n_tile(group_size, gated, _aligned(x2, w, w2, bias, y, ints=(N, K, group_size)))
@@ -328,7 +439,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto")
     m2 = _mask(mask, lead, G)
     M = x2.shape[0]
     _check_device(x2, w, bias, m2)
-    how = _pick("k", algo, M, group_size, x.device)
+    how = _pick("k", algo, M, group_size, x.device, N, K)
     if how == "dense":
         keep = m2.bool().repeat_interleave(group_size, dim=1)
         return torch.nn.functional.linear(x2.masked_fill(~keep, 0), w, bias).reshape(*lead, N)
@@ -339,9 +450,15 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto")
     b = bias if bias is not None else w  # never read when HAS_BIAS is False
     has_bias = bias is not None
     if how == "gemv":
-        grid = (M, triton_cdiv(N, cfg.GEMV_BLOCK_N))
-        _launch(ks.wide_gemv_k_kernel, grid, x2, w, b, m2, y, M, N, K, G, group_size, K,
-                num_warps=cfg.GEMV_WARPS, HAS_BIAS=has_bias, BLOCK_N=cfg.GEMV_BLOCK_N, BLOCK_K=cfg.GEMV_BLOCK_K)
+        plan = gemv_k_plan(M, N, K, sm_count(x.device))
+        # split-K partials: written by every split (no zeroing), summed in split order (deterministic, no atomics)
+        part = torch.empty((plan.splits, M, N) if plan.splits > 1 else (1,), dtype=torch.float32, device=x.device)
+        _launch(ks.wide_gemv_k_kernel, plan.grid, x2, w, b, m2, y, part, M, N, K, G, group_size, K,
+                plan.chunks_per_split, num_warps=cfg.GEMV_WARPS, HAS_BIAS=has_bias, BLOCK_N=cfg.GEMV_K_BLOCK_N,
+                BLOCK_K=cfg.GEMV_K_BLOCK_K)
+        if plan.splits > 1:
+            _launch(ks.wide_splitk_reduce_kernel, (triton_cdiv(M * N, cfg.SPLITK_REDUCE_BLOCK),), part, b, y,
+                    M * N, N, plan.splits, num_warps=4, HAS_BIAS=has_bias, GATED=False, BLOCK=cfg.SPLITK_REDUCE_BLOCK)
     elif how == "grouped":
         rows, counts = group_rows(m2)
         t = cfg.grouped_k_tile(_aligned(x2, w, ints=(N, K, group_size)))

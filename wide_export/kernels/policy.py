@@ -6,8 +6,13 @@ The masked GEMMs have four algorithms (docs/kernels.md):
 - ``tile``: token-order tiles, mask in the epilogue / K-slices skipped per tile;
 - ``dense``: cuBLAS (torch) with the mask applied; never slower than the dense
   model by more than the mask pass, so it is the floor the others must beat.
-Thresholds come from `wide-export bench kernels` on each architecture; until a
+Thresholds come from `wide-export bench kernels` on each architecture (``--record``
+merges a measured ``policy-<arch>.json`` here, checked by ``validate``); until a
 GPU run records them, the "default" entry's starting values are used.
+
+``gemv_max_m`` is per kernel kind (``n``, ``gated``, ``k``): a down projection
+that loses at T = 2 no longer turns the gated GEMV off. ``gemv_max_m_shapes``
+(optional) overrides it for one projection shape, keyed ``"<kind>:<N>x<K>"``.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from wide_export.kernels.configs import grouped_block_n
 
 POLICY_FILE = Path(__file__).with_name("policy.json")
 KINDS = ("n", "gated", "k")
 ALGOS = ("auto", "dense", "gemv", "grouped", "tile")
+FALLBACKS = ("dense", "tile")
+INT_KEYS = ("grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m", "grouped_k_min_group_size")
+MAX_SHAPE_RULES = 8  # what the C runtime's table holds per architecture (plugins/kernels/src/wide_kernels.cpp)
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,9 +43,23 @@ def policy_for(arch: str) -> dict[str, Any]:
     return {**table["default"], **table.get(arch, {}), "arch": arch if arch in table else "default"}
 
 
-def choose(kind: str, M: int, group_size: int, policy: dict[str, Any]) -> str:
-    """The algorithm `auto` runs for M rows."""
-    if M <= policy["gemv_max_m"]:
+def shape_key(kind: str, N: int, K: int) -> str:
+    return f"{kind}:{N}x{K}"
+
+
+def gemv_max_m(kind: str, policy: dict[str, Any], N: Optional[int] = None, K: Optional[int] = None) -> int:
+    """Up to how many rows `auto` runs the GEMV for this kind (and projection shape, when given)."""
+    if N is not None and K is not None:
+        rule = policy.get("gemv_max_m_shapes", {}).get(shape_key(kind, N, K))
+        if rule is not None:
+            return rule
+    return policy["gemv_max_m"][kind]
+
+
+def choose(kind: str, M: int, group_size: int, policy: dict[str, Any], N: Optional[int] = None,
+           K: Optional[int] = None) -> str:
+    """The algorithm `auto` runs for M rows of a `kind` ('n', 'gated', 'k') GEMM of shape [N, K]."""
+    if M <= gemv_max_m(kind, policy, N, K):
         return "gemv"
     if kind == "k":
         if M >= policy["grouped_k_min_m"] and group_size >= policy["grouped_k_min_group_size"]:
@@ -46,3 +68,89 @@ def choose(kind: str, M: int, group_size: int, policy: dict[str, Any]) -> str:
           and grouped_block_n(group_size)):
         return "grouped"
     return policy["fallback"]
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+
+
+def validate_entry(arch: str, entry: Any) -> list[str]:
+    """What is wrong with one architecture's entry (empty when it is valid)."""
+    if not isinstance(entry, dict):
+        return [f"{arch}: must be an object, got {type(entry).__name__}"]
+    errs = []
+    if not isinstance(entry.get("measured"), bool):
+        errs.append(f"{arch}: 'measured' must be true or false")
+    g = entry.get("gemv_max_m")
+    if not isinstance(g, dict) or set(g) != set(KINDS) or not all(_is_count(v) for v in g.values()):
+        errs.append(f"{arch}: 'gemv_max_m' must map each of {list(KINDS)} to a row count >= 0, got {g!r}")
+    for k in INT_KEYS:
+        if not _is_count(entry.get(k)):
+            errs.append(f"{arch}: {k!r} must be an int >= 0, got {entry.get(k)!r}")
+    if entry.get("fallback") not in FALLBACKS:
+        errs.append(f"{arch}: 'fallback' must be one of {list(FALLBACKS)}, got {entry.get('fallback')!r}")
+    shapes = entry.get("gemv_max_m_shapes", {})
+    if not isinstance(shapes, dict) or len(shapes) > MAX_SHAPE_RULES:
+        errs.append(f"{arch}: 'gemv_max_m_shapes' must be an object of at most {MAX_SHAPE_RULES} rules")
+    else:
+        for key, v in shapes.items():
+            kind, _, nk = str(key).partition(":")
+            n, _, k = nk.partition("x")
+            if kind not in KINDS or not (n.isdigit() and k.isdigit()) or not _is_count(v):
+                errs.append(f"{arch}: gemv_max_m_shapes[{key!r}] must be '<kind>:<N>x<K>' -> int >= 0")
+    known = {"measured", "gemv_max_m", "gemv_max_m_shapes", "fallback", "device", "dtype", *INT_KEYS}
+    extra = sorted(set(entry) - known)
+    if extra:
+        errs.append(f"{arch}: unknown keys {extra}")
+    return errs
+
+
+def _arch_ok(arch: str) -> bool:
+    return arch in ("default", "interpreter") or (arch.startswith("sm_") and arch[3:].isdigit())
+
+
+def validate(table: Any) -> list[str]:
+    """What is wrong with a whole policy table (policy.json or a recorded policy-<arch>.json)."""
+    if not isinstance(table, dict):
+        return ["the policy must be a JSON object keyed by architecture"]
+    errs = []
+    for arch, entry in table.items():
+        if arch.startswith("_"):
+            continue
+        if not _arch_ok(arch):
+            errs.append(f"{arch!r}: architecture keys are 'default', 'interpreter' or 'sm_<NN>'")
+            continue
+        errs += validate_entry(arch, entry)
+    return errs
+
+
+def dump(table: dict[str, Any]) -> str:
+    """policy.json's text: one line per architecture (diffs of a recorded policy stay one line)."""
+    items = list(table.items())
+    lines = ["{"]
+    for i, (k, v) in enumerate(items):
+        lines.append(f"  {json.dumps(k)}: {json.dumps(v)}" + ("," if i < len(items) - 1 else ""))
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+def merge_recorded(recorded: Any, table: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(table with the recorded architectures replaced, what is wrong with the record); the table is unchanged
+    when the record is refused. A record is `bench kernels`' policy-<arch>.json: measured sm_<NN> entries only."""
+    errs = validate(recorded)
+    if not errs:
+        if not recorded or all(k.startswith("_") for k in recorded):
+            errs.append("the record holds no architecture")
+        for arch, entry in recorded.items():
+            if arch.startswith("_"):
+                continue
+            if not arch.startswith("sm_"):
+                errs.append(f"{arch!r}: a record sets measured GPU architectures (sm_<NN>) only")
+            elif entry.get("measured") is not True:
+                errs.append(f"{arch}: a record must be measured (\"measured\": true)")
+    if errs:
+        return table, errs
+    out = dict(table)
+    for arch, entry in recorded.items():
+        if not arch.startswith("_"):
+            out[arch] = entry
+    return out, []

@@ -15,16 +15,30 @@ Layouts (docs/opset.md): x rows of length K with row stride ``ldx``; weights
 ``[M, N]`` contiguous. Accumulation is float32 everywhere.
 
 Kernels:
-- ``wide_router_kernel``: compressor + router GEMMs and the ``l0 >= l1`` rule.
-- ``wide_gemv_n_kernel`` (decode, N-pruned, optional gated / bias): one
-  program per (token, BLOCK_N output channels); weight rows of the token's
-  skipped groups are not loaded (predicated loads; a tile with no executing
-  channel skips its K loop and writes zeros). The grid puts the tokens of one
-  weight tile next to each other so rows that share a tile share it through
-  L2 instead of re-reading HBM.
-- ``wide_gemv_k_kernel`` (decode, K-pruned, optional bias added to every output): per-token; weight loads are
-  predicated on the token's own group mask, so skipped groups' bytes are not
-  fetched (32-byte sector granularity), whatever the group size.
+- ``wide_router_kernel``: compressor + router GEMMs and the ``l0 >= l1`` rule,
+  one program per 16 tokens (prefill).
+- ``wide_router_split_kernel`` + ``wide_router_logits_kernel`` (decode): the
+  compressor GEMM split over many programs (token tile x 8 compressor rows x
+  a slice of H), partial sums in float32 ``[S, M, R]``, then one small
+  program per 16 tokens sums the S partials in a fixed order (deterministic)
+  and applies the router GEMM and the rule.
+- ``wide_gemv_n_kernel`` (decode, N-pruned, optional gated / bias): split-K
+  like ``wide_gemv_k_kernel``: one program per (token, BLOCK_N output
+  channels, range of K chunks); weight rows of the token's skipped groups are
+  not loaded, and a tile none of whose channels executes skips its K loop.
+  Products accumulate in a ``[BLOCK_N, BLOCK_K]`` float32 register tile,
+  reduced once after the loop. One split applies bias / silu(gate) * up /
+  the mask and writes y; several write float32 partials (gated: gate and up)
+  that ``wide_splitk_reduce_kernel`` sums and finishes. The grid puts the
+  tokens of one weight tile next to each other so rows that share a tile
+  share it through L2 instead of re-reading HBM.
+- ``wide_gemv_k_kernel`` (decode, K-pruned, optional bias added to every
+  output): split-K, TEAL's ``sparse_gemv`` schedule for row-major weights:
+  one program per (token, BLOCK_N outputs, range of K chunks); a chunk whose
+  lanes all belong to skipped groups is not loaded, others are predicated on
+  the token's group mask; register accumulation, one reduction; with one
+  split the program writes the output, else float32 partials ``[S, M, N]``
+  that ``wide_splitk_reduce_kernel`` sums in a fixed order (+ bias, cast).
 - ``wide_group_rows_kernel``: per group, the rows that execute it first, then
   the rest ("mask reordering"; vLLM's ``moe_align_block_size`` plays this
   role for MoE experts), plus the count of executing rows.
@@ -85,22 +99,8 @@ def _epilogue_n(acc, acc2, b_ptr, rn, n_ok, keep, HAS_BIAS: tl.constexpr, GATED:
 
 
 @triton.jit
-def wide_router_kernel(x_ptr, wc_ptr, bc_ptr, wr_ptr, br_ptr, mask_ptr, M, H, R, G, ldx,
-                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_G: tl.constexpr):
-    pid = tl.program_id(0)
-    rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    rr = tl.arange(0, BLOCK_R)
-    m_ok = rm < M
-    r_ok = rr < R
-    z = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        rh = h0 + tl.arange(0, BLOCK_H)
-        h_ok = rh < H
-        x = tl.load(x_ptr + rm[:, None] * ldx + rh[None, :], mask=m_ok[:, None] & h_ok[None, :], other=0.0)
-        wc = tl.load(wc_ptr + rr[None, :] * H + rh[:, None], mask=r_ok[None, :] & h_ok[:, None], other=0.0)
-        z = tl.dot(x.to(tl.float32), wc, z, input_precision="ieee")
-    z += tl.load(bc_ptr + rr, mask=r_ok, other=0.0)[None, :]
+def _router_decide(z, wr_ptr, br_ptr, mask_ptr, rm, m_ok, rr, r_ok, R, G, BLOCK_G: tl.constexpr):
+    """mask[rm, g] = (z Wr[2g]^T + br[2g] >= z Wr[2g+1]^T + br[2g+1]) for every group, BLOCK_G at a time."""
     for g0 in range(0, G, BLOCK_G):
         rg = g0 + tl.arange(0, BLOCK_G)
         g_ok = rg < G
@@ -114,60 +114,163 @@ def wide_router_kernel(x_ptr, wc_ptr, bc_ptr, wr_ptr, br_ptr, mask_ptr, M, H, R,
 
 
 @triton.jit
-def wide_gemv_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
-                       HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+def wide_router_kernel(x_ptr, wc_ptr, bc_ptr, wr_ptr, br_ptr, mask_ptr, M, H, R, G, ldx,
+                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_G: tl.constexpr):
+    # grid (cdiv(M, BLOCK_M),): prefill; each program streams the whole compressor weight.
+    pid = tl.program_id(0)
+    rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rr = tl.arange(0, BLOCK_R)
+    m_ok = rm < M
+    r_ok = rr < R
+    z = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        rh = h0 + tl.arange(0, BLOCK_H)
+        h_ok = rh < H
+        x = tl.load(x_ptr + rm[:, None] * ldx + rh[None, :], mask=m_ok[:, None] & h_ok[None, :], other=0.0)
+        wc = tl.load(wc_ptr + rr[None, :] * H + rh[:, None], mask=r_ok[None, :] & h_ok[:, None], other=0.0)
+        z = tl.dot(x.to(tl.float32), wc, z, input_precision="ieee")
+    z += tl.load(bc_ptr + rr, mask=r_ok, other=0.0)[None, :]
+    _router_decide(z, wr_ptr, br_ptr, mask_ptr, rm, m_ok, rr, r_ok, R, G, BLOCK_G)
+
+
+@triton.jit(do_not_specialize=["M", "chunks_per_split"])  # values vary per call; nothing to gain
+def wide_router_split_kernel(x_ptr, wc_ptr, part_ptr, M, H, R, ldx, chunks_per_split,
+                             BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    # grid (cdiv(M, BLOCK_M), cdiv(R, BLOCK_R), S): part[s, m, r] = sum over split s's H chunks of x[m, h] wc[r, h].
+    pm = tl.program_id(0)
+    pr = tl.program_id(1)
+    s = tl.program_id(2)
+    rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    rr = pr * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_ok = rm < M
+    r_ok = rr < R
+    acc = tl.zeros((BLOCK_M, BLOCK_R, BLOCK_H), dtype=tl.float32)
+    c0 = s * chunks_per_split
+    for c in range(c0, tl.minimum(c0 + chunks_per_split, tl.cdiv(H, BLOCK_H))):
+        rh = c * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_ok = rh < H
+        x = tl.load(x_ptr + rm[:, None] * ldx + rh[None, :], mask=m_ok[:, None] & h_ok[None, :], other=0.0)
+        wc = tl.load(wc_ptr + rr[:, None] * H + rh[None, :], mask=r_ok[:, None] & h_ok[None, :], other=0.0)
+        acc += x.to(tl.float32)[:, None, :] * wc[None, :, :]
+    z = tl.sum(acc, axis=2)  # the one reduction
+    tl.store(part_ptr + s * M * R + rm[:, None] * R + rr[None, :], z, mask=m_ok[:, None] & r_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["S"])  # values vary per call; nothing to gain
+def wide_router_logits_kernel(part_ptr, bc_ptr, wr_ptr, br_ptr, mask_ptr, M, R, G, S,
+                              BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+    # grid (cdiv(M, BLOCK_M),): z = the S partials summed in split order + bc, then the router rule.
+    pid = tl.program_id(0)
+    rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rr = tl.arange(0, BLOCK_R)
+    m_ok = rm < M
+    r_ok = rr < R
+    ok = m_ok[:, None] & r_ok[None, :]
+    z = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for s in range(0, S):
+        z += tl.load(part_ptr + s * M * R + rm[:, None] * R + rr[None, :], mask=ok, other=0.0)
+    z += tl.load(bc_ptr + rr, mask=r_ok, other=0.0)[None, :]
+    _router_decide(z, wr_ptr, br_ptr, mask_ptr, rm, m_ok, rr, r_ok, R, G, BLOCK_G)
+
+
+@triton.jit(do_not_specialize=["M", "chunks_per_split"])  # values vary per call; nothing to gain
+def wide_gemv_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, part_ptr, M, N, K, G, group_size, ldx,
+                       chunks_per_split, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid (M, cdiv(N, BLOCK_N)): tokens fastest, so the M programs of a weight tile run together.
+    # grid (M, cdiv(N, BLOCK_N), S): tokens fastest, so the M programs of a weight tile run together;
+    # program (m, pn, s) covers K chunks [s * chunks_per_split, ...) of token m's BLOCK_N outputs.
     m = tl.program_id(0)
     pn = tl.program_id(1)
+    s = tl.program_id(2)
     rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     # this token's decision for each output channel's group; weight rows of skipped groups are not loaded.
     act = (tl.load(mask_ptr + m * G + rn // group_size, mask=n_ok, other=0) != 0) & n_ok
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if tl.max(act.to(tl.int32), axis=0) > 0:
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
+    out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if tl.max(act.to(tl.int32), axis=0) > 0:  # else: an output tile of skipped groups, zeros without a K loop
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        c0 = s * chunks_per_split
+        for c in range(c0, tl.minimum(c0 + chunks_per_split, tl.cdiv(K, BLOCK_K))):
+            rk = c * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = rk < K
             xk = tl.load(x_ptr + m * ldx + rk, mask=k_ok, other=0.0).to(tl.float32)
             w_ok = act[:, None] & k_ok[None, :]
             w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=w_ok, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
+            acc += w.to(tl.float32) * xk[None, :]
             if GATED:
                 w2 = tl.load(w2_ptr + rn[:, None] * K + rk[None, :], mask=w_ok, other=0.0)
-                acc2 += tl.sum(w2.to(tl.float32) * xk[None, :], axis=1)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=act, other=0.0).to(tl.float32)
+                acc2 += w2.to(tl.float32) * xk[None, :]
+        out = tl.sum(acc, axis=1)  # the one reduction across K lanes
         if GATED:
-            acc = acc * tl.sigmoid(acc) * acc2
-        acc = tl.where(act, acc, 0.0)
-    tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+            up = tl.sum(acc2, axis=1)
+        if HAS_BIAS:
+            if s == 0:  # once per output: in the only split, or in split 0's partial
+                out += tl.load(b_ptr + rn, mask=act, other=0.0).to(tl.float32)
+    if tl.num_programs(2) == 1:  # one split: this program owns the output
+        if GATED:
+            out = out * tl.sigmoid(out) * up
+        out = tl.where(act, out, 0.0)
+        tl.store(y_ptr + m * N + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:  # float32 partials [S, M, N] (gated: then the up partials [S, M, N]); skipped outputs hold exact zeros
+        tl.store(part_ptr + s * M * N + m * N + rn, out, mask=n_ok)
+        if GATED:
+            tl.store(part_ptr + (tl.num_programs(2) + s) * M * N + m * N + rn, up, mask=n_ok)
 
 
-@triton.jit
-def wide_gemv_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
-                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+@triton.jit(do_not_specialize=["M", "chunks_per_split"])  # values vary per call; nothing to gain
+def wide_gemv_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, part_ptr, M, N, K, G, group_size, ldx,
+                       chunks_per_split, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid (M, cdiv(N, BLOCK_N), S): program (m, pn, s) covers K chunks [s * chunks_per_split, ...) of token m.
     m = tl.program_id(0)
     pn = tl.program_id(1)
+    s = tl.program_id(2)
     rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    c0 = s * chunks_per_split
+    for c in range(c0, tl.minimum(c0 + chunks_per_split, tl.cdiv(K, BLOCK_K))):
+        rk = c * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = rk < K
-        # this token's decision for the group of each k: predicated loads skip the bytes.
-        act = tl.load(mask_ptr + m * G + rk // group_size, mask=k_ok, other=0) != 0
+        # this token's decision for the group of each k: a chunk of skipped groups loads nothing, a chunk
+        # straddling groups loads only the executing lanes (predicated, 32-byte sectors).
+        act = (tl.load(mask_ptr + m * G + rk // group_size, mask=k_ok, other=0) != 0) & k_ok
         if tl.max(act.to(tl.int32), axis=0) > 0:
             xk = tl.load(x_ptr + m * ldx + rk, mask=act, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None] & act[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
-    if HAS_BIAS:  # outputs are not grouped: the bias is added whatever the mask
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+            acc += w.to(tl.float32) * xk[None, :]
+    out = tl.sum(acc, axis=1)  # the one reduction across K lanes
+    if tl.num_programs(2) == 1:  # one split: this program owns the output (bias: every output, mask or not)
+        if HAS_BIAS:
+            out += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * N + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        tl.store(part_ptr + s * M * N + m * N + rn, out, mask=n_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])  # values vary per call; nothing to gain
+def wide_splitk_reduce_kernel(part_ptr, b_ptr, y_ptr, MN, N, S, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                              BLOCK: tl.constexpr):
+    """y = sum over s of part[s] (fixed order: deterministic) + bias, cast; part float32 [S, M, N].
+    GATED: part holds the gate partials then the up partials, y = silu(gate) * up (0 where both are 0)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = r < MN
+    v = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, S):
+        v += tl.load(part_ptr + s * MN + r, mask=ok, other=0.0)
+    if GATED:
+        u = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(0, S):
+            u += tl.load(part_ptr + (S + s) * MN + r, mask=ok, other=0.0)
+        v = v * tl.sigmoid(v) * u
+    if HAS_BIAS:
+        v += tl.load(b_ptr + r % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + r, v.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"])  # row / group counts: not in a vectorised dim
 def wide_group_rows_kernel(mask_ptr, rows_ptr, counts_ptr, M, G, BLOCK: tl.constexpr):
     # grid (G,): rows[g, :count] = the rows executing group g (ascending), rows[g, count:] = the others.
     g = tl.program_id(0)
@@ -192,7 +295,7 @@ def wide_group_rows_kernel(mask_ptr, rows_ptr, counts_ptr, M, G, BLOCK: tl.const
     tl.store(counts_ptr + g, n_act)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # row / group counts: not in a vectorised dim
 def wide_grouped_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, rows_ptr, counts_ptr, y_ptr, M, N, K, group_size, ldx,
                                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISE: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -216,7 +319,7 @@ def wide_grouped_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, rows_ptr, counts_ptr
     tl.store(y_ptr + rows[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=in_m[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # row / group counts: not in a vectorised dim
 def wide_grouped_gemm_k_kernel(x_ptr, w_ptr, rows_ptr, counts_ptr, acc_ptr, M, N, K, group_size, ldx,
                                PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr):
@@ -242,7 +345,7 @@ def wide_grouped_gemm_k_kernel(x_ptr, w_ptr, rows_ptr, counts_ptr, acc_ptr, M, N
         tl.atomic_add(acc_ptr + rows[:, None] * N + rn[None, :], acc, mask=act[:, None] & n_ok[None, :], sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "G"])  # row / group counts: not in a vectorised dim
 def wide_tile_gemm_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
                             HAS_BIAS: tl.constexpr, PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr):
@@ -281,7 +384,7 @@ def wide_cast_kernel(src_ptr, dst_ptr, b_ptr, numel, N, HAS_BIAS: tl.constexpr, 
     tl.store(dst_ptr + r, v.to(dst_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "G"])  # row / group counts: not in a vectorised dim
 def wide_tile_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
                             HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

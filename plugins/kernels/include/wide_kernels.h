@@ -70,6 +70,13 @@ int wide_kernels_has_cublaslt(void);
 int wide_router(const void* x, wide_dtype_t dtype, int64_t M, int64_t H,
                 const float* wc, const float* bc, int64_t R, const float* wr, const float* br, int64_t G,
                 int32_t* mask, cudaStream_t stream);
+// The same with a workspace: up to 64 tokens the compressor GEMM is split over many CTAs (decode),
+// its float32 partials in the workspace; with less than wide_router_workspace_size(M, H, R) bytes the
+// one-pass router runs (what wide_router does). The size is non-decreasing in M.
+size_t wide_router_workspace_size(int64_t M, int64_t H, int64_t R);
+int wide_router_ws(const void* x, wide_dtype_t dtype, int64_t M, int64_t H,
+                   const float* wc, const float* bc, int64_t R, const float* wr, const float* br, int64_t G,
+                   int32_t* mask, void* workspace, size_t workspace_size, cudaStream_t stream);
 
 typedef struct {
   int64_t M, N, K;
@@ -88,7 +95,7 @@ size_t wide_gemm_params_sizeof(void);
 // Workspace for the GEMM on these sizes (row lists of the grouped algorithm, float32 accumulator of
 // the K-pruned scatter-add). Non-decreasing in M.
 size_t wide_gemm_workspace_size(const wide_gemm_params_t* p);
-// The algorithm AUTO resolves to on the current device (for reports and tests).
+// The algorithm AUTO resolves to on the current device (for reports and tests); kind_k: 0 gemm_n, 1 gemm_k, 2 gated.
 int wide_gemm_resolve_algo(const wide_gemm_params_t* p, int kind_k, int arch);
 
 // The operations, for wide_gemm_describe.

@@ -62,18 +62,38 @@ Cubin const kCubins[] = {
 };
 int const kNumCubins = static_cast<int>(sizeof(kCubins) / sizeof(kCubins[0]));
 
+//! A per-shape override of gemv_max_m (policy.json "gemv_max_m_shapes"): kind 'n', 'g' (gated) or 'k'; 0 = unused.
+struct ShapeRule
+{
+    char kind;
+    int64_t N, K, gemvMaxM;
+};
 struct Policy
 {
     int arch; // 0 = default
-    int64_t gemvMaxM, groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
+    int64_t gemvMaxMN, gemvMaxMGated, gemvMaxMK; // gemv_max_m per kernel kind
+    int64_t groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
     int fallbackDense; // 1: "fallback": "dense" (cuBLASLt when this build has it, else tile); 0: "tile"
+    ShapeRule shapes[8];
 };
 Policy const kPolicies[] = {
 #include "wide_aot_policy.inc"
 };
 
 // Tiles: keep in step with wide_export/kernels/configs.py (tests/kernels/test_build.py checks them).
-constexpr int kGemvBlockN = 16;
+constexpr int kGemvBlockN = 8;
+constexpr int kGemvBlockK = 256;
+// Decode split-K GEMV (gemv_k) and its plan: keep in step with configs.py and launch.gemv_k_plan.
+constexpr int kGemvKBlockN = 32;
+constexpr int kGemvKBlockK = 128;
+constexpr int kDecodeSms = 132;
+constexpr int kDecodeTargetWaves = 4;
+constexpr int kSplitkReduceBlock = 1024;
+// Split router (decode): keep in step with configs.py and launch.router_plan.
+constexpr int kRouterSplitMaxM = 64;
+constexpr int kRouterSplitBlockM = 8;
+constexpr int kRouterSplitBlockR = 8;
+constexpr int kRouterSplitBlockH = 16;
 constexpr int kRouterBlockM = 16;
 constexpr int kRouterBlockRs[] = {16, 32, 64, 128, 256};
 constexpr int kCastBlock = 1024;
@@ -244,6 +264,17 @@ int deviceArch(int& arch)
         return cudaFail(r, "cuDeviceGetAttribute");
     arch = major * 10 + minor;
     return WIDE_OK;
+}
+
+//! Streaming multiprocessors of the current device (kDecodeSms when it cannot be read).
+int64_t smCount()
+{
+    CUdevice dev;
+    int n = 0;
+    if (!driver().ok || driver().ctxGetDevice(&dev) != CUDA_SUCCESS
+        || driver().deviceGetAttribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
+        return kDecodeSms;
+    return n;
 }
 
 //! The architecture whose cubins of key a device of `arch` runs: same major, highest compiled minor <= the
@@ -642,13 +673,24 @@ int groupedBlockN(int64_t gs)
     return 0;
 }
 
-int resolve(wide_gemm_params_t const* p, bool kindK, int arch)
+int64_t gemvMaxM(Policy const& pol, wide_gemm_params_t const* p, bool kindK, bool gated)
+{
+    char const kind = kindK ? 'k' : (gated ? 'g' : 'n');
+    for (ShapeRule const& r : pol.shapes)
+    {
+        if (r.kind == kind && r.N == p->N && r.K == p->K)
+            return r.gemvMaxM;
+    }
+    return kindK ? pol.gemvMaxMK : (gated ? pol.gemvMaxMGated : pol.gemvMaxMN);
+}
+
+int resolve(wide_gemm_params_t const* p, bool kindK, bool gated, int arch)
 {
     bool const fp32 = p->dtype == WIDE_FLOAT32; // no grouped cubins for float32 (aot.specs)
     if (p->algo != WIDE_ALGO_AUTO)
         return p->algo;
     Policy const pol = policyFor(arch);
-    if (p->M <= pol.gemvMaxM)
+    if (p->M <= gemvMaxM(pol, p, kindK, gated))
         return WIDE_ALGO_GEMV;
     int const fallback = pol.fallbackDense && haveLt() ? WIDE_ALGO_DENSE : WIDE_ALGO_TILE;
     if (!fp32 && kindK && p->M >= pol.groupedKMinM && p->group_size >= pol.groupedKMinGs)
@@ -680,6 +722,57 @@ int validate(wide_gemm_params_t const* p, bool kindK, bool gated)
     return WIDE_OK;
 }
 
+//! {splits, chunks per split} of `chunks` K chunks over `programs` output programs (mirrors launch._split).
+std::pair<int64_t, int64_t> splitPlan(int64_t programs, int64_t chunks, int64_t sms, int64_t maxSplits)
+{
+    int64_t want = (kDecodeTargetWaves * sms + programs - 1) / programs;
+    int64_t splits = want < 1 ? 1 : want;
+    splits = splits < chunks ? splits : chunks;
+    splits = splits < maxSplits ? splits : maxSplits;
+    splits = splits < 1 ? 1 : splits;
+    int64_t const per = (chunks + splits - 1) / splits;
+    return {(chunks + per - 1) / per, per};
+}
+
+//! The split-K GEMVs' plans (mirror launch.gemv_k_plan / gemv_n_plan).
+std::pair<int64_t, int64_t> gemvKPlan(int64_t M, int64_t N, int64_t K, int64_t sms, int64_t maxSplits)
+{
+    return splitPlan(M * ((N + kGemvKBlockN - 1) / kGemvKBlockN), (K + kGemvKBlockK - 1) / kGemvKBlockK, sms,
+        maxSplits);
+}
+
+std::pair<int64_t, int64_t> gemvNPlan(int64_t M, int64_t N, int64_t K, int64_t sms, int64_t maxSplits)
+{
+    return splitPlan(M * ((N + kGemvBlockN - 1) / kGemvBlockN), (K + kGemvBlockK - 1) / kGemvBlockK, sms,
+        maxSplits);
+}
+
+//! Splits of the split router (mirrors launch.router_plan): {splits, H chunks per split}; M <= kRouterSplitMaxM.
+std::pair<int64_t, int64_t> routerPlan(int64_t M, int64_t H, int64_t R, int64_t sms)
+{
+    int64_t const programs = ((M + kRouterSplitBlockM - 1) / kRouterSplitBlockM) * ((R + kRouterSplitBlockR - 1) / kRouterSplitBlockR);
+    int64_t const chunks = (H + kRouterSplitBlockH - 1) / kRouterSplitBlockH;
+    int64_t want = (kDecodeTargetWaves * sms + programs - 1) / programs;
+    int64_t splits = want < 1 ? 1 : (want < chunks ? want : chunks);
+    int64_t const per = (chunks + splits - 1) / splits;
+    return {(chunks + per - 1) / per, per};
+}
+
+//! Float32 rows [S * M] the split-K partials of any M' <= M need (the GEMV runs at small M only).
+int64_t splitRows(int64_t M, int64_t N, int64_t K)
+{
+    int64_t most = 0;
+    int64_t const sms = smCount();
+    for (int64_t m = 1; m <= M && m <= 64; ++m)
+    {
+        int64_t const rk = gemvKPlan(m, N, K, sms, int64_t{1} << 30).first * m;
+        int64_t const rn = 2 * gemvNPlan(m, N, K, sms, int64_t{1} << 30).first * m; // gated: gate + up partials
+        most = rk > most ? rk : most;
+        most = rn > most ? rn : most;
+    }
+    return most;
+}
+
 size_t rowsBytes(int64_t M, int64_t G)
 {
     return align256(static_cast<size_t>(G) * M * 4) + align256(static_cast<size_t>(G) * 4);
@@ -702,14 +795,24 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
     int64_t const G = p->N / p->group_size;
     void const* w2 = gated ? p->w2 : p->w; // never read when the variant does not use it
     void const* b = p->bias ? p->bias : p->w;
-    int const algo = resolve(p, false, arch);
+    int const algo = resolve(p, false, gated, arch);
     Args a;
     if (algo == WIDE_ALGO_GEMV)
     {
-        a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
-        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        plan.push_back(kernel("gemv_n/" + dt + "/" + var, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1,
-            std::move(a)));
+        // split-K: float32 partials [S, M, N] (gated: gate then up) in the workspace, as many splits as it holds
+        size_t const slab = static_cast<size_t>(p->M) * p->N * 4 * (gated ? 2 : 1);
+        int64_t const room = ws ? static_cast<int64_t>(wsSize / slab) : 0;
+        auto const sp = gemvNPlan(p->M, p->N, p->K, smCount(), room > 1 ? room : 1);
+        a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y).ptr(sp.first > 1 ? ws : p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K).i32(sp.second);
+        plan.push_back(kernel("gemv_n/" + dt + "/" + var, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN),
+            static_cast<unsigned>(sp.first), std::move(a)));
+        if (sp.first == 1)
+            return WIDE_OK;
+        Args c; // the bias is in split 0's partial: the reduction adds none
+        c.ptr(ws).ptr(b).ptr(p->y).i32(p->M * p->N).i32(p->N).i32(sp.first);
+        plan.push_back(kernel("splitk_reduce/" + dt + (gated ? "/gated" : ""), cdiv(p->M * p->N, kSplitkReduceBlock),
+            1, 1, std::move(c)));
         return WIDE_OK;
     }
     if (algo == WIDE_ALGO_GROUPED)
@@ -773,14 +876,23 @@ int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, in
     std::string const var = p->bias ? "/bias" : ""; // the bias [N] is added to every output (outputs are not grouped)
     void const* b = p->bias ? p->bias : p->w;       // never read by the plain variants
     int64_t const G = p->K / p->group_size;
-    int const algo = resolve(p, true, arch);
+    int const algo = resolve(p, true, false, arch);
     Args a;
     if (algo == WIDE_ALGO_GEMV)
     {
-        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
-        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-        plan.push_back(
-            kernel("gemv_k/" + dt + var, static_cast<unsigned>(p->M), cdiv(p->N, kGemvBlockN), 1, std::move(a)));
+        // split-K: float32 partials [S, M, N] in the workspace (as many splits as it holds), summed in split order
+        size_t const slab = static_cast<size_t>(p->M) * p->N * 4;
+        int64_t const room = workspace ? static_cast<int64_t>(workspaceSize / slab) : 0;
+        auto const sp = gemvKPlan(p->M, p->N, p->K, smCount(), room > 1 ? room : 1);
+        a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y).ptr(sp.first > 1 ? workspace : p->y);
+        a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K).i32(sp.second);
+        plan.push_back(kernel("gemv_k/" + dt + var, static_cast<unsigned>(p->M), cdiv(p->N, kGemvKBlockN),
+            static_cast<unsigned>(sp.first), std::move(a)));
+        if (sp.first == 1)
+            return WIDE_OK;
+        Args c;
+        c.ptr(workspace).ptr(b).ptr(p->y).i32(p->M * p->N).i32(p->N).i32(sp.first);
+        plan.push_back(kernel("splitk_reduce/" + dt + var, cdiv(p->M * p->N, kSplitkReduceBlock), 1, 1, std::move(c)));
         return WIDE_OK;
     }
     if (algo == WIDE_ALGO_GROUPED)
@@ -951,6 +1063,56 @@ int wide_router(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, float c
     return launch(step, arch, stream);
 }
 
+size_t wide_router_workspace_size(int64_t M, int64_t H, int64_t R)
+{
+    if (M <= 0 || H <= 0 || R <= 0)
+        return 0;
+    int64_t const sms = smCount();
+    int64_t most = 0; // partials [S, M', R] of every M' <= M the split router runs for
+    for (int64_t m = 1; m <= M && m <= kRouterSplitMaxM; ++m)
+    {
+        int64_t const r = routerPlan(m, H, R, sms).first * m;
+        most = r > most ? r : most;
+    }
+    return align256(static_cast<size_t>(most) * R * 4);
+}
+
+int wide_router_ws(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, float const* wc, float const* bc,
+    int64_t R, float const* wr, float const* br, int64_t G, int32_t* mask, void* workspace, size_t workspace_size,
+    cudaStream_t stream)
+{
+    if (!workspace || M > kRouterSplitMaxM || M <= 0 || R <= 0 || H <= 0 || !x || !wc || !bc || !wr || !br || !mask
+        || G <= 0 || !dtypeName(dtype))
+        return wide_router(x, dtype, M, H, wc, bc, R, wr, br, G, mask, stream); // validation + one-pass router
+    int blockR = 0;
+    for (int b : kRouterBlockRs)
+    {
+        if (R <= b)
+        {
+            blockR = b;
+            break;
+        }
+    }
+    if (!blockR || M * H >= (int64_t{1} << 31))
+        return WIDE_ERR_INVALID_ARGUMENT;
+    int arch = 0;
+    if (int s = deviceArch(arch))
+        return s;
+    auto const plan = routerPlan(M, H, R, smCount());
+    if (workspace_size < static_cast<size_t>(plan.first) * M * R * 4)
+        return wide_router(x, dtype, M, H, wc, bc, R, wr, br, G, mask, stream);
+    Args a;
+    a.ptr(x).ptr(wc).ptr(workspace).i32(M).i32(H).i32(R).i32(H).i32(plan.second);
+    Step split = kernel(std::string("router_split/") + dtypeName(dtype), cdiv(M, kRouterSplitBlockM),
+        cdiv(R, kRouterSplitBlockR), static_cast<unsigned>(plan.first), std::move(a));
+    if (int s = launch(split, arch, stream))
+        return s;
+    Args b;
+    b.ptr(workspace).ptr(bc).ptr(wr).ptr(br).ptr(mask).i32(M).i32(R).i32(G).i32(plan.first);
+    Step logits = kernel("router_logits/r" + std::to_string(blockR), cdiv(M, kRouterBlockM), 1, 1, std::move(b));
+    return launch(logits, arch, stream);
+}
+
 size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
 {
     if (!p || p->group_size <= 0 || p->M < 0 || p->N < 0 || p->K < 0)
@@ -958,7 +1120,10 @@ size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
     // Sized for the grouped algorithm whatever AUTO picks at run time (monotonic in M): row lists for
     // the groups along N or K, plus the float32 accumulator of the K-pruned scatter-add.
     int64_t const G = (p->N > p->K ? p->N : p->K) / p->group_size;
-    size_t const grouped = rowsBytes(p->M, G) + align256(static_cast<size_t>(p->M) * p->N * 4);
+    size_t grouped = rowsBytes(p->M, G) + align256(static_cast<size_t>(p->M) * p->N * 4);
+    int64_t const split = splitRows(p->M, p->N, p->K); // the split-K GEMV's float32 partials [S, M, N]
+    size_t const splitBytes = align256(static_cast<size_t>(split) * p->N * 4);
+    grouped = grouped > splitBytes ? grouped : splitBytes;
     if (!kLtWorkspace)
         return grouped;
     // the dense path: the masked x (gemm_k) or the up projection (gated), then cuBLASLt's scratch
@@ -968,7 +1133,7 @@ size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
 
 int wide_gemm_resolve_algo(wide_gemm_params_t const* p, int kind_k, int arch)
 {
-    return p ? resolve(p, kind_k != 0, arch) : -1;
+    return p ? resolve(p, kind_k == 1, kind_k == 2, arch) : -1; // kind_k: 0 gemm_n, 1 gemm_k, 2 gated
 }
 
 int wide_gemm_describe(wide_gemm_params_t const* p, int op, int arch, void* workspace, size_t workspace_size,

@@ -70,23 +70,24 @@ void RouterPlugin::validateDims(Dims const* in, Dims const& out) const
     check(out.nbDims == in[0].nbDims && dimsCompatible(out.d[out.nbDims - 1], G), name(), "mask must be [..., G]");
 }
 
-size_t RouterPlugin::workspaceFor(Dims const* /*in*/, DataType /*type*/) const
+size_t RouterPlugin::workspaceFor(Dims const* in, DataType /*type*/) const
 {
-    return 0; // the fused router keeps the compressor output in registers
+    // the split router's float32 partials (decode, up to 64 tokens); larger M runs the one-pass router
+    return wide_router_workspace_size(leadingRows(in[0]), in[0].d[in[0].nbDims - 1], in[1].d[0]);
 }
 
 void RouterPlugin::run(PluginTensorDesc const* inputDesc, PluginTensorDesc const& /*outputDesc*/,
-    void const* const* inputs, void* output, void* /*workspace*/, size_t /*workspaceSize*/, cudaStream_t stream) const
+    void const* const* inputs, void* output, void* workspace, size_t workspaceSize, cudaStream_t stream) const
 {
     Dims const& x = inputDesc[0].dims;
     int64_t const M = leadingRows(x);
     int64_t const H = x.d[x.nbDims - 1];
     int64_t const R = inputDesc[1].dims.d[0];
     int64_t const G = field("num_groups");
-    int const status = wide_router(inputs[0], toWideDtype(inputDesc[0].type), M, H,
+    int const status = wide_router_ws(inputs[0], toWideDtype(inputDesc[0].type), M, H,
         static_cast<float const*>(inputs[1]), static_cast<float const*>(inputs[2]), R,
         static_cast<float const*>(inputs[3]), static_cast<float const*>(inputs[4]), G, static_cast<int32_t*>(output),
-        stream);
+        workspace, workspaceSize, stream);
     checkKernel(name(), status);
 }
 

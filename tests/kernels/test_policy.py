@@ -1,0 +1,145 @@
+"""policy.json's schema, `bench kernels --record` and the measured policy (per kernel kind, against plain dense)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.helpers import assert_one_line_error
+from wide_export.kernels import policy
+
+GOOD = {"sm_90": {"measured": True, "device": "NVIDIA H200", "dtype": "bf16",
+                  "gemv_max_m": {"n": 2, "gated": 4, "k": 1}, "gemv_max_m_shapes": {"k:4096x4096": 2},
+                  "grouped_n_min_m": 512, "grouped_n_min_group_size": 128, "grouped_k_min_m": 4096,
+                  "grouped_k_min_group_size": 512, "fallback": "dense"}}
+
+
+def test_repository_policy_table_is_valid():
+    table = json.loads(policy.POLICY_FILE.read_text())
+    assert policy.validate(table) == []
+    assert {"default", "interpreter"} <= set(table)
+
+
+@pytest.mark.parametrize("breakage,needle", [
+    (lambda e: e.update(gemv_max_m=2), "gemv_max_m"),                              # the old scalar form
+    (lambda e: e["gemv_max_m"].pop("gated"), "gemv_max_m"),
+    (lambda e: e.update(grouped_k_min_m=-1), "grouped_k_min_m"),
+    (lambda e: e.update(grouped_n_min_m="512"), "grouped_n_min_m"),
+    (lambda e: e.update(fallback="cublas"), "fallback"),
+    (lambda e: e.update(measured="yes"), "measured"),
+    (lambda e: e.update(gemv_max_m_shapes={"down:4096x14336": 1}), "gemv_max_m_shapes"),
+    (lambda e: e.update(gemv_max_m_shapes={"k:4096": 1}), "gemv_max_m_shapes"),
+    (lambda e: e.update(gemv_maxm=3), "unknown keys"),
+])
+def test_validate_names_what_is_wrong(breakage, needle):
+    bad = json.loads(json.dumps(GOOD))
+    breakage(bad["sm_90"])
+    errs = policy.validate(bad)
+    assert errs and needle in errs[0]
+    assert policy.validate(GOOD) == []
+
+
+def test_choose_is_per_kind_and_per_shape():
+    p = GOOD["sm_90"]
+    assert policy.choose("gated", 4, 128, p, 14336, 4096) == "gemv"     # gated up to 4 ...
+    assert policy.choose("n", 4, 128, p, 4096, 4096) == "dense"         # ... n only up to 2
+    assert policy.choose("k", 2, 128, p, 4096, 14336) == "dense"        # k: 1 ...
+    assert policy.choose("k", 2, 128, p, 4096, 4096) == "gemv"          # ... but the o shape's rule says 2
+    assert policy.choose("k", 2, 128, p) == "dense"                     # no shape given: the kind's value
+
+
+@pytest.fixture()
+def policy_copy(tmp_path, monkeypatch):
+    dest = tmp_path / "policy.json"
+    shutil.copy(policy.POLICY_FILE, dest)
+    monkeypatch.setattr(policy, "POLICY_FILE", dest)
+    policy._table.cache_clear()
+    yield dest
+    policy._table.cache_clear()
+
+
+def _record(path):
+    from wide_export.cli import app
+
+    return CliRunner().invoke(app, ["bench", "kernels", "--record", str(path)])
+
+
+def test_record_merges_a_measured_policy(policy_copy, tmp_path):
+    before = json.loads(policy_copy.read_text())
+    rec = tmp_path / "policy-sm_90.json"
+    rec.write_text(json.dumps(GOOD, indent=2))
+    res = _record(rec)
+    assert res.exit_code == 0, res.output
+    after = json.loads(policy_copy.read_text())
+    assert after["sm_90"] == GOOD["sm_90"]
+    assert {k: v for k, v in after.items() if k != "sm_90"} == before  # the rest untouched
+    assert policy.validate(after) == []
+    assert policy.policy_for("sm_90")["gemv_max_m"] == {"n": 2, "gated": 4, "k": 1}
+
+
+@pytest.mark.parametrize("content", [
+    "{not json",
+    json.dumps({"sm_90": {**GOOD["sm_90"], "gemv_max_m": 2}}),          # old scalar gemv_max_m
+    json.dumps({"sm_90": {**GOOD["sm_90"], "measured": False}}),         # starting values are no record
+    json.dumps({"default": GOOD["sm_90"]}),                              # only GPU architectures
+    json.dumps({"sm90": GOOD["sm_90"]}),
+    json.dumps({}),
+    json.dumps([1, 2]),
+])
+def test_record_refuses_a_malformed_policy_in_one_line(policy_copy, tmp_path, content):
+    before = policy_copy.read_bytes()
+    rec = tmp_path / "policy-sm_90.json"
+    rec.write_text(content)
+    res = _record(rec)
+    line = assert_one_line_error(res)
+    assert str(rec) in line
+    assert policy_copy.read_bytes() == before  # nothing written
+
+
+def test_record_of_a_missing_file_is_one_line(policy_copy, tmp_path):
+    assert "no policy record" in assert_one_line_error(_record(tmp_path / "nowhere.json"))
+
+
+def _row(kernel, N, K, T, gemv_ms, dense_ms=1.0, masked_dense_ms=10.0, gs=128):
+    from wide_export.bench.kernels import Row
+
+    times = {"gemv": gemv_ms, "dense": masked_dense_ms}
+    return Row(kernel, f"m/{N}x{K}", N, K, gs, 0.5, "random", T, dense_ms, times, "gemv", gemv_ms,
+               dense_ms / gemv_ms, 0.5)
+
+
+def test_measured_policy_is_per_kind_against_plain_dense():
+    """Down (k, 4096x14336) loses from T = 2, o (k, 4096x4096) wins to T = 4, gated wins to 4, n to 1:
+    gemv_max_m = {n: 1, gated: 4, k: 1} with a rule for o; the masked dense path (10 ms, slower than
+    everything) must not be what the GEMV is compared with."""
+    from wide_export.bench.kernels import Report, measured_policy
+
+    rows = []
+    for T in (1, 2, 4, 8):
+        rows.append(_row("n", 4096, 4096, T, 0.5 if T <= 1 else 1.5))
+        rows.append(_row("gated", 14336, 4096, T, 0.5 if T <= 4 else 1.5))
+        rows.append(_row("k", 4096, 14336, T, 0.5 if T <= 1 else 1.5))
+        rows.append(_row("k", 4096, 4096, T, 0.5 if T <= 4 else 1.5))
+    pol = measured_policy(Report("H200", "sm_90", "bf16", "short", 4300.0, rows))
+    entry = pol["sm_90"]
+    assert entry["gemv_max_m"] == {"n": 1, "gated": 4, "k": 1}
+    assert entry["gemv_max_m_shapes"] == {"k:4096x4096": 4}
+    assert policy.validate(pol) == []
+
+
+def test_roofline_counts_the_union_of_the_masks_by_hand():
+    import torch
+
+    from wide_export.bench.kernels import roofline
+
+    # 2 tokens, 4 groups: token 0 runs groups {0, 1}, token 1 runs {1, 2}; union 3/4; per-token 2/4 + 2/4.
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 0]], dtype=torch.int32)
+    N, K, es = 64, 32, 2
+    nbytes, flops = roofline("gated", N, K, 16, mask, es)
+    assert nbytes == 3 / 4 * N * K * es * 2 + 2 * (K + N) * es + 2 * 4 * 4
+    assert flops == 2 * 1.0 * N * K * 2
+    nbytes, flops = roofline("k", N, K, 8, mask, es)
+    assert nbytes == 3 / 4 * N * K * es + 2 * (K + N) * es + 2 * 4 * 4 and flops == 2 * N * K
