@@ -373,3 +373,25 @@ def test_c_router_on_gpu(kernels_lib, dtype_code, dtype_name, M):
     logits = ref.router_logits(x, wc, bc, wr, br)
     clear = (logits[..., 0] - logits[..., 1]).abs() > 1e-3
     assert torch.equal(mask[clear], ref.wide_router(x, wc, bc, wr, br)[clear])
+
+
+@pytest.mark.parametrize("offset, K", [(0, 256), (1, 256), (0, 264), (0, 250)])
+def test_jit_tile_follows_the_runtime_variant_choice(kernels_lib, offset, K):
+    """launch.py picks the a16 tile exactly when the C runtime would launch the a16 cubin for those tensors."""
+    import torch
+
+    from wide_export.kernels import launch
+
+    M, N, gs = 40, 96, 16
+    x = torch.zeros(M * K + 8, dtype=torch.float16)[offset:offset + M * K].view(M, K)
+    w = torch.zeros(N, K, dtype=torch.float16)
+    mask = torch.zeros(M, N // gs, dtype=torch.int32)
+    y = torch.zeros(M, N, dtype=torch.float16)
+    jit = launch._aligned(x, w, None, None, mask, y, ints=(N, K, gs))
+    status, text = _describe(kernels_lib, 0, M=M, N=N, K=K, group_size=gs, x=x.data_ptr(), w=w.data_ptr(),
+                             mask=mask.data_ptr(), y=y.data_ptr(), dtype=1, algo=3)
+    assert status == 0
+    assert text.split()[0] == "tile_n/float16/plain@" + ("a16" if jit else "any")
+    assert jit == (offset == 0 and K % 16 == 0)
+    t = configs.tile_tile("float16", aligned=jit)
+    assert t.block_k == (configs.TILE_BLOCK_K if jit else configs.UNALIGNED_BLOCK_K)

@@ -8,7 +8,8 @@ architecture, no GPU needed, and writes into DIR:
 
 - ``wide_aot.bin``: all cubins back to back;
 - ``wide_aot_table.inc``: one C++ initializer per cubin (key, arch, offset,
-  size, kernel name, shared memory, warps, parameter count, variant), included by
+  size, kernel name, shared memory, warps, parameter count, alignment (16 for
+  ``a16``, 1 for ``any``), mask of the hinted parameters), included by
   ``plugins/kernels/src/wide_kernels.cpp``, which embeds the blob with
   ``.incbin`` and launches through the CUDA driver API;
 - ``wide_aot_policy.inc``: the ``policy.json`` thresholds as C++ constants.
@@ -16,7 +17,7 @@ architecture, no GPU needed, and writes into DIR:
 Variants: Triton's JIT specializes every pointer argument whose address and
 every integer argument whose value is a multiple of 16 (``tt.divisibility``;
 ``BaseBackend.get_{int,tensor}_specialization``), and integers equal to 1
-become constants. Those hints are what let it prove 16-byte vector loads and
+become constants (not done here: one cubin serves every M). Those hints are what let it prove 16-byte vector loads and
 ``cp.async`` / TMA pipelines. So each specialization is compiled twice where
 its loads depend on integers: ``a16``, hinted like the JIT's call on aligned
 tensors (every pointer, and the model dimensions and strides of

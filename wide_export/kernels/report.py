@@ -7,7 +7,8 @@ LOCAL bytes of ``cuobjdump -res-usage``; either non-zero means the kernel
 spills), shared memory, whether global loads are pipelined (``LDGSTS`` =
 cp.async, ``UTMALDG`` = TMA), the tensor-core op (``HGMMA`` = Hopper wgmma,
 ``HMMA`` = mma.sync) and the widest global load (``LDG``/``LDGSTS`` width in
-bits: 128 and 64 are vector loads, 16 is one fp16 element at a time).
+bits: 128 and 64 are vector loads, 16 is one fp16 element at a time), with the
+counts of vector and of 16-bit load instructions (``vec/16b``).
 
 ``--build-dir`` reads a finished build (``DIR/aot/wide_aot.bin`` +
 ``wide_aot_table.inc``, or those files in DIR itself); otherwise the cubins
