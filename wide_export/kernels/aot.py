@@ -133,11 +133,12 @@ def specs() -> list[Spec]:
         dt = _TRITON_DTYPE[dtype]
         precise = dtype == "float32"
         for br in cfg.ROUTER_BLOCK_RS:
+            block_h, warps = cfg.router_tile(br)
             out += _twins(Spec(f"router/{dtype}/r{br}", "wide_router_kernel",
                                _ptrs("fp32", "x_ptr", "wc_ptr", "bc_ptr", "wr_ptr", "br_ptr", "mask_ptr",
                                      x_ptr=f"*{dt}", mask_ptr="*i32"),
-                               (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_H", cfg.ROUTER_BLOCK_H),
-                                ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)), cfg.ROUTER_WARPS))
+                               (("BLOCK_M", cfg.ROUTER_BLOCK_M), ("BLOCK_H", block_h),
+                                ("BLOCK_R", br), ("BLOCK_G", cfg.ROUTER_BLOCK_G)), warps))
         out += _twins(Spec(f"router_split/{dtype}", "wide_router_split_kernel",
                            _ptrs("fp32", "x_ptr", "wc_ptr", "part_ptr", x_ptr=f"*{dt}"),
                            (("BLOCK_M", cfg.ROUTER_SPLIT_BLOCK_M), ("BLOCK_R", cfg.ROUTER_SPLIT_BLOCK_R),

@@ -38,7 +38,7 @@ GEMV_WARPS = 4
 SPLITK_REDUCE_BLOCK = 1024
 
 ROUTER_BLOCK_M = 16        # the fused router (prefill): one program per 16 tokens
-ROUTER_BLOCK_H = 64
+ROUTER_BLOCK_H = 64        # the fused router's H step for BLOCK_R <= 32; wider R: router_tile()
 ROUTER_BLOCK_G = 16
 ROUTER_BLOCK_RS = (16, 32, 64, 128, 256)  # BLOCK_R >= R: the compressor output stays in registers
 ROUTER_WARPS = 4
@@ -123,3 +123,11 @@ def tile_tile(dtype: str = "float16", gated: bool = False, aligned: bool = True)
         return Tile(TILE_BLOCK_M, TILE_BLOCK_N, FP32_BLOCK_K if aligned else FP32_UNALIGNED_BLOCK_K, FP32_WARPS)
     t = Tile(TILE_BLOCK_M, TILE_BLOCK_N, TILE_BLOCK_K, TILE_WARPS)
     return t if aligned else _unaligned(t, gated)
+
+
+def router_tile(block_r: int) -> tuple[int, int]:
+    """(BLOCK_H, num_warps) of the fused router for BLOCK_R: the [BLOCK_H, BLOCK_R] float32 slice of Wc and
+    the [BLOCK_M, BLOCK_R] compressor output live in registers, so a wider R takes a shorter H step and more
+    warps (wider tiles spilled: tests/kernels/test_cubin_report.py)."""
+    return {16: (ROUTER_BLOCK_H, ROUTER_WARPS), 32: (ROUTER_BLOCK_H, ROUTER_WARPS), 64: (32, ROUTER_WARPS),
+            128: (32, 8), 256: (16, 8)}[block_r]
