@@ -188,9 +188,11 @@ def _check_router(x, wc, bc, wr, br):
         assert 0.2 < want.float().mean() < 0.8  # genuinely mixed decisions
 
 
-# M <= 64: the split router (H tail 200 % 16, R tails 100 % 8 and 24 % 8 = 0); M = 70: the fused one.
+# M <= 64: the split router (H tail 200 % 16, R tails 100 % 8 and 24 % 8 = 0); M > 64: the fused one, at
+# each of its H steps (configs.router_tile: BLOCK_R 32 -> H step 64, 128 -> 32, 256 -> 16; H tails 72 % 64,
+# 100 % 32, 72 % 16).
 ROUTER_CASES = (((1,), 64, 16, 4), ((2, 5), 96, 24, 5), ((37,), 200, 100, 18), ((3,), 48, 256, 1),
-                ((70,), 72, 20, 3))
+                ((70,), 72, 20, 3), ((66,), 100, 100, 4), ((65,), 72, 200, 2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
