@@ -142,7 +142,7 @@ def specs() -> list[Spec]:
         out += _twins(Spec(f"router_split/{dtype}", "wide_router_split_kernel",
                            _ptrs("fp32", "x_ptr", "wc_ptr", "part_ptr", x_ptr=f"*{dt}"),
                            (("BLOCK_M", cfg.ROUTER_SPLIT_BLOCK_M), ("BLOCK_R", cfg.ROUTER_SPLIT_BLOCK_R),
-                            ("BLOCK_H", cfg.ROUTER_SPLIT_BLOCK_H)), cfg.ROUTER_WARPS))
+                            ("BLOCK_H", cfg.ROUTER_SPLIT_BLOCK_H)), cfg.ROUTER_SPLIT_WARPS))
         gemm_n_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "mask_ptr", "y_ptr", mask_ptr="*i32")
         grouped_ptrs = _ptrs(dt, "x_ptr", "w_ptr", "w2_ptr", "b_ptr", "rows_ptr", "counts_ptr", "y_ptr",
                              rows_ptr="*i32", counts_ptr="*i32")

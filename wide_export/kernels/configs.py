@@ -46,6 +46,7 @@ ROUTER_SPLIT_MAX_M = 64    # up to this many tokens the router runs split (route
 ROUTER_SPLIT_BLOCK_M = 8
 ROUTER_SPLIT_BLOCK_R = 8   # compressor rows per program
 ROUTER_SPLIT_BLOCK_H = 16  # H chunk; a split is a range of chunks
+ROUTER_SPLIT_WARPS = 1     # 32 threads over an [8, 16] slice of x and of Wc: 4 contiguous values each (vector loads)
 
 GROUP_ROWS_BLOCK = 1024
 CAST_BLOCK = 1024

@@ -308,7 +308,7 @@ def router(x, wc, bc, wr, br):
     else:
         part = torch.empty((plan.splits, M, R), dtype=torch.float32, device=x.device)
         _launch(ks.wide_router_split_kernel, plan.grid, x2, wc, part, M, H, R, H, plan.chunks_per_split,
-                num_warps=cfg.ROUTER_WARPS, BLOCK_M=cfg.ROUTER_SPLIT_BLOCK_M, BLOCK_R=cfg.ROUTER_SPLIT_BLOCK_R,
+                num_warps=cfg.ROUTER_SPLIT_WARPS, BLOCK_M=cfg.ROUTER_SPLIT_BLOCK_M, BLOCK_R=cfg.ROUTER_SPLIT_BLOCK_R,
                 BLOCK_H=cfg.ROUTER_SPLIT_BLOCK_H)
         _launch(ks.wide_router_logits_kernel, (triton_cdiv(M, cfg.ROUTER_BLOCK_M),), part, bc.contiguous(), wr,
                 br.contiguous(), out, M, R, G, plan.splits, num_warps=cfg.ROUTER_WARPS,
