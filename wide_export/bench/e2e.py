@@ -149,8 +149,11 @@ def _algos(shape, M: int, algo: str, device) -> dict:
     if algo != "auto":
         return dict.fromkeys(("q", "o", "gate_up", "down"), algo)
     pol = policy_for(arch_of(device))
-    return {"q": choose("n", M, shape.attn_group_size, pol), "o": choose("k", M, shape.attn_group_size, pol),
-            "gate_up": choose("gated", M, shape.ffn_group_size, pol), "down": choose("k", M, shape.ffn_group_size, pol)}
+    qd, H, I = shape.heads * shape.head_dim, shape.hidden, shape.intermediate  # [N, K] of each, for per-shape rules
+    return {"q": choose("n", M, shape.attn_group_size, pol, qd, H),
+            "o": choose("k", M, shape.attn_group_size, pol, H, qd),
+            "gate_up": choose("gated", M, shape.ffn_group_size, pol, I, H),
+            "down": choose("k", M, shape.ffn_group_size, pol, H, I)}
 
 
 def _rates(cases_ms: tuple[float, float], tokens: int, layers: int, model_layers: int):
