@@ -251,19 +251,19 @@ def wide_gemv_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, part_ptr, M, N, K, 
 
 
 @triton.jit(do_not_specialize=["S"])  # values vary per call; nothing to gain
-def wide_splitk_reduce_kernel(part_ptr, b_ptr, y_ptr, MN, N, S, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+def wide_splitk_reduce_kernel(part_ptr, b_ptr, y_ptr, numel, N, S, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                               BLOCK: tl.constexpr):
     """y = sum over s of part[s] (fixed order: deterministic) + bias, cast; part float32 [S, M, N].
     GATED: part holds the gate partials then the up partials, y = silu(gate) * up (0 where both are 0)."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = r < MN
+    ok = r < numel
     v = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(0, S):
-        v += tl.load(part_ptr + s * MN + r, mask=ok, other=0.0)
+        v += tl.load(part_ptr + s * numel + r, mask=ok, other=0.0)
     if GATED:
         u = tl.zeros((BLOCK,), dtype=tl.float32)
         for s in range(0, S):
-            u += tl.load(part_ptr + (S + s) * MN + r, mask=ok, other=0.0)
+            u += tl.load(part_ptr + (S + s) * numel + r, mask=ok, other=0.0)
         v = v * tl.sigmoid(v) * u
     if HAS_BIAS:
         v += tl.load(b_ptr + r % N, mask=ok, other=0.0).to(tl.float32)
