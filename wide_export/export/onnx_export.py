@@ -7,6 +7,8 @@ their function bodies, module-tree names and conventional axis names.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +109,26 @@ def _trace_streamed(loaded, opset: int):
     return program
 
 
+@contextlib.contextmanager
+def _quiet_exporter():
+    """Silence what the exporter prints about itself, not about our model: its registry's "torchvision is not
+    installed. Skipping torchvision::nms" warnings (we export no torchvision op) and torch's own pytree
+    deprecation (FutureWarning about LeafSpec, raised inside torch.export). Between our stage lines they
+    read as problems of the user's export."""
+    import logging
+    import warnings
+
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry.level
+    registry.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*", category=FutureWarning)
+            yield
+    finally:
+        registry.setLevel(level)
+
+
 def trace_program(model, opset: int, optimize: bool = True):
     import torch
 
@@ -118,7 +140,7 @@ def trace_program(model, opset: int, optimize: bool = True):
         "position_ids": {0: dyn, 1: dyn},
         "past_key_values": [({0: dyn, 2: dyn}, {0: dyn, 2: dyn}) for _ in range(n)],
     }
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporter():
         try:
             return torch.onnx.export(
                 model, example_inputs(model), dynamo=True, dynamic_shapes=shapes, opset_version=opset,
