@@ -63,11 +63,28 @@ TESTS: dict[str, list[str]] = {
     "wide_export/signals.py": ["tests/faults/test_interrupt_publish.py", "tests/cli/test_interrupt_races.py"],
     "wide_export/export/genai_config.py": ["tests/export/test_genai_special_tokens.py",
                                            "tests/export/test_genai_config_contract.py"],
-    "wide_export/verify/tolerances.py": ["tests/verify/test_compare.py"],
-    "wide_export/verify/compare.py": ["tests/verify/test_compare.py"],
+    "wide_export/verify/tolerances.py": ["tests/verify/test_tolerances.py", "tests/verify/test_compare.py"],
+    "wide_export/verify/compare.py": ["tests/verify/test_compare.py", "tests/verify/test_compare_report.py"],
+    "wide_export/verify/slices.py": ["tests/verify/test_slices_units.py"],
+    "wide_export/verify/evaluator.py": ["tests/verify/test_evaluator.py"],
+    "wide_export/verify/reference.py": ["tests/verify/test_reference_steps.py"],
+    "wide_export/verify/onnx_verify.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
+    # the OpenAI front end (issue 15): in-process on tests/frontend/fakes.py's engine (TestClient, or uvicorn
+    # in a thread of the test process); test_serve_cli.py and test_openai_e2e.py run subprocesses / tritonserver
+    "wide_export/frontend/protocol.py": ["tests/frontend/test_app.py", "tests/frontend/test_protocol.py"],
+    "wide_export/frontend/errors.py": ["tests/frontend/test_app.py", "tests/frontend/test_errors.py"],
+    "wide_export/frontend/sse.py": ["tests/frontend/test_app.py", "tests/frontend/test_sse.py"],
+    "wide_export/frontend/chat.py": ["tests/frontend/test_repository.py", "tests/frontend/test_app.py"],
+    "wide_export/frontend/models.py": ["tests/frontend/test_repository.py"],
+    "wide_export/frontend/engine.py": ["tests/frontend/test_engine.py"],
+    "wide_export/frontend/app.py": ["tests/frontend/test_app.py", "tests/frontend/test_app_shapes.py"],
+    "wide_export/frontend/runner.py": ["tests/frontend/test_openai_client.py", "tests/frontend/test_runner.py"],
 }
 
 KILLED = {"killed", "caught by type check"}
+ALSO_COPIED = {"README.md"}  # tests/verify/test_tolerances.py reads its tolerance table
+# equivalent mutants (no test can tell them from the original), each with its reason: not counted
+EQUIVALENT_FILE = ROOT / "scripts" / "mutation-equivalent.json"
 
 
 def git(*args: str) -> str:
@@ -100,12 +117,15 @@ def toml_value(value) -> str:
     raise TypeError(f"[tool.mutmut] value {value!r}")
 
 
-def scratch_copy(module: str, tests: list[str]) -> Path:
-    """A copy of the work tree for mutating `module`, its pyproject's [tool.mutmut] narrowed to it."""
+def scratch_copy(module: str, tests: list[str], keep: bool = False) -> Path:
+    """A copy of the work tree for mutating `module`, its pyproject's [tool.mutmut] narrowed to it.
+
+    keep=True (--survivors) refreshes the files of the last run's copy and keeps mutmut's results there."""
     where = SCRATCH / module.removesuffix(".py").replace("/", ".")
-    shutil.rmtree(where, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(where, ignore_errors=True)
     files = [f for f in git("ls-files", "-co", "--exclude-standard").splitlines()
-             if f.startswith(("wide_export/", "tests/")) and (ROOT / f).is_file()]
+             if (f.startswith(("wide_export/", "tests/")) or f in ALSO_COPIED) and (ROOT / f).is_file()]
     for f in files:
         (where / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, where / f)
@@ -117,6 +137,14 @@ def scratch_copy(module: str, tests: list[str]) -> Path:
     text += "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
     (where / "pyproject.toml").write_text(text)
     return where
+
+
+def equivalents() -> dict[str, str]:
+    """mutant name -> why it is equivalent (scripts/mutation-equivalent.json), not counted."""
+    if not EQUIVALENT_FILE.is_file():
+        return {}
+    data = json.loads(EQUIVALENT_FILE.read_text())
+    return {name: why for per_module in data.values() for name, why in per_module.items()}
 
 
 def results(where: Path, module: str) -> dict[str, str]:
@@ -132,14 +160,26 @@ def results(where: Path, module: str) -> dict[str, str]:
     return found
 
 
-def run_module(module: str, tests: list[str], max_children: int) -> tuple[int, int, dict]:
-    where = scratch_copy(module, tests)
+def run_module(module: str, tests: list[str], max_children: int, survivors_only: bool = False
+               ) -> tuple[int, int, dict]:
+    where = SCRATCH / module.removesuffix(".py").replace("/", ".")
+    again = []
+    if survivors_only:
+        known = equivalents()
+        again = [n for n, s in results(where, module).items() if not (s in KILLED or s == "timeout")
+                 and n not in known] if (where / "mutants").is_dir() else []
+        if not again:
+            print(f"{module}: no survivors of an earlier run in {where}: running all mutants")
+    where = scratch_copy(module, tests, keep=bool(again))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
+    # tests that need an export make it once there and reuse it (tests/verify/test_verify_run.py)
+    env["WIDE_TEST_EXPORT_CACHE"] = str(SCRATCH / "export-cache")
+    (SCRATCH / "export-cache").mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     for attempt in (1, 2):  # once more when the first stats run failed (a test that failed once under load)
         # SIGINT at its default, as under a terminal: started in the background (`&`, nohup) it is
         # inherited as ignored, and the tests of Ctrl-C handling would fail unmutated
-        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
                               cwd=where, env=env, capture_output=True, text=True,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         (where / "mutmut-run.log").write_text(proc.stdout + proc.stderr)
@@ -151,14 +191,21 @@ def run_module(module: str, tests: list[str], max_children: int) -> tuple[int, i
         print(f"{module}: mutmut failed (exit {proc.returncode}); log: {where / 'mutmut-run.log'}")
         print("\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:]))
         return 0, 0, {}
-    killed = sum(s in KILLED or s == "timeout" for s in found.values())  # a timeout: the mutant hung a test
-    survivors = {n: s for n, s in found.items() if not (s in KILLED or s == "timeout")}
-    timeouts = sum(s == "timeout" for s in found.values())
-    print(f"{module}: {killed}/{len(found)} killed ({killed / max(len(found), 1):.0%}; {timeouts} of them by "
-          f"a timeout) in {time.monotonic() - began:.0f} s")
+    known = equivalents()
+    equivalent = {n: known[n] for n in found if n in known}
+    counted = {n: s for n, s in found.items() if n not in equivalent}
+    killed = sum(s in KILLED or s == "timeout" for s in counted.values())  # a timeout: the mutant hung a test
+    survivors = {n: s for n, s in counted.items() if not (s in KILLED or s == "timeout")}
+    timeouts = sum(s == "timeout" for s in counted.values())
+    rerun = f", {len(again)} survivors of the last run tried again" if again else ""
+    print(f"{module}: {killed}/{len(counted)} killed ({killed / max(len(counted), 1):.0%}; {timeouts} of them by "
+          f"a timeout; {len(equivalent)} equivalent not counted{rerun}) in {time.monotonic() - began:.0f} s")
     for name, status in sorted(survivors.items()):
         print(f"    {status:12} {name}")
-    return killed, len(found), survivors
+    stale = [n for n in equivalent if found[n] in KILLED]
+    for name in stale:  # listed as equivalent but a test kills it: the list is out of date
+        print(f"    note: {name} is listed in {EQUIVALENT_FILE.name} but was killed")
+    return killed, len(counted), survivors
 
 
 def main() -> int:
@@ -168,6 +215,8 @@ def main() -> int:
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--target", type=float, default=0.8, help="kill ratio each module must reach")
     ap.add_argument("--list", action="store_true", help="print modules and tests only")
+    ap.add_argument("--survivors", action="store_true",
+                    help="only try again the survivors of the last run (tests added since), keeping the other results")
     args = ap.parse_args()
     try:
         import mutmut  # noqa: F401
@@ -187,7 +236,7 @@ def main() -> int:
         return 0
     below = []
     for module, tests in plan:
-        killed, total, _ = run_module(module, tests, args.max_children)
+        killed, total, _ = run_module(module, tests, args.max_children, args.survivors)
         if total == 0 or killed / total < args.target:
             below.append(module)
     if below:
