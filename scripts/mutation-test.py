@@ -79,9 +79,22 @@ TESTS: dict[str, list[str]] = {
     "wide_export/frontend/engine.py": ["tests/frontend/test_engine.py"],
     "wide_export/frontend/app.py": ["tests/frontend/test_app.py", "tests/frontend/test_app_shapes.py"],
     "wide_export/frontend/runner.py": ["tests/frontend/test_openai_client.py", "tests/frontend/test_runner.py"],
+    # the rest of triton/: repository generation in-process on tests/triton/tiny_llm.py's model; server.py,
+    # supervise.py and client.py are mostly reached through a real tritonserver (skipped without one)
+    "wide_export/triton/ports.py": ["tests/triton/test_serve_ports.py", "tests/frontend/test_runner.py"],
+    "wide_export/triton/templates.py": ["tests/triton/test_triton_repository.py"],
+    "wide_export/triton/textfiles.py": ["tests/triton/test_triton_repository.py", "tests/triton/test_triton_text.py"],
+    "wide_export/triton/repository.py": ["tests/triton/test_triton_repository.py", "tests/triton/test_triton_cli.py"],
+    "wide_export/triton/sources.py": ["tests/triton/test_triton_repository.py"],
+    "wide_export/triton/engines.py": ["tests/triton/test_triton_repository.py"],
+    "wide_export/triton/server.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
+    "wide_export/triton/supervise.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
+    "wide_export/triton/client.py": ["tests/triton/test_triton_cli.py"],
 }
 
-KILLED = {"killed", "caught by type check"}
+# a mutant whose tests crashed (SIGSEGV, SIGKILL: "segfault"; SIGABRT and other signals: "suspicious") was told
+# apart from the original too: counted as killed, and said so
+KILLED = {"killed", "caught by type check", "segfault", "suspicious"}
 ALSO_COPIED = {"README.md"}  # tests/verify/test_tolerances.py reads its tolerance table
 # equivalent mutants (no test can tell them from the original), each with its reason: not counted
 EQUIVALENT_FILE = ROOT / "scripts" / "mutation-equivalent.json"
@@ -133,7 +146,8 @@ def scratch_copy(module: str, tests: list[str], keep: bool = False) -> Path:
     shared = tomllib.loads(text).get("tool", {}).get("mutmut", {})
     text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
     settings = {**shared, "source_paths": ["wide_export"], "only_mutate": [module],
-                "pytest_add_cli_args_test_selection": tests}
+                "pytest_add_cli_args_test_selection": tests,
+                "also_copy": sorted({*shared.get("also_copy", []), *ALSO_COPIED})}  # into mutmut's mutants/
     text += "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
     (where / "pyproject.toml").write_text(text)
     return where
@@ -197,9 +211,11 @@ def run_module(module: str, tests: list[str], max_children: int, survivors_only:
     killed = sum(s in KILLED or s == "timeout" for s in counted.values())  # a timeout: the mutant hung a test
     survivors = {n: s for n, s in counted.items() if not (s in KILLED or s == "timeout")}
     timeouts = sum(s == "timeout" for s in counted.values())
+    crashes = sum(s in ("segfault", "suspicious") for s in counted.values())
     rerun = f", {len(again)} survivors of the last run tried again" if again else ""
     print(f"{module}: {killed}/{len(counted)} killed ({killed / max(len(counted), 1):.0%}; {timeouts} of them by "
-          f"a timeout; {len(equivalent)} equivalent not counted{rerun}) in {time.monotonic() - began:.0f} s")
+          f"a timeout, {crashes} by a crash; {len(equivalent)} equivalent not counted{rerun}) in "
+          f"{time.monotonic() - began:.0f} s")
     for name, status in sorted(survivors.items()):
         print(f"    {status:12} {name}")
     stale = [n for n in equivalent if found[n] in KILLED]
