@@ -7,18 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import make_checkpoint
 from wide_export.verify import reference as refmod
 from wide_export.verify.reference import left_padded_prompts, reference_steps, streamed
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def model(tiny_ckpt):
     from wide_export.checkpoint import load_wide_model
 
-    ckpt = make_checkpoint(tmp_path_factory.mktemp("ref"), num_layers=2, hidden_size=32, intermediate_size=96,
-                           num_heads=4, num_kv_heads=2, vocab_size=64)
-    return load_wide_model(ckpt, dtype="float32", checksums=False).model
+    return load_wide_model(tiny_ckpt, dtype="float32", checksums=False).model
 
 
 def test_prompts_pad_only_the_first_row_by_a_third():

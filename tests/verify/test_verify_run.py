@@ -1,50 +1,14 @@
-"""verify_onnx in-process on a tiny float32 export: whole graph and sliced, the report's contents and file,
-settings, the automatic choice, and a failing verdict.
-
-The export (~20 s on 2 loaded cores) is made once per session; with $WIDE_TEST_EXPORT_CACHE set (the
-mutation script sets it) it is kept in that folder and reused by later sessions.
-"""
+"""verify_onnx in-process on a tiny float32 export (tests/verify/conftest.py): whole graph and sliced, the
+report's contents and file, settings, the automatic choice, a failing verdict and a wrong reference."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 from tests.helpers import make_checkpoint
-
-SPEC = dict(num_layers=2, hidden_size=32, intermediate_size=96, num_heads=4, num_kv_heads=2, vocab_size=64)
-
-
-def _make(root: Path) -> Path:
-    from wide_export.checkpoint import load_wide_model
-    from wide_export.export.onnx_export import export_onnx
-
-    ckpt = make_checkpoint(root / "ckpt", **SPEC)
-    export_onnx(load_wide_model(ckpt, dtype="float32"), root / "onnx")
-    return root
-
-
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory) -> tuple[Path, Path]:
-    """(checkpoint, export folder)."""
-    cache = os.environ.get("WIDE_TEST_EXPORT_CACHE")
-    if cache:
-        root = Path(cache) / "verify-tiny-f32"
-        if not (root / "onnx" / "wide_config.json").is_file():
-            temp = Path(f"{root}.tmp{os.getpid()}")
-            shutil.rmtree(temp, ignore_errors=True)
-            _make(temp)
-            try:
-                temp.rename(root)
-            except OSError:  # another process made it meanwhile
-                shutil.rmtree(temp, ignore_errors=True)
-    else:
-        root = _make(tmp_path_factory.mktemp("verify-tiny"))
-    return root / "ckpt", root / "onnx"
+from tests.verify.conftest import SPEC
 
 
 def _kw(ckpt):
