@@ -142,15 +142,19 @@ def scratch_copy(module: str, tests: list[str], keep: bool = False) -> Path:
     for f in files:
         (where / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, where / f)
+    (where / "pyproject.toml").write_text(_narrowed_pyproject(module, tests))
+    return where
+
+
+def _narrowed_pyproject(module: str, tests: list[str]) -> str:
+    """The project's pyproject.toml with [tool.mutmut] narrowed to `module` and its tests."""
     text = (ROOT / "pyproject.toml").read_text()
     shared = tomllib.loads(text).get("tool", {}).get("mutmut", {})
     text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
     settings = {**shared, "source_paths": ["wide_export"], "only_mutate": [module],
                 "pytest_add_cli_args_test_selection": tests,
                 "also_copy": sorted({*shared.get("also_copy", []), *ALSO_COPIED})}  # into mutmut's mutants/
-    text += "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
-    (where / "pyproject.toml").write_text(text)
-    return where
+    return text + "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
 
 
 def equivalents() -> dict[str, str]:
@@ -184,6 +188,10 @@ def run_module(module: str, tests: list[str], max_children: int, survivors_only:
                  and n not in known] if (where / "mutants").is_dir() else []
         if not again:
             print(f"{module}: no survivors of an earlier run in {where}: running all mutants")
+    if again and (where / "pyproject.toml").read_text() != _narrowed_pyproject(module, tests):
+        # other tests or settings: mutmut drops all its results then, so every mutant must run again
+        print(f"{module}: tests or settings changed since the last run: running all mutants")
+        again = []
     where = scratch_copy(module, tests, keep=bool(again))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
     # tests that need an export make it once there and reuse it (tests/verify/test_verify_run.py)
