@@ -178,14 +178,17 @@ def results(where: Path, module: str) -> dict[str, str]:
     return found
 
 
-def run_module(module: str, tests: list[str], max_children: int, survivors_only: bool = False
-               ) -> tuple[int, int, dict]:
+def run_module(module: str, tests: list[str], max_children: int, survivors_only: bool = False,
+               sample: int = 0) -> tuple[int, int, dict]:
     where = SCRATCH / module.removesuffix(".py").replace("/", ".")
     again = []
     if survivors_only:
         known = equivalents()
         again = [n for n, s in results(where, module).items() if not (s in KILLED or s == "timeout")
                  and n not in known] if (where / "mutants").is_dir() else []
+        if sample and len(again) > sample:  # an even spread over the module's functions
+            again = [again[round(i * (len(again) - 1) / (sample - 1))] for i in range(sample)] if sample > 1 \
+                else again[:1]
         if not again:
             print(f"{module}: no survivors of an earlier run in {where}: running all mutants")
     if again and (where / "pyproject.toml").read_text() != _narrowed_pyproject(module, tests):
@@ -215,12 +218,15 @@ def run_module(module: str, tests: list[str], max_children: int, survivors_only:
         return 0, 0, {}
     known = equivalents()
     equivalent = {n: known[n] for n in found if n in known}
-    counted = {n: s for n, s in found.items() if n not in equivalent}
+    unchecked = {n for n, s in found.items() if s == "not checked" and n not in equivalent}
+    counted = {n: s for n, s in found.items() if n not in equivalent and n not in unchecked}
     killed = sum(s in KILLED or s == "timeout" for s in counted.values())  # a timeout: the mutant hung a test
     survivors = {n: s for n, s in counted.items() if not (s in KILLED or s == "timeout")}
     timeouts = sum(s == "timeout" for s in counted.values())
     crashes = sum(s in ("segfault", "suspicious") for s in counted.values())
     rerun = f", {len(again)} survivors of the last run tried again" if again else ""
+    if unchecked:  # --survivors --sample: the rest was not run
+        rerun += f", {len(unchecked)} not checked (not counted)"
     print(f"{module}: {killed}/{len(counted)} killed ({killed / max(len(counted), 1):.0%}; {timeouts} of them by "
           f"a timeout, {crashes} by a crash; {len(equivalent)} equivalent not counted{rerun}) in "
           f"{time.monotonic() - began:.0f} s")
@@ -239,6 +245,8 @@ def main() -> int:
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--target", type=float, default=0.8, help="kill ratio each module must reach")
     ap.add_argument("--list", action="store_true", help="print modules and tests only")
+    ap.add_argument("--sample", type=int, default=0,
+                    help="with --survivors: try only this many of them (evenly spread); the rest stay not checked")
     ap.add_argument("--survivors", action="store_true",
                     help="only try again the survivors of the last run (tests added since), keeping the other results")
     args = ap.parse_args()
@@ -260,7 +268,7 @@ def main() -> int:
         return 0
     below = []
     for module, tests in plan:
-        killed, total, _ = run_module(module, tests, args.max_children, args.survivors)
+        killed, total, _ = run_module(module, tests, args.max_children, args.survivors, args.sample)
         if total == 0 or killed / total < args.target:
             below.append(module)
     if below:
