@@ -210,3 +210,74 @@ def test_a_model_without_a_tokenizer_loaded_refuses_text_with_its_reason():
         assert resp.json()["error"]["message"] == ("this model has no tokenizer: only token-id prompts to "
                                                    "/v1/completions are served")
         assert client.post("/v1/completions", json={"model": MODEL, "prompt": [1]}).status_code == 200
+
+
+def test_usage_chunk_shape(client):
+    events = sse_payloads(client.post("/v1/completions", json={
+        "model": MODEL, "prompt": "x", "stream": True, "stream_options": {"include_usage": True}}).text)
+    usage = events[-2]
+    assert set(usage) == {"id", "object", "created", "model", "choices", "usage", "system_fingerprint"}
+    assert usage["system_fingerprint"] is None and usage["choices"] == [] and usage["object"] == "text_completion"
+
+
+def test_a_stream_error_is_logged_with_its_traceback(caplog):
+    import logging
+
+    class Broken(FakeEngine):
+        async def generate(self, request):
+            yield GenerationChunk(text="a", token_ids=(1,))
+            raise KeyError("oops")
+
+    with caplog.at_level(logging.ERROR, logger="wide_export.frontend"), make_client(Broken()) as client:
+        client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True})
+    (record,) = [r for r in caplog.records if r.name == "wide_export.frontend"]
+    assert record.getMessage() == "error while streaming a generation" and record.exc_info is not None
+
+
+def test_no_docs_pages_and_the_api_title(client):
+    for path in ("/docs", "/redoc"):
+        resp = client.get(path)
+        assert resp.status_code == 404 and set(resp.json()) == {"error"}
+    assert client.get("/openapi.json").json()["info"]["title"] == "wide-export OpenAI-compatible API"
+
+
+def test_startup_error_is_kept_for_the_runner():
+    from fastapi.testclient import TestClient
+
+    from wide_export.frontend.app import create_app
+
+    app = create_app(FakeEngine(), [served()])
+    assert app.state.startup_error is None
+    with TestClient(app):
+        assert app.state.startup_error is None
+
+    class Failing(FakeEngine):
+        async def start(self):
+            raise ConnectionError("no server")
+
+    failing = create_app(Failing(), [served()])
+    with TestClient(failing):
+        assert isinstance(failing.state.startup_error, ConnectionError)
+
+
+def test_the_model_is_required_with_several(engine):
+    with make_client(engine, [served("a"), served("b")]) as client:
+        resp = client.post("/v1/completions", json={"prompt": "x"})
+    assert resp.json()["error"]["message"] == "model is required (this server serves several)"
+
+
+def test_ignored_fields_are_logged_by_name(engine, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="wide_export.frontend"), make_client(engine) as client:
+        client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "top_k": 5, "min_p": 0.1})
+    assert [r.getMessage() for r in caplog.records if r.name == "wide_export.frontend"] == [
+        "ignored request fields: min_p, top_k"]
+
+
+def test_a_slow_engine_is_awaited_not_taken_for_a_leaving_client():
+    engine = FakeEngine(delay=0.05)
+    with make_client(engine) as client:
+        resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "".join(PIECES)
+    assert not engine.cancelled.is_set()
