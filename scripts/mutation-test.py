@@ -76,7 +76,7 @@ TESTS: dict[str, list[str]] = {
     "wide_export/frontend/sse.py": ["tests/frontend/test_app.py", "tests/frontend/test_sse.py"],
     "wide_export/frontend/chat.py": ["tests/frontend/test_chat.py", "tests/frontend/test_repository.py"],
     "wide_export/frontend/models.py": ["tests/frontend/test_repository.py", "tests/frontend/test_models.py"],
-    "wide_export/frontend/engine.py": ["tests/frontend/test_engine.py"],
+    "wide_export/frontend/engine.py": ["tests/frontend/test_engine.py", "tests/frontend/test_engine_units.py"],
     "wide_export/frontend/app.py": ["tests/frontend/test_app.py", "tests/frontend/test_app_shapes.py"],
     "wide_export/frontend/runner.py": ["tests/frontend/test_openai_client.py", "tests/frontend/test_runner.py"],
     # the rest of triton/: repository generation in-process on tests/triton/tiny_llm.py's model; server.py,
