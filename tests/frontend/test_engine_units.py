@@ -158,3 +158,108 @@ def test_models_and_close():
         return names, client.closed, again, engine._client
 
     assert asyncio.run(go()) == (["a", "b"], True, False, None)
+
+
+# -- the request's tensors
+from tests.frontend.test_engine import CONTRACT, info  # noqa: E402
+from wide_export.frontend.engine import EngineError, request_tensors  # noqa: E402
+
+FULL = dict(prompt_ids=[1], max_tokens=3, temperature=0.5, top_p=0.5, seed=1, stop=["x"], stop_token_ids=[2],
+            ignore_eos=True)
+
+
+@pytest.mark.parametrize("field, tensor, param", [
+    ("prompt_ids", "input_ids", "prompt"), ("max_tokens", "max_new_tokens", "max_tokens"),
+    ("temperature", "temperature", "temperature"), ("top_p", "top_p", "top_p"), ("seed", "seed", "seed"),
+    ("stop", "stop_words", "stop"), ("stop_token_ids", "stop_token_ids", "stop_token_ids"),
+    ("ignore_eos", "ignore_eos", "ignore_eos")])
+def test_each_parameter_without_its_input_is_refused_by_name(field, tensor, param):
+    lacking = info(inputs={i["name"] for i in CONTRACT["input"]} - {tensor})
+    with pytest.raises(EngineError) as err:
+        request_tensors(GenerationRequest(model="m", **FULL), lacking)
+    assert (err.value.kind, err.value.param) == ("invalid", param)
+    assert err.value.message == f"model wide_llm does not take {param} (it has no input {tensor!r})"
+
+
+def test_add_special_tokens_without_its_input_is_refused_by_name():
+    lacking = info(inputs={"text_input", "max_new_tokens"})
+    tensors = request_tensors(GenerationRequest(model="m", prompt="x"), lacking)  # not sent: not asked
+    assert [n for n, _, _ in tensors] == ["text_input"]
+    both = info(inputs={"text_input", "add_special_tokens"})
+    values = {n: a for n, a, _ in request_tensors(GenerationRequest(model="m", prompt=None), both)}
+    assert values["text_input"].tolist() == [[b""]] and values["add_special_tokens"].tolist() == [[True]]
+
+
+def test_tensor_values_by_hand():
+    values = {n: (a, d) for n, a, d in request_tensors(GenerationRequest(model="m", **FULL), info())}
+    assert values["input_ids"][0].dtype == np.int64 and values["input_ids"][0].tolist() == [[1]]
+    assert values["ignore_eos"][0].tolist() == [[True]] and values["ignore_eos"][0].dtype == np.bool_
+    assert values["temperature"][0].dtype == np.float32 and values["seed"][0].dtype == np.int64
+    assert values["stop_token_ids"][0].dtype == np.int64 and values["stop_words"][0].dtype == object
+    unbatched = model_info("m", {**CONTRACT, "max_batch_size": 0})
+    flat = {n: a for n, a, _ in request_tensors(GenerationRequest(model="m", **FULL), unbatched)}
+    assert flat["input_ids"].shape == (1,) and flat["stop_words"].tolist() == [b"x"]
+
+
+def test_top_p_of_one_and_greedy_temperature_need_no_input():
+    only_ids = model_info("m", {"input": [{"name": "input_ids", "dims": [-1]}], "max_batch_size": 1})
+    tensors = request_tensors(GenerationRequest(model="m", prompt_ids=[1], temperature=0.0, top_p=1.0), only_ids)
+    assert [n for n, _, _ in tensors] == ["input_ids"]
+    with pytest.raises(EngineError, match="top_p"):
+        request_tensors(GenerationRequest(model="m", prompt_ids=[1], top_p=0.99), only_ids)
+    with_both = model_info("m", {"input": [{"name": n, "dims": [1]} for n in ("input_ids", "temperature", "top_p")]})
+    sent = [n for n, _, _ in request_tensors(GenerationRequest(model="m", prompt_ids=[1], temperature=0.0,
+                                                               top_p=1.0), with_both)]
+    assert sent == ["input_ids", "temperature", "top_p"]  # the model takes them: sent as asked
+
+
+def test_model_info_defaults():
+    bare = model_info("m", {"input": [{"name": "x"}], "output": [{"name": "y"}]})
+    assert (bare.decoupled, bare.batched, bare.inputs, bare.outputs) == (False, False, {"x": []}, {"y"})
+    assert model_info("m", {"max_batch_size": 1}).batched is True
+    assert model_info("m", {"max_batch_size": None}).batched is False
+    assert model_info("m", {"model_transaction_policy": None}).decoupled is False
+
+
+class _ConfigClient(FakeClient):
+    def __init__(self, config, error=None):
+        super().__init__(config=config)
+        self.error, self.asked = error, []
+
+    async def get_model_config(self, name, as_json=False, client_timeout=None):
+        self.asked.append((name, as_json, client_timeout))
+        if self.error is not None:
+            raise self.error
+        return self.config
+
+
+def test_model_config_is_asked_once_as_json_with_the_timeout():
+    async def go():
+        client = _ConfigClient({"config": {"max_batch_size": 2, "input": [{"name": "input_ids", "dims": [-1]}]}})
+        engine = TritonEngine("x", {"served": "triton_name"}, timeout=1.5, client=client)
+        await engine.start()
+        first = await engine._model("served")
+        second = await engine._model("served")
+        return client.asked, first, second
+
+    asked, first, second = asyncio.run(go())
+    assert asked == [("triton_name", True, 1.5)] and first is second and first.batched and first.name == "triton_name"
+
+
+def test_a_config_without_the_config_key_is_the_config_itself():
+    async def go():
+        engine = TritonEngine("x", {"s": "t"}, client=_ConfigClient({"max_batch_size": 4}))
+        return await engine._model("s")
+
+    assert asyncio.run(go()).batched is True
+
+
+def test_a_failing_config_request_is_an_engine_error():
+    async def go():
+        engine = TritonEngine("x", {"s": "t"}, client=_ConfigClient({}, error=rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                                                                       "no server")))
+        await engine.start()
+
+    with pytest.raises(EngineError) as err:
+        asyncio.run(go())
+    assert (err.value.kind, err.value.message) == ("unavailable", "no server")
