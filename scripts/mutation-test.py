@@ -6,6 +6,8 @@
     python scripts/mutation-test.py wide_export/outdir.py wide_export/triton/inflight.py
     python scripts/mutation-test.py --since HEAD~3 --max-children 2
     python scripts/mutation-test.py --list                # which modules and tests, without running
+    python scripts/mutation-test.py --survivors MODULE    # after adding tests: only the last run's survivors again
+    python scripts/mutation-test.py --survivors --sample 40 MODULE   # 40 of them, evenly spread (slow tests)
 
 For each module: a scratch copy of the work tree (`.mutation/<module>/`: tracked and unignored files
 of wide_export/ and tests/, and pyproject.toml with `[tool.mutmut]` narrowed to this module and its
@@ -22,6 +24,15 @@ The generated Triton repository's files (generation_model.py, inflight.py, textg
 imported by the tests from a repository folder under other module names, which mutmut cannot switch;
 under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py makes the loaded model.py take its
 siblings from the package, so their mutants are the ones exercised.
+
+Equivalent mutants (no test can tell them from the original) are listed with a one-line reason in
+scripts/mutation-equivalent.json and not counted; one listed there but killed is reported as stale.
+Mutants whose tests crashed (segfault, abort) count as killed; with --sample the ones not run are
+reported as "not checked" and not counted. mutmut 3 does not mutate decorated functions (pydantic
+validators, properties), so those are pinned by tests but never appear here.
+
+Tests that need an export share one, made once under .mutation/export-cache ($WIDE_TEST_EXPORT_CACHE,
+tests/verify/conftest.py), instead of exporting again for every mutant.
 
 Budget: about 15 minutes for the modules of one change on 2 cores (--max-children 2).
 """
