@@ -6,6 +6,8 @@
     python scripts/mutation-test.py wide_export/outdir.py wide_export/triton/inflight.py
     python scripts/mutation-test.py --since HEAD~3 --max-children 2
     python scripts/mutation-test.py --list                # which modules and tests, without running
+    python scripts/mutation-test.py --survivors MODULE    # after adding tests: only the last run's survivors again
+    python scripts/mutation-test.py --survivors --sample 40 MODULE   # 40 of them, evenly spread (slow tests)
 
 For each module: a scratch copy of the work tree (`.mutation/<module>/`: tracked and unignored files
 of wide_export/ and tests/, and pyproject.toml with `[tool.mutmut]` narrowed to this module and its
@@ -22,6 +24,15 @@ The generated Triton repository's files (generation_model.py, inflight.py, textg
 imported by the tests from a repository folder under other module names, which mutmut cannot switch;
 under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py makes the loaded model.py take its
 siblings from the package, so their mutants are the ones exercised.
+
+Equivalent mutants (no test can tell them from the original) are listed with a one-line reason in
+scripts/mutation-equivalent.json and not counted; one listed there but killed is reported as stale.
+Mutants whose tests crashed (segfault, abort) count as killed; with --sample the ones not run are
+reported as "not checked" and not counted. mutmut 3 does not mutate decorated functions (pydantic
+validators, properties), so those are pinned by tests but never appear here.
+
+Tests that need an export share one, made once under .mutation/export-cache ($WIDE_TEST_EXPORT_CACHE,
+tests/verify/conftest.py), instead of exporting again for every mutant.
 
 Budget: about 15 minutes for the modules of one change on 2 cores (--max-children 2).
 """
@@ -63,11 +74,41 @@ TESTS: dict[str, list[str]] = {
     "wide_export/signals.py": ["tests/faults/test_interrupt_publish.py", "tests/cli/test_interrupt_races.py"],
     "wide_export/export/genai_config.py": ["tests/export/test_genai_special_tokens.py",
                                            "tests/export/test_genai_config_contract.py"],
-    "wide_export/verify/tolerances.py": ["tests/verify/test_compare.py"],
-    "wide_export/verify/compare.py": ["tests/verify/test_compare.py"],
+    "wide_export/verify/tolerances.py": ["tests/verify/test_tolerances.py", "tests/verify/test_compare.py"],
+    "wide_export/verify/compare.py": ["tests/verify/test_compare.py", "tests/verify/test_compare_report.py"],
+    "wide_export/verify/slices.py": ["tests/verify/test_slices_units.py"],
+    "wide_export/verify/evaluator.py": ["tests/verify/test_evaluator.py"],
+    "wide_export/verify/reference.py": ["tests/verify/test_reference_steps.py"],
+    "wide_export/verify/onnx_verify.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
+    # the OpenAI front end (issue 15): in-process on tests/frontend/fakes.py's engine (TestClient, or uvicorn
+    # in a thread of the test process); test_serve_cli.py and test_openai_e2e.py run subprocesses / tritonserver
+    "wide_export/frontend/protocol.py": ["tests/frontend/test_app.py", "tests/frontend/test_protocol.py"],
+    "wide_export/frontend/errors.py": ["tests/frontend/test_app.py", "tests/frontend/test_errors.py"],
+    "wide_export/frontend/sse.py": ["tests/frontend/test_app.py", "tests/frontend/test_sse.py"],
+    "wide_export/frontend/chat.py": ["tests/frontend/test_chat.py", "tests/frontend/test_repository.py"],
+    "wide_export/frontend/models.py": ["tests/frontend/test_repository.py", "tests/frontend/test_models.py"],
+    "wide_export/frontend/engine.py": ["tests/frontend/test_engine.py", "tests/frontend/test_engine_units.py"],
+    "wide_export/frontend/app.py": ["tests/frontend/test_app.py", "tests/frontend/test_app_shapes.py"],
+    "wide_export/frontend/runner.py": ["tests/frontend/test_openai_client.py", "tests/frontend/test_runner.py"],
+    # the rest of triton/: repository generation in-process on tests/triton/tiny_llm.py's model; server.py,
+    # supervise.py and client.py are mostly reached through a real tritonserver (skipped without one)
+    "wide_export/triton/ports.py": ["tests/triton/test_triton_units.py", "tests/triton/test_serve_ports.py"],
+    "wide_export/triton/templates.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
+    "wide_export/triton/textfiles.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
+    "wide_export/triton/repository.py": ["tests/triton/test_triton_repository.py", "tests/triton/test_triton_cli.py"],
+    "wide_export/triton/sources.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
+    "wide_export/triton/engines.py": ["tests/triton/test_triton_repository.py"],
+    "wide_export/triton/server.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
+    "wide_export/triton/supervise.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
+    "wide_export/triton/client.py": ["tests/triton/test_triton_cli.py"],
 }
 
-KILLED = {"killed", "caught by type check"}
+# a mutant whose tests crashed (SIGSEGV, SIGKILL: "segfault"; SIGABRT and other signals: "suspicious") was told
+# apart from the original too: counted as killed, and said so
+KILLED = {"killed", "caught by type check", "segfault", "suspicious"}
+ALSO_COPIED = {"README.md"}  # tests/verify/test_tolerances.py reads its tolerance table
+# equivalent mutants (no test can tell them from the original), each with its reason: not counted
+EQUIVALENT_FILE = ROOT / "scripts" / "mutation-equivalent.json"
 
 
 def git(*args: str) -> str:
@@ -100,23 +141,39 @@ def toml_value(value) -> str:
     raise TypeError(f"[tool.mutmut] value {value!r}")
 
 
-def scratch_copy(module: str, tests: list[str]) -> Path:
-    """A copy of the work tree for mutating `module`, its pyproject's [tool.mutmut] narrowed to it."""
+def scratch_copy(module: str, tests: list[str], keep: bool = False) -> Path:
+    """A copy of the work tree for mutating `module`, its pyproject's [tool.mutmut] narrowed to it.
+
+    keep=True (--survivors) refreshes the files of the last run's copy and keeps mutmut's results there."""
     where = SCRATCH / module.removesuffix(".py").replace("/", ".")
-    shutil.rmtree(where, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(where, ignore_errors=True)
     files = [f for f in git("ls-files", "-co", "--exclude-standard").splitlines()
-             if f.startswith(("wide_export/", "tests/")) and (ROOT / f).is_file()]
+             if (f.startswith(("wide_export/", "tests/")) or f in ALSO_COPIED) and (ROOT / f).is_file()]
     for f in files:
         (where / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, where / f)
+    (where / "pyproject.toml").write_text(_narrowed_pyproject(module, tests))
+    return where
+
+
+def _narrowed_pyproject(module: str, tests: list[str]) -> str:
+    """The project's pyproject.toml with [tool.mutmut] narrowed to `module` and its tests."""
     text = (ROOT / "pyproject.toml").read_text()
     shared = tomllib.loads(text).get("tool", {}).get("mutmut", {})
     text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
     settings = {**shared, "source_paths": ["wide_export"], "only_mutate": [module],
-                "pytest_add_cli_args_test_selection": tests}
-    text += "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
-    (where / "pyproject.toml").write_text(text)
-    return where
+                "pytest_add_cli_args_test_selection": tests,
+                "also_copy": sorted({*shared.get("also_copy", []), *ALSO_COPIED})}  # into mutmut's mutants/
+    return text + "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
+
+
+def equivalents() -> dict[str, str]:
+    """mutant name -> why it is equivalent (scripts/mutation-equivalent.json), not counted."""
+    if not EQUIVALENT_FILE.is_file():
+        return {}
+    data = json.loads(EQUIVALENT_FILE.read_text())
+    return {name: why for per_module in data.values() for name, why in per_module.items()}
 
 
 def results(where: Path, module: str) -> dict[str, str]:
@@ -132,14 +189,33 @@ def results(where: Path, module: str) -> dict[str, str]:
     return found
 
 
-def run_module(module: str, tests: list[str], max_children: int) -> tuple[int, int, dict]:
-    where = scratch_copy(module, tests)
+def run_module(module: str, tests: list[str], max_children: int, survivors_only: bool = False,
+               sample: int = 0) -> tuple[int, int, dict]:
+    where = SCRATCH / module.removesuffix(".py").replace("/", ".")
+    again = []
+    if survivors_only:
+        known = equivalents()
+        again = [n for n, s in results(where, module).items() if not (s in KILLED or s == "timeout")
+                 and n not in known] if (where / "mutants").is_dir() else []
+        if sample and len(again) > sample:  # an even spread over the module's functions
+            again = [again[round(i * (len(again) - 1) / (sample - 1))] for i in range(sample)] if sample > 1 \
+                else again[:1]
+        if not again:
+            print(f"{module}: no survivors of an earlier run in {where}: running all mutants")
+    if again and (where / "pyproject.toml").read_text() != _narrowed_pyproject(module, tests):
+        # other tests or settings: mutmut drops all its results then, so every mutant must run again
+        print(f"{module}: tests or settings changed since the last run: running all mutants")
+        again = []
+    where = scratch_copy(module, tests, keep=bool(again))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
+    # tests that need an export make it once there and reuse it (tests/verify/test_verify_run.py)
+    env["WIDE_TEST_EXPORT_CACHE"] = str(SCRATCH / "export-cache")
+    (SCRATCH / "export-cache").mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     for attempt in (1, 2):  # once more when the first stats run failed (a test that failed once under load)
         # SIGINT at its default, as under a terminal: started in the background (`&`, nohup) it is
         # inherited as ignored, and the tests of Ctrl-C handling would fail unmutated
-        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
                               cwd=where, env=env, capture_output=True, text=True,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         (where / "mutmut-run.log").write_text(proc.stdout + proc.stderr)
@@ -151,14 +227,26 @@ def run_module(module: str, tests: list[str], max_children: int) -> tuple[int, i
         print(f"{module}: mutmut failed (exit {proc.returncode}); log: {where / 'mutmut-run.log'}")
         print("\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:]))
         return 0, 0, {}
-    killed = sum(s in KILLED or s == "timeout" for s in found.values())  # a timeout: the mutant hung a test
-    survivors = {n: s for n, s in found.items() if not (s in KILLED or s == "timeout")}
-    timeouts = sum(s == "timeout" for s in found.values())
-    print(f"{module}: {killed}/{len(found)} killed ({killed / max(len(found), 1):.0%}; {timeouts} of them by "
-          f"a timeout) in {time.monotonic() - began:.0f} s")
+    known = equivalents()
+    equivalent = {n: known[n] for n in found if n in known}
+    unchecked = {n for n, s in found.items() if s == "not checked" and n not in equivalent}
+    counted = {n: s for n, s in found.items() if n not in equivalent and n not in unchecked}
+    killed = sum(s in KILLED or s == "timeout" for s in counted.values())  # a timeout: the mutant hung a test
+    survivors = {n: s for n, s in counted.items() if not (s in KILLED or s == "timeout")}
+    timeouts = sum(s == "timeout" for s in counted.values())
+    crashes = sum(s in ("segfault", "suspicious") for s in counted.values())
+    rerun = f", {len(again)} survivors of the last run tried again" if again else ""
+    if unchecked:  # --survivors --sample: the rest was not run
+        rerun += f", {len(unchecked)} not checked (not counted)"
+    print(f"{module}: {killed}/{len(counted)} killed ({killed / max(len(counted), 1):.0%}; {timeouts} of them by "
+          f"a timeout, {crashes} by a crash; {len(equivalent)} equivalent not counted{rerun}) in "
+          f"{time.monotonic() - began:.0f} s")
     for name, status in sorted(survivors.items()):
         print(f"    {status:12} {name}")
-    return killed, len(found), survivors
+    stale = [n for n in equivalent if found[n] in KILLED]
+    for name in stale:  # listed as equivalent but a test kills it: the list is out of date
+        print(f"    note: {name} is listed in {EQUIVALENT_FILE.name} but was killed")
+    return killed, len(counted), survivors
 
 
 def main() -> int:
@@ -168,6 +256,10 @@ def main() -> int:
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--target", type=float, default=0.8, help="kill ratio each module must reach")
     ap.add_argument("--list", action="store_true", help="print modules and tests only")
+    ap.add_argument("--sample", type=int, default=0,
+                    help="with --survivors: try only this many of them (evenly spread); the rest stay not checked")
+    ap.add_argument("--survivors", action="store_true",
+                    help="only try again the survivors of the last run (tests added since), keeping the other results")
     args = ap.parse_args()
     try:
         import mutmut  # noqa: F401
@@ -187,7 +279,7 @@ def main() -> int:
         return 0
     below = []
     for module, tests in plan:
-        killed, total, _ = run_module(module, tests, args.max_children)
+        killed, total, _ = run_module(module, tests, args.max_children, args.survivors, args.sample)
         if total == 0 or killed / total < args.target:
             below.append(module)
     if below:
