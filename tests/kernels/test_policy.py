@@ -143,3 +143,19 @@ def test_roofline_counts_the_union_of_the_masks_by_hand():
     assert flops == 2 * 1.0 * N * K * 2
     nbytes, flops = roofline("k", N, K, 8, mask, es)
     assert nbytes == 3 / 4 * N * K * es + 2 * (K + N) * es + 2 * 4 * 4 and flops == 2 * N * K
+
+
+def test_unmeasured_default_runs_k_pruned_prefill_dense_not_the_fp32_scatter_add():
+    # issue 20: the grouped gemm_k (float32 atomics) was predicted to lose to dense on Hopper; until a GPU run
+    # records otherwise, the default (what sm_80 / sm_90 fall back to) never picks it, while N-pruned prefill
+    # still runs grouped.
+    from wide_export.kernels.policy import choose, policy_for
+
+    for arch in ("sm_80", "sm_90"):
+        pol = policy_for(arch)
+        if pol.get("measured"):
+            continue
+        for M in (1024, 4096, 16384, 1 << 20):
+            assert choose("k", M, 512, pol, 4096, 4096) == "dense"
+            assert choose("k", M, 2048, pol, 4096, 14336) == "dense"
+        assert choose("gated", 4096, 128, pol, 14336, 4096) == "grouped"
