@@ -304,7 +304,7 @@ def test_sliced_verification_of_a_tp_export_is_refused(tmp_path):
     (tmp_path / MANIFEST).write_text("{}")
     with pytest.raises(WideError, match="--sliced verifies a single-device export") as err:
         ov.verify_onnx(tmp_path, sliced=True)
-    assert "drop --sliced" in err.value.hint
+    assert err.value.hint == ("drop --sliced for a --tp export (each rank's graph runs whole, stage by stage)")
 
 
 def test_tp_exports_go_to_the_tp_verification(tmp_path, monkeypatch):
@@ -313,8 +313,10 @@ def test_tp_exports_go_to_the_tp_verification(tmp_path, monkeypatch):
     (tmp_path / tpv.MANIFEST).write_text("{}")
     seen = {}
     monkeypatch.setattr(tpv, "verify_tp", lambda folder, **kw: seen.update(folder=folder, **kw) or "tp-report")
-    assert ov.verify_onnx(tmp_path, report_path=tmp_path / "r.json", batch=1) == "tp-report"
+    assert ov.verify_onnx(tmp_path, report_path=tmp_path / "r.json", batch=1, load_kwargs={"model_dir": "m"}) \
+        == "tp-report"
     assert seen["folder"] == tmp_path and seen["report_path"] == tmp_path / "r.json" and seen["batch"] == 1
+    assert seen["load_kwargs"] == {"model_dir": "m"}
 
 
 def test_quiet_polygraphy_keeps_errors_only():

@@ -56,9 +56,11 @@ def test_the_automatic_choice_slices_when_memory_is_short(tiny, monkeypatch):
     from wide_export.verify import onnx_verify
 
     ckpt, folder = tiny
-    monkeypatch.setattr(onnx_verify, "needs_slices", lambda onnx_dir, config: True)
+    asked = []
+    monkeypatch.setattr(onnx_verify, "needs_slices", lambda onnx_dir, config: asked.append((onnx_dir, config)) or True)
     report = onnx_verify.verify_onnx(folder, load_kwargs=_kw(ckpt), batch=1, steps=0, prompt_len=2)
     assert report.settings["sliced"] is True and report.notes[0].startswith("ONNX Runtime ran the graph in")
+    assert asked[0][0] == folder and asked[0][1]["dtype"] == "float32"  # the export folder and its config
     monkeypatch.setattr(onnx_verify, "needs_slices", lambda onnx_dir, config: False)
     report = onnx_verify.verify_onnx(folder, load_kwargs=_kw(ckpt), batch=1, steps=0, prompt_len=2)
     assert report.settings["sliced"] is False and report.notes == []
