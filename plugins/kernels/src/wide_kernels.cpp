@@ -747,6 +747,17 @@ std::pair<int64_t, int64_t> gemvNPlan(int64_t M, int64_t N, int64_t K, int64_t s
         maxSplits);
 }
 
+//! The fused router's BLOCK_R: the smallest compiled one >= R (configs.router_block_r); 0 if R is too wide.
+int routerBlockR(int64_t R)
+{
+    for (int b : kRouterBlockRs)
+    {
+        if (R <= b)
+            return b;
+    }
+    return 0;
+}
+
 //! Splits of the split router (mirrors launch.router_plan): {splits, H chunks per split}; M <= kRouterSplitMaxM.
 std::pair<int64_t, int64_t> routerPlan(int64_t M, int64_t H, int64_t R, int64_t sms)
 {
@@ -1040,15 +1051,7 @@ int wide_router(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, float c
         return WIDE_ERR_INVALID_ARGUMENT;
     if (!dtypeName(dtype))
         return WIDE_ERR_UNSUPPORTED_DTYPE;
-    int blockR = 0;
-    for (int b : kRouterBlockRs)
-    {
-        if (R <= b)
-        {
-            blockR = b;
-            break;
-        }
-    }
+    int const blockR = routerBlockR(R);
     if (!blockR || M * H >= (int64_t{1} << 31))
         return WIDE_ERR_INVALID_ARGUMENT;
     if (M == 0)
@@ -1084,15 +1087,7 @@ int wide_router_ws(void const* x, wide_dtype_t dtype, int64_t M, int64_t H, floa
     if (!workspace || M > kRouterSplitMaxM || M <= 0 || R <= 0 || H <= 0 || !x || !wc || !bc || !wr || !br || !mask
         || G <= 0 || !dtypeName(dtype))
         return wide_router(x, dtype, M, H, wc, bc, R, wr, br, G, mask, stream); // validation + one-pass router
-    int blockR = 0;
-    for (int b : kRouterBlockRs)
-    {
-        if (R <= b)
-        {
-            blockR = b;
-            break;
-        }
-    }
+    int const blockR = routerBlockR(R);
     if (!blockR || M * H >= (int64_t{1} << 31))
         return WIDE_ERR_INVALID_ARGUMENT;
     int arch = 0;
