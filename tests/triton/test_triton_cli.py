@@ -106,7 +106,7 @@ def test_bench_serving_reports_both_paths(tiny, tmp_path):
         assert r["requests"] == 2 * 2 * r["clients"] and r["tokens"] == 3 * r["requests"]
         assert 0 < r["p50_ms"] <= r["p99_ms"] and r["tokens_per_s"] > 0
         assert len(r["round_tokens_per_s"]) == 2
-        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["wall_s"], rel=1e-2)  # wall_s is rounded
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["wall_s"], rel=1e-2)  # wall_s: rounded to 1 us
         best = max(d["tokens_per_s"] for d in rows if d["name"].startswith("direct") and d["clients"] == r["clients"])
         assert r["tokens_per_s_vs_best_direct"] == pytest.approx(r["tokens_per_s"] / best, abs=1e-3)
     plan = staggered_plan(ServingBenchConfig(prompt_len=4, new_tokens=3, staggered=4, arrival_ms=5), 61, 64)

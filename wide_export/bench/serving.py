@@ -86,7 +86,7 @@ class Scenario:
     def summary(self) -> dict:
         lat = np.asarray(self.latencies_ms)
         out = {"name": self.name, "clients": self.clients, "requests": self.requests, "tokens": self.tokens,
-               "wall_s": round(self.wall_s, 4), "tokens_per_s": round(self.tokens / self.wall_s, 2),
+               "wall_s": round(self.wall_s, 6), "tokens_per_s": round(self.tokens / self.wall_s, 2),
                "p50_ms": round(float(np.percentile(lat, 50)), 3), "p99_ms": round(float(np.percentile(lat, 99)), 3)}
         if self.round_tokens_per_s:
             out["round_tokens_per_s"] = self.round_tokens_per_s
@@ -350,7 +350,7 @@ def openai_stats(name: str, clients: int, timings: list[StreamTiming], wall_s: f
     latency = [(t.token_times[-1] - t.sent) * 1e3 for t in timings if t.token_times]
     tokens = sum(t.tokens for t in timings)
     return {"name": name, "clients": clients, "requests": len(timings), "tokens": tokens,
-            "wall_s": round(wall_s, 4), "tokens_per_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
+            "wall_s": round(wall_s, 6), "tokens_per_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
             "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
             "itl_p50_ms": ms(percentile(itl, 50)), "itl_p99_ms": ms(percentile(itl, 99)),
             "p50_ms": ms(percentile(latency, 50)), "p99_ms": ms(percentile(latency, 99))}
