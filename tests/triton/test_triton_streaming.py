@@ -141,7 +141,9 @@ def test_client_leaving_mid_stream_does_not_break_the_server(streaming_server, r
                             keep=2)
         assert len(left) == 2 and "error" not in left[0]
     # the model noticed (request cancelled) and stopped decoding for it, well before 400 tokens
-    deadline = time.monotonic() + 10
+    # generous on purpose: the model logs the cancellation at its next decode step, which a loaded CI
+    # machine delays by seconds; waiting longer costs nothing when it is on time
+    deadline = time.monotonic() + 60
     while streaming_server.log_text().count("streaming client went away") < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     gone = re.findall(r"went away after (\d+) of 400 tokens", streaming_server.log_text())
