@@ -58,13 +58,19 @@ def test_the_url_of_an_ipv4_frontend():
         sock.close()
 
 
-def test_a_taken_port_names_who_holds_it():
+def _bind_a_taken_port() -> tuple[int, pytest.ExceptionInfo]:
+    """bind_socket on a port this process listens on: (the port, the WideError it raised)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
         with pytest.raises(WideError) as err:
             bind_socket("127.0.0.1", port)
+    return port, err
+
+
+def test_a_taken_port_names_who_holds_it():
+    port, err = _bind_a_taken_port()
     message = err.value.message
     assert message.startswith(f"the OpenAI port 127.0.0.1:{port} is already in use by ")
     assert f"{os.getpid()} (" in message  # this test process holds it
@@ -75,12 +81,7 @@ def test_a_taken_port_whose_holder_cannot_be_seen(monkeypatch):
     import wide_export.triton.ports as ports
 
     monkeypatch.setattr(ports, "holders", lambda port: [])
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        with pytest.raises(WideError) as err:
-            bind_socket("127.0.0.1", port)
+    port, err = _bind_a_taken_port()
     assert err.value.message == f"the OpenAI port 127.0.0.1:{port} is already in use"
 
 

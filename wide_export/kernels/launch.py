@@ -302,9 +302,10 @@ def router(x, wc, bc, wr, br):
     ks = kernels()
     plan = router_plan(M, H, R, sm_count(x.device))
     if plan.kernel == "wide_router_kernel":
+        block_h, warps = cfg.router_tile(block_r)
         _launch(ks.wide_router_kernel, plan.grid, x2, wc, bc.contiguous(), wr, br.contiguous(), out,
-                M, H, R, G, H, num_warps=cfg.router_tile(block_r)[1], BLOCK_M=cfg.ROUTER_BLOCK_M,
-                BLOCK_H=cfg.router_tile(block_r)[0], BLOCK_R=block_r, BLOCK_G=cfg.ROUTER_BLOCK_G)
+                M, H, R, G, H, num_warps=warps, BLOCK_M=cfg.ROUTER_BLOCK_M,
+                BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_G=cfg.ROUTER_BLOCK_G)
     else:
         part = torch.empty((plan.splits, M, R), dtype=torch.float32, device=x.device)
         _launch(ks.wide_router_split_kernel, plan.grid, x2, wc, part, M, H, R, H, plan.chunks_per_split,
