@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 
@@ -247,10 +248,18 @@ def test_no_access_log_and_no_info_lines(caplog):
     assert not [r for r in uvicorn_lines if r.levelno < logging.WARNING], [r.getMessage() for r in uvicorn_lines]
 
 
-def test_a_start_that_does_not_finish_in_time_is_refused():
+def test_a_start_that_does_not_finish_in_time_is_refused(monkeypatch):
+    # A server that never reports started (deterministic: a real uvicorn could start before the first look
+    # at an already-passed deadline, which made this test pass or fail by the thread's timing). It runs
+    # until stop() asks it to exit.
+    def never_starts(self):
+        while not self._server.should_exit:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(Frontend, "_run", never_starts)
     frontend = Frontend([served()], bind_socket("127.0.0.1", 0), engine=FakeEngine())
     with pytest.raises(WideError) as err:
-        frontend.start(timeout=-1)  # a deadline already passed at the first look
+        frontend.start(timeout=0.3)
     assert err.value.message == "the OpenAI frontend did not start"
     assert not frontend.alive()
 
