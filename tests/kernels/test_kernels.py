@@ -258,3 +258,17 @@ def test_grouped_refuses_group_size_it_cannot_tile():
     x, w, mask = torch.randn(3, 32), torch.randn(48, 32), torch.ones(3, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match="tile"):
         kernels.masked_gemm_n(x, w, mask, 24, algo="grouped")
+
+
+# The tile GEMMs walk their grid GROUP_M row tiles at a time (sources._tile_order, the L2 swizzle): 650 rows are
+# 11 row tiles of 64, so GROUP_M 8 leaves a last band of 3 and GROUP_M 3 one of 2; every (row tile, column
+# tile) must still be computed exactly once. Seen failing with the last band's height taken as GROUP_M.
+@pytest.mark.parametrize("group_m", (8, 3))
+@pytest.mark.parametrize("kind", ("gated", "k_bias"))
+def test_tile_order_covers_every_tile_cpu_interpreter(kind, group_m, monkeypatch):
+    from wide_export.kernels import configs as cfg
+    monkeypatch.setattr(cfg, "TILE_GROUP_M", group_m)
+    gs, G = 48, 4  # N or K = 192: 3 column tiles of 64 for N-pruned; K-pruned: N = 200, 4 with a tail
+    t = make_inputs(kind, (650,), gs, G, 0.5, torch.float32, "cpu", _case_seed("order", kind, group_m))
+    got, want = run(kind, t, gs, "tile")
+    check(kind, got, want, t, gs, torch.float32)

@@ -152,7 +152,7 @@ def specs() -> list[Spec]:
                                flags + (("BLOCK_N", cfg.GEMV_BLOCK_N), ("BLOCK_K", cfg.GEMV_BLOCK_K)),
                                cfg.GEMV_WARPS))
             out += _gemm(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
-                         flags + (("PRECISE", precise),),
+                         flags + (("PRECISE", precise), ("GROUP_M", cfg.TILE_GROUP_M)),
                          lambda aligned, g=gated: cfg.tile_tile(dtype, gated=g, aligned=aligned))
             if not precise:
                 for bn in cfg.GROUPED_BLOCK_NS:
@@ -174,7 +174,7 @@ def specs() -> list[Spec]:
                                (("part_ptr", "*fp32"), ("b_ptr", f"*{dt}"), ("y_ptr", f"*{dt}")),
                                (("HAS_BIAS", has_bias), ("GATED", False), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
             out += _gemm(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
-                         (("HAS_BIAS", has_bias), ("PRECISE", precise)),
+                         (("HAS_BIAS", has_bias), ("PRECISE", precise), ("GROUP_M", cfg.TILE_GROUP_M)),
                          lambda aligned: cfg.tile_tile(dtype, aligned=aligned))
             if not precise:
                 out += _twins(Spec(f"cast/{dtype}{suffix}", "wide_cast_kernel",

@@ -58,12 +58,14 @@ TILE_BLOCK_N = 64
 TILE_BLOCK_K = 64
 TILE_WARPS = 4
 STAGES = 3
+TILE_GROUP_M = 8  # the tile GEMMs' L2 swizzle: 8 row tiles walk every column tile together (sources._tile_order)
 UNALIGNED_BLOCK_K = 16  # K step of every GEMM tile when the call is not 16-aligned (see above)
 GATED_UNALIGNED_WARPS = 8  # two accumulators + element-wise loads: 248-254 registers at 4 warps, 128-181 at 8
 # float32 (PRECISE: IEEE FMA products, no tensor cores): a 64-deep K step at 4 warps spills up to 6 KB on sm_80
 FP32_BLOCK_K = 32
 FP32_UNALIGNED_BLOCK_K = 8  # 16 still spills 16 B (tile_n plain, sm_80)
 FP32_WARPS = 8
+FP32_GATED_UNALIGNED_STAGES = 2  # 3 stages spill 8 B on sm_90 (128 registers) once the tile GEMMs swizzle (GROUP_M)
 ALIGN = 16  # the divisibility Triton's JIT specializes on (and the C runtime checks before launching a16)
 
 GROUPED_BLOCK_M = 64
@@ -121,7 +123,10 @@ def grouped_k_tile(aligned: bool = True) -> Tile:
 def tile_tile(dtype: str = "float16", gated: bool = False, aligned: bool = True) -> Tile:
     """The tile kernels' tile (tile_n, tile_k) for `dtype` ("float16" / "bfloat16" / "float32")."""
     if dtype == "float32":
-        return Tile(TILE_BLOCK_M, TILE_BLOCK_N, FP32_BLOCK_K if aligned else FP32_UNALIGNED_BLOCK_K, FP32_WARPS)
+        if aligned:
+            return Tile(TILE_BLOCK_M, TILE_BLOCK_N, FP32_BLOCK_K, FP32_WARPS)
+        return Tile(TILE_BLOCK_M, TILE_BLOCK_N, FP32_UNALIGNED_BLOCK_K, FP32_WARPS,
+                    FP32_GATED_UNALIGNED_STAGES if gated else STAGES)
     t = Tile(TILE_BLOCK_M, TILE_BLOCK_N, TILE_BLOCK_K, TILE_WARPS)
     return t if aligned else _unaligned(t, gated)
 

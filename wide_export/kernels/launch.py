@@ -391,7 +391,7 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str):
         _launch(ks.wide_tile_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
                 bias if bias is not None else dummy, m2, y, M, N, K, G, group_size, K,
                 num_warps=t.num_warps, num_stages=t.num_stages, **common, PRECISE=_precise(x.dtype),
-                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=cfg.TILE_GROUP_M)
     return y.reshape(*lead, N)
 
 
@@ -475,5 +475,5 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto")
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
         _launch(ks.wide_tile_gemm_k_kernel, grid, x2, w, b, m2, y, M, N, K, G, group_size, K,
                 num_warps=t.num_warps, num_stages=t.num_stages, HAS_BIAS=has_bias, PRECISE=_precise(x.dtype),
-                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=cfg.TILE_GROUP_M)
     return y.reshape(*lead, N)

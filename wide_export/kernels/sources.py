@@ -73,13 +73,37 @@ def _mma(a, b, acc, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def _gemm_rows(x_ptr, w_ptr, w2_ptr, rows, row_ok, rn, n_ok, K, ldx, acc, acc2,
+def _row_offsets(rows, stride):
+    """rows * stride in int64: a prefill's x ([M, K]) or y ([M, N]) can pass 2^31 elements (128k tokens x
+    28672 channels), where int32 offsets wrap to addresses outside the tensor. Weights ([N, K], below 2^31
+    for every supported model) and masks ([M, G]) keep int32 offsets."""
+    return rows.to(tl.int64) * stride
+
+
+@triton.jit
+def _tile_order(GROUP_M: tl.constexpr):
+    """(pm, pn) of this program in a grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)): the launch order (program_id 0
+    fastest) walks GROUP_M row tiles across every column tile before the next GROUP_M rows (the L2 swizzle
+    of Triton's matmul tutorial): the programs running together read GROUP_M row tiles of x and a band of
+    weight tiles, so neither x nor W streams from HBM once per tile of the other, as plain row-major order
+    does when x outgrows L2 (16k tokens x 4096 bf16 = 128 MB against H200's 50 MB)."""
+    num_m = tl.num_programs(0)
+    pid = tl.program_id(1) * num_m + tl.program_id(0)
+    width = GROUP_M * tl.num_programs(1)
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
+def _gemm_rows(x_ptr, w_ptr, w2_ptr, x_off, row_ok, rn, n_ok, K, acc, acc2,
                GATED: tl.constexpr, PRECISE: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc (+ acc2 for the up weight) += x[rows] @ W[rn]^T over all of K; rows may be gathered."""
+    """acc (+ acc2 for the up weight) += x[rows] @ W[rn]^T over all of K; x_off: each row's element offset
+    from x_ptr (gathered rows: int64, _row_offsets; a tile's own rows: int32 from the tile's int64 base)."""
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
-        a = tl.load(x_ptr + rows[:, None] * ldx + rk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        a = tl.load(x_ptr + x_off[:, None] + rk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = _mma(a, b, acc, PRECISE)
         if GATED:
@@ -127,7 +151,8 @@ def wide_router_kernel(x_ptr, wc_ptr, bc_ptr, wr_ptr, br_ptr, mask_ptr, M, H, R,
     for h0 in range(0, H, BLOCK_H):
         rh = h0 + tl.arange(0, BLOCK_H)
         h_ok = rh < H
-        x = tl.load(x_ptr + rm[:, None] * ldx + rh[None, :], mask=m_ok[:, None] & h_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + _row_offsets(rm, ldx)[:, None] + rh[None, :], mask=m_ok[:, None] & h_ok[None, :],
+                    other=0.0)
         wc = tl.load(wc_ptr + rr[None, :] * H + rh[:, None], mask=r_ok[None, :] & h_ok[:, None], other=0.0)
         z = tl.dot(x.to(tl.float32), wc, z, input_precision="ieee")
     z += tl.load(bc_ptr + rr, mask=r_ok, other=0.0)[None, :]
@@ -313,10 +338,10 @@ def wide_grouped_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, rows_ptr, counts_ptr
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if pm * BLOCK_M < count:
-        acc, acc2 = _gemm_rows(x_ptr, w_ptr, w2_ptr, rows, act, rn, rn < N, K, ldx, acc, acc2,
+        acc, acc2 = _gemm_rows(x_ptr, w_ptr, w2_ptr, _row_offsets(rows, ldx), act, rn, rn < N, K, acc, acc2,
                                GATED, PRECISE, BLOCK_K)
         acc = _epilogue_n(acc, acc2, b_ptr, rn, rn < N, act[:, None], HAS_BIAS, GATED)
-    tl.store(y_ptr + rows[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=in_m[:, None])
+    tl.store(y_ptr + _row_offsets(rows, N)[:, None] + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=in_m[:, None])
 
 
 @triton.jit(do_not_specialize=["M"])  # row / group counts: not in a vectorised dim
@@ -339,23 +364,25 @@ def wide_grouped_gemm_k_kernel(x_ptr, w_ptr, rows_ptr, counts_ptr, acc_ptr, M, N
             rj = kk + tl.arange(0, BLOCK_K)
             j_ok = rj < group_size
             rk = g * group_size + rj
-            a = tl.load(x_ptr + rows[:, None] * ldx + rk[None, :], mask=act[:, None] & j_ok[None, :], other=0.0)
+            a = tl.load(x_ptr + _row_offsets(rows, ldx)[:, None] + rk[None, :], mask=act[:, None] & j_ok[None, :],
+                        other=0.0)
             b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mma(a, b, acc, PRECISE)
-        tl.atomic_add(acc_ptr + rows[:, None] * N + rn[None, :], acc, mask=act[:, None] & n_ok[None, :], sem="relaxed")
+        tl.atomic_add(acc_ptr + _row_offsets(rows, N)[:, None] + rn[None, :], acc, mask=act[:, None] & n_ok[None, :], sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["M", "G"])  # row / group counts: not in a vectorised dim
 def wide_tile_gemm_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
                             HAS_BIAS: tl.constexpr, PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr):
-    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
-    pm = tl.program_id(0)
-    pn = tl.program_id(1)
-    rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)), walked in _tile_order
+    pm, pn = _tile_order(GROUP_M)
+    r = tl.arange(0, BLOCK_M)
+    rm = pm * BLOCK_M + r
     m_ok = rm < M
     rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
+    x_tile = x_ptr + _row_offsets(pm * BLOCK_M, ldx)  # the tile's first row: int64; rows within it: int32
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for g in range(0, G):
         act = (tl.load(mask_ptr + rm * G + g, mask=m_ok, other=0) != 0) & m_ok
@@ -364,19 +391,19 @@ def wide_tile_gemm_k_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, gr
                 rj = kk + tl.arange(0, BLOCK_K)
                 j_ok = rj < group_size
                 rk = g * group_size + rj
-                a = tl.load(x_ptr + rm[:, None] * ldx + rk[None, :], mask=act[:, None] & j_ok[None, :], other=0.0)
+                a = tl.load(x_tile + r[:, None] * ldx + rk[None, :], mask=act[:, None] & j_ok[None, :], other=0.0)
                 b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
                 acc = _mma(a, b, acc, PRECISE)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+    tl.store(y_ptr + _row_offsets(pm * BLOCK_M, N) + r[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def wide_cast_kernel(src_ptr, dst_ptr, b_ptr, numel, N, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """float32 [M, N] (+ bias [N]) -> dst dtype (the scatter-add accumulator to the output)."""
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    """float32 [M, N] (+ bias [N]) -> dst dtype (the scatter-add accumulator to the output); M * N may pass 2^31."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = r < numel
     v = tl.load(src_ptr + r, mask=ok, other=0.0)
     if HAS_BIAS:
@@ -387,12 +414,13 @@ def wide_cast_kernel(src_ptr, dst_ptr, b_ptr, numel, N, HAS_BIAS: tl.constexpr, 
 @triton.jit(do_not_specialize=["M", "G"])  # row / group counts: not in a vectorised dim
 def wide_tile_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, K, G, group_size, ldx,
                             HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISE: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)): a plain tile GEMM with the mask in the epilogue; a tile
-    # none of whose (row, group) pairs executes skips its K loop. Any group size.
-    pm = tl.program_id(0)
-    pn = tl.program_id(1)
-    rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr):
+    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)), walked in _tile_order: a plain tile GEMM with the mask in the
+    # epilogue; a tile none of whose (row, group) pairs executes skips its K loop. Any group size.
+    pm, pn = _tile_order(GROUP_M)
+    r = tl.arange(0, BLOCK_M)
+    rm = pm * BLOCK_M + r
     m_ok = rm < M
     rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
@@ -401,9 +429,12 @@ def wide_tile_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if tl.max(tl.max(act.to(tl.int32), axis=1), axis=0) > 0:
-        acc, acc2 = _gemm_rows(x_ptr, w_ptr, w2_ptr, rm, m_ok, rn, n_ok, K, ldx, acc, acc2, GATED, PRECISE, BLOCK_K)
+        # the tile's first row at an int64 offset, rows within it at int32 ones (64 x K: no overflow)
+        acc, acc2 = _gemm_rows(x_ptr + _row_offsets(pm * BLOCK_M, ldx), w_ptr, w2_ptr, r * ldx, m_ok, rn, n_ok, K,
+                               acc, acc2, GATED, PRECISE, BLOCK_K)
         acc = _epilogue_n(acc, acc2, b_ptr, rn, n_ok, act, HAS_BIAS, GATED)
-    tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + _row_offsets(pm * BLOCK_M, N) + r[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=ok)
 
 
 @triton.jit
@@ -417,8 +448,8 @@ def wide_apply_mask_kernel(src_ptr, src2_ptr, dst_ptr, mask_ptr, M, N, G, group_
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = (rm < M)[:, None] & (rn < N)[None, :]
     keep = (tl.load(mask_ptr + rm[:, None] * G + rn[None, :] // group_size, mask=ok, other=0) != 0) & ok
-    v = tl.load(src_ptr + rm[:, None] * ld_src + rn[None, :], mask=keep, other=0.0).to(tl.float32)
+    v = tl.load(src_ptr + _row_offsets(rm, ld_src)[:, None] + rn[None, :], mask=keep, other=0.0).to(tl.float32)
     if GATED:
-        u = tl.load(src2_ptr + rm[:, None] * N + rn[None, :], mask=keep, other=0.0).to(tl.float32)
+        u = tl.load(src2_ptr + _row_offsets(rm, N)[:, None] + rn[None, :], mask=keep, other=0.0).to(tl.float32)
         v = v * tl.sigmoid(v) * u
-    tl.store(dst_ptr + rm[:, None] * N + rn[None, :], tl.where(keep, v, 0.0).to(dst_ptr.dtype.element_ty), mask=ok)
+    tl.store(dst_ptr + _row_offsets(rm, N)[:, None] + rn[None, :], tl.where(keep, v, 0.0).to(dst_ptr.dtype.element_ty), mask=ok)
