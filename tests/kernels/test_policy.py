@@ -130,6 +130,22 @@ def test_measured_policy_is_per_kind_against_plain_dense():
     assert policy.validate(pol) == []
 
 
+@pytest.mark.parametrize("tile_ms, want", [(0.8, "tile"), (1.2, "dense")])
+def test_measured_fallback_is_tile_only_where_it_beat_cublas_plus_the_mask_pass(tile_ms, want):
+    """Past the GEMV (T > 1 here) the fused-epilogue tile kernel must beat the masked dense path (1.0 ms) on
+    every row for `auto` to fall back to it; one row where it lost (T = 64, 1.2 ms) keeps dense. The
+    GEMV's own rows (T = 1, where tile was 5 ms) do not count."""
+    from wide_export.bench.kernels import Report, measured_policy
+
+    rows = []
+    for T in (1, 16, 64):
+        r = _row("n", 4096, 4096, T, 0.5 if T == 1 else 9.0, masked_dense_ms=1.0)
+        r.algo_ms["tile"] = 5.0 if T == 1 else (tile_ms if T == 64 else 0.8)
+        rows.append(r)
+    entry = measured_policy(Report("H200", "sm_90", "bf16", "short", 4300.0, rows))["sm_90"]
+    assert entry["gemv_max_m"]["n"] == 1 and entry["fallback"] == want
+
+
 def test_roofline_counts_the_union_of_the_masks_by_hand():
     import torch
 

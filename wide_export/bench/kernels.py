@@ -334,7 +334,8 @@ def measured_policy(report: Report) -> dict:
 
     Every algorithm is compared with PLAIN dense (the dense model's cuBLAS op, no mask pass), per kernel
     kind: gemv_max_m[kind] is the largest T up to which the GEMV beats dense at every T' <= T, every shape
-    and group size of that kind; a shape whose own crossover differs gets a gemv_max_m_shapes rule.
+    and group size of that kind; a shape whose own crossover differs gets a gemv_max_m_shapes rule. The
+    fallback (where neither GEMV nor grouped runs): measured_fallback.
     """
     from wide_export.kernels.policy import KINDS, MAX_SHAPE_RULES, shape_key
 
@@ -381,10 +382,24 @@ def measured_policy(report: Report) -> dict:
     k_t, k_gs = grouped(("k",))
     entry = {"measured": True, "device": report.device, "dtype": report.dtype, "gemv_max_m": per_kind,
              "grouped_n_min_m": n_t, "grouped_n_min_group_size": n_gs, "grouped_k_min_m": k_t,
-             "grouped_k_min_group_size": k_gs, "fallback": "dense"}
+             "grouped_k_min_group_size": k_gs, "fallback": measured_fallback(rows, entry_gemv=per_kind,
+                                                                              rules=rules)}
     if rules:
         entry["gemv_max_m_shapes"] = rules
     return {report.arch: entry}
+
+
+def measured_fallback(rows: list[Row], entry_gemv: dict, rules: dict) -> str:
+    """What `auto` runs where neither the GEMV nor the grouped GEMM does: "tile" (the mask fused into the
+    GEMM's epilogue, one kernel) when it beat the dense fallback (cuBLAS + a mask pass) on every row timed
+    with both above the GEMV's range, else "dense"."""
+    from wide_export.kernels.policy import shape_key
+
+    def past_gemv(r):
+        return r.tokens > rules.get(shape_key(r.kernel, r.N, r.K), entry_gemv[r.kernel])
+
+    both = [r for r in rows if past_gemv(r) and "tile" in r.algo_ms and "dense" in r.algo_ms]
+    return "tile" if both and all(r.algo_ms["tile"] < r.algo_ms["dense"] for r in both) else "dense"
 
 
 def record_policy(src: Path, dest: Optional[Path] = None) -> str:
