@@ -3,6 +3,7 @@ and triton/templates.py's strict substitution -- each case's answer written out 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -113,6 +114,70 @@ def test_bindable_reuses_time_wait_and_tells_a_taken_port():
         taken.listen(1)
         assert ports._bindable("127.0.0.1", taken.getsockname()[1]) is False
     assert ports._bindable("127.0.0.1", 0) is True
+
+
+
+def test_listening_inodes_needs_the_inode_column(tmp_path):
+    """A row is read when it has the inode (10th) column: one cut right before it is skipped, not a crash."""
+    nine = "   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0\n"
+    ten = "   1: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 777\n"
+    assert len(nine.split()) == 9 and len(ten.split()) == 10
+    assert ports.listening_inodes(8000, _proc(tmp_path, nine + ten)) == {"777"}
+
+
+def test_socket_inodes_skips_fd_entries_that_are_not_links(tmp_path):
+    """An fd entry that cannot be read as a link (closed meanwhile) hides none of the sockets after it."""
+    proc = _proc(tmp_path, "", pids={20: ("python", [])})
+    fd = proc / "20" / "fd"
+    for i in range(10):  # interleaved, so that in any listing order some socket follows an unreadable entry
+        (fd / f"{2 * i}").write_text("")  # readlink fails on a plain file
+        os.symlink(f"socket:[{500 + i}]", fd / f"{2 * i + 1}")
+    assert ports._socket_inodes(20, proc) == {str(500 + i) for i in range(10)}
+
+
+def test_check_ports_free_names_every_holder(monkeypatch):
+    """A listening socket shared by several processes (a parent and the children that inherit it): all named."""
+    monkeypatch.setattr(ports, "holders", lambda port: ["10 (tritonserver)", "12 (triton_python_backend_stub)"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(WideError) as err:
+            ports.check_ports_free("127.0.0.1", {"--http-port": port})
+    assert err.value.message == (f"--http-port {port} on 127.0.0.1 is already in use by 10 (tritonserver), "
+                                 "12 (triton_python_backend_stub)")
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_check_ports_free_on_an_ipv6_address():
+    """An IPv6 --address is checked as IPv6: a free port passes, a taken one is named as taken."""
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(WideError) as err:
+            ports.check_ports_free("::1", {"--grpc-port": port})
+        assert err.value.message.startswith(f"--grpc-port {port} on ::1 is already in use")
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        free = probe.getsockname()[1]
+    ports.check_ports_free("::1", {"--http-port": free})
+
+
+def test_an_address_that_is_not_ours_says_why_in_words():
+    """The refusal gives the OS's reason text (strerror), not Python's '[Errno N] ...' form."""
+    with pytest.raises(WideError) as err:
+        ports.check_ports_free("192.0.2.1", {"--http-port": 0})
+    assert err.value.message == f"cannot listen on 192.0.2.1:0: {os.strerror(errno.EADDRNOTAVAIL)}"
 
 
 # -- special tokens and tokenizer files
