@@ -129,7 +129,7 @@ def test_socket_inodes_skips_fd_entries_that_are_not_links(tmp_path):
     """An fd entry that cannot be read as a link (closed meanwhile) hides none of the sockets after it."""
     proc = _proc(tmp_path, "", pids={20: ("python", [])})
     fd = proc / "20" / "fd"
-    for i in range(10):  # interleaved, so that in any listing order some socket follows an unreadable entry
+    for i in range(10):  # interleaved: unless a listing puts all ten plain files last, a socket follows one
         (fd / f"{2 * i}").write_text("")  # readlink fails on a plain file
         os.symlink(f"socket:[{500 + i}]", fd / f"{2 * i + 1}")
     assert ports._socket_inodes(20, proc) == {str(500 + i) for i in range(10)}
