@@ -83,6 +83,7 @@ def test_tensorrt_package_and_version_default_when_not_said(tmp_path):
 
 
 def test_no_plugins_listed_is_no_plugins(tmp_path):
+    """A manifest without "plugins" gives no plugin libraries (none required)."""
     folder = tmp_path / "engines"
     write_engine_folder(folder)
     _rewrite(folder, lambda m: m.pop("plugins"))
@@ -102,6 +103,7 @@ def test_model_fields_from_wide_config_beside_the_manifest(tmp_path):
 
 
 def test_two_engines_each_read(tmp_path):
+    """Every engine listed is read, in the manifest's order."""
     folder = tmp_path / "engines"
     write_engine_folder(folder, layers=1)
     (folder / "second.engine").write_bytes(b"x")
@@ -136,6 +138,7 @@ def test_profile_phase(raw, phase):
 
 
 def test_an_engine_without_profiles_has_one_for_both_phases(tmp_path):
+    """No (or an empty) profile list: one profile 0 serving both phases, no shape ranges."""
     folder = tmp_path / "engines"
     write_engine_folder(folder)
     spec = engines._engine({"file": "model.engine", "inputs": [], "outputs": []}, folder, "m.json")
@@ -146,6 +149,7 @@ def test_an_engine_without_profiles_has_one_for_both_phases(tmp_path):
 
 
 def test_a_profile_naming_unknown_inputs(tmp_path):
+    """A profile ranging inputs the engine does not have is refused, naming its index and those inputs sorted."""
     folder = tmp_path / "engines"
     write_engine_folder(folder)
     raw = {"file": "model.engine", "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [-1, -1]}],
@@ -168,12 +172,14 @@ def test_tensor_dtype_names_and_dims():
 @pytest.mark.parametrize("raw", [{"dtype": "int64", "shape": [1]}, {"name": "x", "shape": [1]},
                                  {"name": "x", "dtype": "int64"}, ["input_ids"], "input_ids"])
 def test_a_tensor_missing_a_field(raw):
+    """A tensor entry without name, dtype or shape (or not an object) is refused, quoting the entry."""
     with pytest.raises(WideError) as err:
         engines._tensor(raw, "m.json")
     assert err.value.message == f"m.json: each tensor needs name, dtype and shape, got {raw!r}"
 
 
 def test_a_tensor_of_an_unsupported_dtype_is_named_as_written():
+    """An unknown dtype is refused, quoted as the manifest wrote it (not lowercased)."""
     with pytest.raises(WideError) as err:
         engines._tensor({"name": "ids", "dtype": "Complex64", "shape": [1]}, "m.json")
     assert err.value.message == "m.json: tensor ids has unsupported dtype 'Complex64'"
@@ -181,23 +187,27 @@ def test_a_tensor_of_an_unsupported_dtype_is_named_as_written():
 
 # -- refusals of a whole folder
 def test_a_folder_without_a_manifest(tmp_path):
+    """A folder without wide_engine.json: its path, and where to point --engines."""
     err = _refusal(tmp_path)
     assert err.message == f"{tmp_path / 'wide_engine.json'} not found"
     assert err.hint == "point --engines at the folder written by `wide-export trt`"
 
 
 def test_a_manifest_that_is_not_an_object(tmp_path):
+    """A manifest that is JSON but not an object is refused with the rebuild hint."""
     (tmp_path / "wide_engine.json").write_text("[1, 2]")
     err = _refusal(tmp_path)
     assert err.message == f"{tmp_path / 'wide_engine.json'}: expected a JSON object" and err.hint == REBUILD
 
 
 def test_a_manifest_that_is_not_json_says_how_to_rebuild(tmp_path):
+    """Unparsable JSON gets the same rebuild hint."""
     (tmp_path / "wide_engine.json").write_text("{not json")
     assert _refusal(tmp_path).hint == REBUILD
 
 
 def test_a_manifest_linked_from_outside_is_refused(tmp_path):
+    """A wide_engine.json symlinked to another folder's is refused, naming both paths."""
     elsewhere = tmp_path / "elsewhere"
     write_engine_folder(elsewhere)
     folder = tmp_path / "engines"
@@ -210,6 +220,7 @@ def test_a_manifest_linked_from_outside_is_refused(tmp_path):
 
 @pytest.mark.parametrize("engines_entry", [[], None])
 def test_a_manifest_listing_no_engines(tmp_path, engines_entry):
+    """An empty or missing engine list is refused."""
     folder = tmp_path / "engines"
     write_engine_folder(folder)
     path = _rewrite(folder, lambda m: m.update(engines=engines_entry) if engines_entry is not None
@@ -218,6 +229,7 @@ def test_a_manifest_listing_no_engines(tmp_path, engines_entry):
 
 
 def test_an_engine_file_that_is_missing_or_outside(tmp_path):
+    """An engine file that is missing, not named, or outside the folder is refused with its path."""
     folder = tmp_path / "engines"
     write_engine_folder(folder)
     path = _rewrite(folder, lambda m: m["engines"][0].update(file="gone.engine"))
@@ -231,6 +243,7 @@ def test_an_engine_file_that_is_missing_or_outside(tmp_path):
 
 
 def test_kv_layers_must_be_the_models(tmp_path):
+    """An engine's KV-cache layer count must be the model's; both counts are named."""
     folder = tmp_path / "engines"
     write_engine_folder(folder, layers=2)
     path = _rewrite(folder, lambda m: m["model"].update(num_layers=3))
@@ -238,6 +251,7 @@ def test_kv_layers_must_be_the_models(tmp_path):
 
 
 def test_io_names_checked_against_the_contract(tmp_path):
+    """An engine lacking a contract output is refused, naming the manifest and engine file."""
     folder = tmp_path / "engines"
     write_engine_folder(folder, layers=1)
     path = _rewrite(folder, lambda m: m["engines"][0]["outputs"].pop())  # lose present.0.value
@@ -247,6 +261,7 @@ def test_io_names_checked_against_the_contract(tmp_path):
 
 
 def test_logits_width_checked_against_the_vocabulary(tmp_path):
+    """An engine's static logits width must be the model's vocab_size."""
     folder = tmp_path / "engines"
     write_engine_folder(folder, vocab=97)
     path = _rewrite(folder, lambda m: m["model"].update(vocab_size=98))
@@ -256,6 +271,7 @@ def test_logits_width_checked_against_the_vocabulary(tmp_path):
 
 
 def test_a_plugin_library_missing_or_outside(tmp_path):
+    """A listed plugin library that is missing or lies outside the folder is refused with its path."""
     folder = tmp_path / "engines"
     write_engine_folder(folder)
     (folder / "libwide_plugins.so").unlink()
@@ -279,6 +295,7 @@ def test_a_bad_tensor_is_named_with_the_manifest(tmp_path):
 
 
 def test_a_bad_model_entry_is_named_with_the_manifest(tmp_path):
+    """A bad field of the manifest's "model" entry is named with the manifest's path."""
     folder = tmp_path / "engines"
     write_engine_folder(folder)
     path = _rewrite(folder, lambda m: m["model"].update(head_dim=0))

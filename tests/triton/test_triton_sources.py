@@ -45,6 +45,7 @@ def test_the_tiny_model_read(folder):
 
 
 def test_external_weights_are_listed(folder):
+    """Weights saved beside the graph (external data) are listed as the source's data files."""
     model = onnx.load(str(folder / "model.onnx"))
     onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
               location="weights.bin", size_threshold=0)
@@ -52,12 +53,14 @@ def test_external_weights_are_listed(folder):
 
 
 def test_a_folder_without_model_onnx(tmp_path):
+    """A folder without model.onnx: its path, and where to point --onnx."""
     err = _refusal(tmp_path)
     assert err.message == f"{tmp_path / 'model.onnx'} not found"
     assert err.hint == "point --onnx at the folder written by `wide-export onnx`"
 
 
 def test_model_onnx_linked_from_outside(folder, tmp_path):
+    """A model.onnx symlinked from outside the folder is refused, naming both paths."""
     outside = tmp_path / "outside.onnx"
     (folder / "model.onnx").rename(outside)
     (folder / "model.onnx").symlink_to(outside)
@@ -66,6 +69,7 @@ def test_model_onnx_linked_from_outside(folder, tmp_path):
 
 
 def test_a_folder_without_wide_config(folder):
+    """A graph without wide_config.json beside it: the missing path and where to point."""
     (folder / "wide_config.json").unlink()
     err = _refusal(folder)
     assert err.message == f"{folder / 'wide_config.json'} not found"
@@ -73,6 +77,7 @@ def test_a_folder_without_wide_config(folder):
 
 
 def test_wide_config_linked_from_outside(folder, tmp_path):
+    """A wide_config.json symlinked from outside the folder is refused, naming both paths."""
     outside = tmp_path / "cfg.json"
     (folder / "wide_config.json").rename(outside)
     (folder / "wide_config.json").symlink_to(outside)
@@ -81,11 +86,13 @@ def test_wide_config_linked_from_outside(folder, tmp_path):
 
 
 def test_a_damaged_wide_config_says_to_re_export(folder):
+    """Unparsable wide_config.json gets the re-export hint."""
     (folder / "wide_config.json").write_text("{")
     assert _refusal(folder).hint == "re-export the model with `wide-export onnx`"
 
 
 def test_more_layers_in_the_config_than_in_the_graph(folder):
+    """A config claiming a layer the graph lacks: the graph's path and the missing KV inputs."""
     _edit_config(folder, num_layers=tiny_llm.LAYERS + 1)
     n = tiny_llm.LAYERS
     err = _refusal(folder)
@@ -94,6 +101,7 @@ def test_more_layers_in_the_config_than_in_the_graph(folder):
 
 
 def test_a_vocabulary_other_than_the_logits_width(folder):
+    """A vocab_size other than the graph's logits width is refused with both numbers."""
     _edit_config(folder, vocab_size=tiny_llm.VOCAB + 1)
     err = _refusal(folder)
     assert err.message == (f"{folder / 'model.onnx'}: logits have {tiny_llm.VOCAB} values per token, the model "
@@ -102,6 +110,7 @@ def test_a_vocabulary_other_than_the_logits_width(folder):
 
 
 def test_config_io_listing_other_inputs_than_the_graph(folder):
+    """wide_config.json's io listing must name the graph's own inputs and outputs."""
     path = _edit_config(folder, io={"inputs": [{"name": "input_ids"}], "outputs": []})
     err = _refusal(folder)
     assert err.message == f"{path}: io.inputs does not match the graph's inputs" and err.hint == REEXPORT
@@ -112,6 +121,7 @@ def test_config_io_listing_other_inputs_than_the_graph(folder):
 
 
 def test_a_bad_field_is_named_with_the_folders_wide_config(folder):
+    """A bad field is named with the folder's wide_config.json path."""
     path = _edit_config(folder, head_dim=0)
     assert _refusal(folder).message == f"{path}: head_dim must be a positive integer, got 0"
 
