@@ -54,6 +54,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = ROOT / ".mutation"
 
+# tests/triton/test_triton_repository.py less test_tensorrt_repository_from_a_real_engine: that one exports the
+# demo model (a subprocess) and builds a TensorRT-RTX engine, about 30 s in every mutant's run here
+_REPOSITORY_WITHOUT_A_REAL_ENGINE = [f"tests/triton/test_triton_repository.py::{name}" for name in (
+    "test_onnxruntime_repository_layout_and_config", "test_template_keys_are_strict",
+    "test_errors_leave_nothing_behind", "test_tensorrt_repository_matches_the_manifest",
+    "test_tensorrt_manifest_errors", "test_tensorrt_rtx_engines_are_warned_about_before_writing",
+    "test_engines_with_the_onnxruntime_backend_get_a_hint")]
+
 # module -> the tests that pin it down (fast, in-process)
 TESTS: dict[str, list[str]] = {
     "wide_export/triton/inflight.py": ["tests/triton/test_triton_inflight_batch.py",
@@ -96,8 +104,9 @@ TESTS: dict[str, list[str]] = {
     "wide_export/triton/templates.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
     "wide_export/triton/textfiles.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
     "wide_export/triton/repository.py": ["tests/triton/test_triton_repository.py", "tests/triton/test_triton_cli.py"],
-    "wide_export/triton/sources.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
-    "wide_export/triton/engines.py": ["tests/triton/test_triton_repository.py"],
+    "wide_export/triton/sources.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_sources.py",
+                                      *_REPOSITORY_WITHOUT_A_REAL_ENGINE],
+    "wide_export/triton/engines.py": ["tests/triton/test_triton_engines.py", *_REPOSITORY_WITHOUT_A_REAL_ENGINE],
     "wide_export/triton/server.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
     "wide_export/triton/supervise.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
     "wide_export/triton/client.py": ["tests/triton/test_triton_cli.py"],

@@ -3,6 +3,7 @@ and triton/templates.py's strict substitution -- each case's answer written out 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -113,6 +114,70 @@ def test_bindable_reuses_time_wait_and_tells_a_taken_port():
         taken.listen(1)
         assert ports._bindable("127.0.0.1", taken.getsockname()[1]) is False
     assert ports._bindable("127.0.0.1", 0) is True
+
+
+
+def test_listening_inodes_needs_the_inode_column(tmp_path):
+    """A row is read when it has the inode (10th) column: one cut right before it is skipped, not a crash."""
+    nine = "   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0\n"
+    ten = "   1: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 777\n"
+    assert len(nine.split()) == 9 and len(ten.split()) == 10
+    assert ports.listening_inodes(8000, _proc(tmp_path, nine + ten)) == {"777"}
+
+
+def test_socket_inodes_skips_fd_entries_that_are_not_links(tmp_path):
+    """An fd entry that cannot be read as a link (closed meanwhile) hides none of the sockets after it."""
+    proc = _proc(tmp_path, "", pids={20: ("python", [])})
+    fd = proc / "20" / "fd"
+    for i in range(10):  # interleaved: unless a listing puts all ten plain files last, a socket follows one
+        (fd / f"{2 * i}").write_text("")  # readlink fails on a plain file
+        os.symlink(f"socket:[{500 + i}]", fd / f"{2 * i + 1}")
+    assert ports._socket_inodes(20, proc) == {str(500 + i) for i in range(10)}
+
+
+def test_check_ports_free_names_every_holder(monkeypatch):
+    """A listening socket shared by several processes (a parent and the children that inherit it): all named."""
+    monkeypatch.setattr(ports, "holders", lambda port: ["10 (tritonserver)", "12 (triton_python_backend_stub)"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(WideError) as err:
+            ports.check_ports_free("127.0.0.1", {"--http-port": port})
+    assert err.value.message == (f"--http-port {port} on 127.0.0.1 is already in use by 10 (tritonserver), "
+                                 "12 (triton_python_backend_stub)")
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_check_ports_free_on_an_ipv6_address():
+    """An IPv6 --address is checked as IPv6: a free port passes, a taken one is named as taken."""
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(WideError) as err:
+            ports.check_ports_free("::1", {"--grpc-port": port})
+        assert err.value.message.startswith(f"--grpc-port {port} on ::1 is already in use")
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        free = probe.getsockname()[1]
+    ports.check_ports_free("::1", {"--http-port": free})
+
+
+def test_an_address_that_is_not_ours_says_why_in_words():
+    """The refusal gives the OS's reason text (strerror), not Python's '[Errno N] ...' form."""
+    with pytest.raises(WideError) as err:
+        ports.check_ports_free("192.0.2.1", {"--http-port": 0})
+    assert err.value.message == f"cannot listen on 192.0.2.1:0: {os.strerror(errno.EADDRNOTAVAIL)}"
 
 
 # -- special tokens and tokenizer files
@@ -259,10 +324,12 @@ def test_parse_model_shape_fields_and_aliases(tmp_path):
     shape = sources.parse_model_shape(alias, where)
     assert shape.num_layers == 3 and shape.kv_dtype == "float32"  # no dtype: float32
     assert sources.parse_model_shape({**CFG, "num_hidden_layers": 9}, where).num_layers == 2  # num_layers first
+    assert sources.parse_model_shape({**CFG, "num_key_value_heads": 1}, where).num_kv_heads == 1  # 1 is positive
 
 
 @pytest.mark.parametrize("field, value", [("head_dim", 0), ("head_dim", -1), ("vocab_size", True),
-                                          ("num_key_value_heads", 2.0), ("num_layers", "2")])
+                                          ("num_key_value_heads", 2.0), ("num_layers", "2"),
+                                          ("max_position_embeddings", 0)])
 def test_integer_fields_must_be_positive_integers(tmp_path, field, value):
     with pytest.raises(WideError) as err:
         sources.parse_model_shape({**CFG, field: value}, tmp_path / "c.json")
@@ -288,14 +355,28 @@ def test_kv_dtype_names(tmp_path, raw, name):
 def test_bfloat16_is_refused_with_the_way_to_serve_it(tmp_path, raw):
     with pytest.raises(WideError) as err:
         sources.kv_dtype_name(raw, tmp_path)
-    assert "a bfloat16 model cannot be served by the Triton generation model yet" in err.value.message
-    assert err.value.hint.startswith("to serve it, export with --dtype float16")
+    assert err.value.message == (f"{tmp_path}: a bfloat16 model cannot be served by the Triton generation model "
+                                 "yet (its KV cache is float32 or float16)")
+    assert err.value.hint == ("to serve it, export with --dtype float16 (or float32) and build with "
+                              "`wide-export trt --fp16`")
 
 
 def test_other_dtypes_are_refused(tmp_path):
     with pytest.raises(WideError) as err:
         sources.kv_dtype_name("int8", tmp_path)
     assert err.value.message == f"{tmp_path}: dtype 'int8' is not supported for serving (float32 or float16)"
+    assert err.value.hint == "export with --dtype float16 or float32"
+
+
+def test_errors_of_parse_model_shape_name_the_file(tmp_path):
+    """A refused dtype or length limit found while parsing names the description's path."""
+    where = tmp_path / "wide_config.json"
+    with pytest.raises(WideError) as err:
+        sources.parse_model_shape({**CFG, "dtype": "int8"}, where)
+    assert err.value.message == f"{where}: dtype 'int8' is not supported for serving (float32 or float16)"
+    with pytest.raises(WideError) as err:  # float16, 256 bytes per position (test_limits_by_hand)
+        sources.parse_model_shape({**CFG, "max_position_embeddings": 1 << 40}, where)
+    assert err.value.message.startswith(f"{where}: max_position_embeddings {1 << 40} needs a 256 TiB KV cache")
 
 
 def test_limits_by_hand(tmp_path):
@@ -304,13 +385,20 @@ def test_limits_by_hand(tmp_path):
     sources.check_limits(ok, tmp_path)
     with pytest.raises(WideError) as err:
         sources.check_limits(sources.ModelShape(2, 4, 8, 100, "float16", (1 << 40) // 256 + 1), tmp_path)
-    assert "needs a 1 TiB KV cache for one sequence, more than the 1 TiB any server holds" in err.value.message
+    assert err.value.message == (f"{tmp_path}: max_position_embeddings {(1 << 40) // 256 + 1} needs a 1 TiB KV cache "
+                                 "for one sequence, more than the 1 TiB any server holds")
+    assert err.value.hint == DAMAGED
+    sources.check_limits(sources.ModelShape(2, 4, 8, 100, "float32", (1 << 40) // 512), tmp_path)  # 4 bytes each
     with pytest.raises(WideError, match="max_position_embeddings"):  # float32: twice the bytes
         sources.check_limits(sources.ModelShape(2, 4, 8, 100, "float32", (1 << 40) // 256), tmp_path)
     sources.check_limits(sources.ModelShape(1, 1, 1, 2**31 - 1, "float32", 1), tmp_path)
     with pytest.raises(WideError) as err:
         sources.check_limits(sources.ModelShape(1, 1, 1, 2**31, "float32", 1), tmp_path)
     assert err.value.message == f"{tmp_path}: vocab_size {2**31} is more than token ids can number ({2**31 - 1})"
+    assert err.value.hint == DAMAGED
+
+
+DAMAGED = "the model description is damaged; re-export the model with `wide-export onnx`"
 
 
 def test_check_vocab():
@@ -319,9 +407,13 @@ def test_check_vocab():
     sources.check_vocab(shape, ["batch", "seq", None], "g")  # dynamic: not checked
     sources.check_vocab(shape, [], "g")
     sources.check_vocab(shape, [-1], "g")
+    sources.check_vocab(shape, [0], "g")  # not a width: unchecked
+    with pytest.raises(WideError, match="logits have 1 values per token"):
+        sources.check_vocab(shape, [1, 1, 1], "g")
     with pytest.raises(WideError) as err:
         sources.check_vocab(shape, [1, 1, 99], "g")
     assert err.value.message == "g: logits have 99 values per token, the model description says vocab_size 100"
+    assert err.value.hint == "the folder mixes files from different exports; re-export"
 
 
 def test_check_io_names_names_what_is_missing_and_extra():
@@ -333,6 +425,7 @@ def test_check_io_names_names_what_is_missing_and_extra():
         sources.check_io_names(ins[:-1] + ["x"], outs, 1, io, "g")
     assert err.value.message == ("g: inputs do not match the KV-cache contract for 1 layers (missing "
                                  "['past_key_values.0.value'], unexpected ['x'])")
+    assert err.value.hint == "export with `wide-export onnx` (one graph with past_key_values inputs)"
     with pytest.raises(WideError) as err:
         sources.check_io_names(ins, outs[:1], 1, io, "g")
     assert "outputs do not match" in err.value.message and "'present.0.key', 'present.0.value'" in err.value.message
@@ -340,6 +433,10 @@ def test_check_io_names_names_what_is_missing_and_extra():
     with pytest.raises(WideError) as err:
         sources.check_io_names(ins + many, outs, 1, io, "g")
     assert "unexpected ['e0', 'e1', 'e2', 'e3'])" in err.value.message  # four at most
+    with pytest.raises(WideError) as err:
+        sources.check_io_names([], outs, 1, io, "g")  # five missing: the first four named
+    assert "(missing ['attention_mask', 'input_ids', 'past_key_values.0.key', 'past_key_values.0.value'], " \
+           "unexpected [])" in err.value.message
 
 
 def test_count_layers():
