@@ -3,7 +3,7 @@
 #   1. build plugins/kernels for sm_$CUDA_ARCH (Triton AOT cubins + C runtime)      <=  75 s
 #   2. pytest -m gpu tests/kernels tests/bench: the Triton kernels (JIT), the C
 #      runtime's AOT cubins (the plugins' path) and one Llama layer on the kernels
-#      against the PyTorch references; ~65 cold JIT specialisations (counted on CPU
+#      against the PyTorch references; ~78 cold JIT specialisations (counted on CPU
 #      by tests/kernels/test_gpu_budget.py)                                     <= 145 s
 #   3. wide-export bench kernels --preset short (bf16 vs cuBLAS; roofline; JSON
 #      rewritten after every case, token counts outermost)                      <= 120 s

@@ -18,13 +18,15 @@ def _int_class(v: int) -> str:
 
 @contextlib.contextmanager
 def recording():
-    """Within: kernel launches are recorded (set of JIT keys yielded), not run; device checks are off."""
+    """Within: kernel launches are recorded (set of JIT keys yielded), not run; device checks are off, and
+    the tensors (on the CPU) are taken for an sm_90 GPU's (the H200 of gpu-check.sh): its policy decides
+    `auto` and the tile sizes (large_tile_min_m), not the interpreter's."""
     import torch
 
     from wide_export.kernels import launch
 
     keys: set = set()
-    real_launch, real_check = launch._launch, launch._check_device
+    real_launch, real_check, real_arch = launch._launch, launch._check_device, launch.arch_of
 
     def record(kernel, grid, *args, num_warps, num_stages=3, **constexprs):
         fn = getattr(kernel, "fn", kernel)
@@ -41,11 +43,11 @@ def recording():
                 sig.append("i")
         keys.add((fn.__name__, tuple(sorted(constexprs.items())), num_warps, num_stages, tuple(sig)))
 
-    launch._launch, launch._check_device = record, lambda *t: None
+    launch._launch, launch._check_device, launch.arch_of = record, lambda *t: None, lambda device: "sm_90"
     try:
         yield keys
     finally:
-        launch._launch, launch._check_device = real_launch, real_check
+        launch._launch, launch._check_device, launch.arch_of = real_launch, real_check, real_arch
 
 
 def gpu_test_keys() -> set:

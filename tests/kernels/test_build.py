@@ -40,10 +40,14 @@ def test_build_embeds_a_cubin_for_every_spec_and_arch(kernels_build, kernels_lib
     cache = (kernels_build.build_dir / "CMakeCache.txt").read_text()
     assert re.search(rf"^CMAKE_CUDA_ARCHITECTURES:\w+={re.escape(TEST_ARCHS)}$", cache, re.M)
     keys = aot.keys()
-    assert kernels_lib.wide_kernels_cubin_count() == len(aot.specs()) * len(_archs())
+    assert kernels_lib.wide_kernels_cubin_count() == sum(len(aot.arch_specs(a)) for a in _archs())
     for key in keys:
         for arch in _archs():
-            assert kernels_lib.wide_kernels_has_cubin(key.encode(), arch), (key, arch)
+            want = not key.endswith("/large") or arch // 10 == 9  # the 128-row tiles: sm_90 only
+            assert kernels_lib.wide_kernels_has_cubin(key.encode(), arch) == want, (key, arch)
+    assert not kernels_lib.wide_kernels_has_cubin(b"tile_n/bfloat16/gated/large", 86)
+    assert not kernels_lib.wide_kernels_has_cubin(b"tile_n/float32/gated/large", 90)  # fp32: none
+    assert not kernels_lib.wide_kernels_has_cubin(b"grouped_n/bfloat16/gated/bn128/large", 90)  # gated: <= 64
     # an sm_86 GPU runs the sm_80 cubins; Blackwell (sm_100) has none in this build
     assert kernels_lib.wide_kernels_has_cubin(b"gemv_k/float16", 86) == (80 in _archs())
     for key in (b"gemv_k/bfloat16/bias", b"tile_k/float32/bias", b"cast/float16/bias"):  # the o_proj bias
@@ -216,6 +220,52 @@ def test_dense_algo_is_cublaslt_and_a_mask_pass(kernels_lib, op):
     assert kernels_lib.wide_gemm_resolve_algo(ctypes.byref(_params(M=4096, N=4096, K=4096, group_size=32)), 0, 90) == 4
 
 
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("dtype, dtype_name", [(2, "bfloat16"), (1, "float16"), (0, "float32")])
+def test_c_runtime_takes_the_large_tiles_from_the_policy_threshold_on_sm90_only(kernels_lib, arch, dtype,
+                                                                                 dtype_name):
+    """From large_tile_min_m rows (policy.json) the prefill GEMMs launch the 128-row "/large" cubins, on
+    sm_90 and in fp16 / bf16 only, with the grid those tiles need (counted by hand here: 128 rows a tile,
+    128 channels for tile_n / tile_k, at most 64 for the gated ones, the group's width for grouped_n);
+    the JIT path (launch._large) makes the same choice."""
+    from wide_export.kernels.policy import large_tile, policy_for
+
+    thr = policy_for(f"sm_{arch}")["large_tile_min_m"]
+    if thr > 1 << 20:
+        pytest.skip(f"sm_{arch}'s policy never takes the large tiles")
+    N, K, gs = 512, 256, 128
+    cases = [  # (op, algo, small key + grid(M), large key + grid(M))
+        (0, 3, lambda M: f"tile_n/{dtype_name}/plain@a16 grid={-(-M // 64)}x{N // 64}x1",
+         lambda M: f"tile_n/{dtype_name}/plain/large@a16 grid={-(-M // 128)}x{N // 128}x1"),
+        (1, 3, lambda M: f"tile_n/{dtype_name}/gated@a16 grid={-(-M // 64)}x{N // 64}x1",
+         lambda M: f"tile_n/{dtype_name}/gated/large@a16 grid={-(-M // 128)}x{N // 64}x1"),
+        (2, 3, lambda M: f"tile_k/{dtype_name}@a16 grid={-(-M // 64)}x{N // 64}x1",
+         lambda M: f"tile_k/{dtype_name}/large@a16 grid={-(-M // 128)}x{N // 128}x1"),
+    ]
+    if dtype != 0:  # no grouped cubins in float32
+        cases += [
+            (0, 2, lambda M: f"grouped_n/{dtype_name}/plain/bn128@a16 grid={-(-M // 64)}x{N // 128}x1",
+             lambda M: f"grouped_n/{dtype_name}/plain/bn128/large@a16 grid={-(-M // 128)}x{N // 128}x1"),
+            (1, 2, lambda M: f"grouped_n/{dtype_name}/gated/bn128@a16 grid={-(-M // 64)}x{N // 128}x1",
+             lambda M: f"grouped_n/{dtype_name}/gated/bn64/large@a16 grid={-(-M // 128)}x{N // 64}x1"),
+        ]
+    want_large = arch == 90 and dtype != 0
+    for op, algo, small, large in cases:
+        for M in (thr - 1, thr, thr + 1):
+            kw = dict(M=M, N=N, K=K, group_size=gs, x=0x1000, w=0x2000, mask=0x3000, y=0x4000, dtype=dtype,
+                      algo=algo, w2=0x6000 if op == 1 else None)
+            if op == 2:  # gemm_k: [N, K] with K grouped; keep N = 512 outputs
+                kw["K"] = 512
+            status, text = _describe(kernels_lib, op, arch=arch, ws=0x10000, ws_size=1 << 30, **kw)
+            assert status == 0, text
+            gemm = [t for t in text.split(" ") if t.startswith(("tile_", "grouped_n"))]
+            grid = text.split(" ")[text.split(" ").index(gemm[0]) + 1]
+            expect = (large if want_large and M >= thr else small)(M)
+            assert f"{gemm[0]} {grid}" == expect, (op, algo, M, text)
+            jit = configs.large_tiles(f"sm_{arch}", dtype_name) and large_tile(M, policy_for(f"sm_{arch}"))
+            assert jit == gemm[0].split("@")[0].endswith("/large"), (op, algo, M)
+
+
 def test_variants_share_the_grid_the_c_runtime_computes():
     """Both variants of a key have the BLOCK_M / BLOCK_N the C runtime's grid assumes; only BLOCK_K / warps differ."""
     by_key = {}
@@ -251,6 +301,8 @@ def test_c_tiles_match_python_configs():
     assert arr("kRouterBlockRs") == configs.ROUTER_BLOCK_RS
     assert const("kCastBlock") == configs.CAST_BLOCK
     assert (const("kTileBlockM"), const("kTileBlockN")) == (configs.TILE_BLOCK_M, configs.TILE_BLOCK_N)
+    assert (const("kLargeBlockM"), const("kLargeTileBlockN"), const("kLargeGatedBlockN")) == (
+        configs.LARGE_BLOCK_M, configs.LARGE_TILE_BLOCK_N, configs.LARGE_GATED_BLOCK_N)
     assert const("kGroupedBlockM") == configs.GROUPED_BLOCK_M
     assert arr("kGroupedBlockNs") == configs.GROUPED_BLOCK_NS
     assert const("kGroupedKBlockN") == configs.GROUPED_K_BLOCK_N
@@ -263,7 +315,7 @@ def test_policy_table_is_complete():
 
     table = json.loads(POLICY_FILE.read_text())
     keys = {"measured", "gemv_max_m", "grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m",
-            "grouped_k_min_group_size", "fallback"}
+            "grouped_k_min_group_size", "large_tile_min_m", "fallback"}
     for arch, entry in table.items():
         if not arch.startswith("_"):
             assert keys <= set(entry), arch

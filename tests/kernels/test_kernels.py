@@ -28,7 +28,9 @@ CPU_SHAPES = (((1,), 16, 4, 0.5), ((2, 3), 32, 3, 0.5), ((2, 35), 48, 2, 0.5), (
 # GPU: Llama-sized widths; float32 only on the first shape (each new specialization costs a JIT compile).
 GPU_SHAPES = (((2, 150), 64, 64, 0.5), ((1,), 128, 32, 0.5), ((4,), 512, 8, 0.5), ((4096,), 128, 112, 0.5),
               ((4096,), 32, 128, 0.75), ((17,), 96, 16, 0.5))
-GPU_FP16_SHAPES = (1, 3)  # indices into GPU_SHAPES
+# indices into GPU_SHAPES: decode and 300 rows (64-row tiles); the 4096-row shapes' 128-row tiles run in bf16
+# only on the GPU (fp16 there cost 6 more cold compiles than the budget has), in both on CPU
+GPU_FP16_SHAPES = (0, 1)
 
 
 def _case_seed(*parts) -> int:
@@ -56,16 +58,16 @@ def make_inputs(kind, lead, gs, G, sparsity, dtype, device, seed, other=None, ed
     return t
 
 
-def run(kind, t, gs, algo):
+def run(kind, t, gs, algo, tiles="auto"):
     if kind.startswith("k"):  # k_bias: the o_proj bias of attention_bias checkpoints, added to every output
         bias = t["b"] if kind == "k_bias" else None
-        return (kernels.masked_gemm_k(t["x"], t["w"], t["mask"], gs, bias, algo=algo),
+        return (kernels.masked_gemm_k(t["x"], t["w"], t["mask"], gs, bias, algo=algo, tiles=tiles),
                 ref.masked_gemm_k(t["x"], t["w"], t["mask"], gs, bias))
     if kind == "gated":
-        return (kernels.masked_gated_mlp(t["x"], t["w"], t["w2"], t["mask"], gs, algo=algo),
+        return (kernels.masked_gated_mlp(t["x"], t["w"], t["w2"], t["mask"], gs, algo=algo, tiles=tiles),
                 ref.masked_gated_mlp(t["x"], t["w"], t["w2"], t["mask"], gs))
     bias = t["b"] if kind == "n_bias" else None
-    return (kernels.masked_gemm_n(t["x"], t["w"], t["mask"], gs, bias, algo=algo),
+    return (kernels.masked_gemm_n(t["x"], t["w"], t["mask"], gs, bias, algo=algo, tiles=tiles),
             ref.masked_gemm_n(t["x"], t["w"], t["mask"], gs, bias))
 
 
@@ -83,7 +85,7 @@ def check(kind, got, want, t, gs, dtype):
 def _on_gpu(kind, dtype, i) -> bool:
     """The GPU subset: every JIT specialisation is a cold compile (~1 s) inside gpu-check.sh's one 480 s run
     (tests/kernels/test_gpu_budget.py bounds their count). bf16 (the default dtype) everywhere; fp16 on the
-    decode and the 4096-token shapes; fp32 on the first shape only; the bias variants in bf16 only."""
+    decode and the 300-token shapes; fp32 on the first shape only; the bias variants in bf16 only."""
     if dtype == torch.float32:
         return i == 0 and not kind.endswith("bias")
     if dtype == torch.float16:
@@ -272,3 +274,29 @@ def test_tile_order_covers_every_tile_cpu_interpreter(kind, group_m, monkeypatch
     t = make_inputs(kind, (650,), gs, G, 0.5, torch.float32, "cpu", _case_seed("order", kind, group_m))
     got, want = run(kind, t, gs, "tile")
     check(kind, got, want, t, gs, torch.float32)
+
+
+# The 128-row tiles of large prefills (configs.LARGE_*, sm_90 from policy large_tile_min_m; the interpreter's
+# policy takes them from 129 rows): 300 rows are two full row tiles and a tail of 44; 4 groups of 128 (the
+# grouped gated GEMM's large tile is 64 wide: two per group), the other width 200.
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("algo", ("grouped", "tile"))
+@pytest.mark.parametrize("kind", KINDS)
+def test_large_tiles_cpu_interpreter(kind, algo, dtype, monkeypatch):
+    from wide_export.kernels import launch
+
+    seen = []
+    real = launch._launch
+    monkeypatch.setattr(launch, "_launch", lambda kernel, grid, *a, **kw: (seen.append(kw), real(kernel, grid, *a,
+                                                                                                 **kw))[1])
+    gs, G = 128, 4
+    t = make_inputs(kind, (300,), gs, G, 0.5, dtype, "cpu", _case_seed("large", kind, algo, dtype), edge_tokens=True)
+    got, want = run(kind, t, gs, algo)  # auto tiles: 300 >= the interpreter's large_tile_min_m
+    check(kind, got, want, t, gs, dtype)
+    gemm = [kw for kw in seen if "BLOCK_K" in kw and "BLOCK_M" in kw]
+    large = algo == "tile" or not kind.startswith("k")  # the K-pruned grouped GEMM has no large tile
+    assert [kw["BLOCK_M"] for kw in gemm] == [128 if large else 64], gemm
+    seen.clear()
+    small, _ = run(kind, t, gs, algo, tiles="small")
+    check(kind, small, want, t, gs, dtype)
+    assert [kw["BLOCK_M"] for kw in seen if "BLOCK_K" in kw and "BLOCK_M" in kw] == [64]

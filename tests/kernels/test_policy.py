@@ -14,7 +14,7 @@ from wide_export.kernels import policy
 GOOD = {"sm_90": {"measured": True, "device": "NVIDIA H200", "dtype": "bf16",
                   "gemv_max_m": {"n": 2, "gated": 4, "k": 1}, "gemv_max_m_shapes": {"k:4096x4096": 2},
                   "grouped_n_min_m": 512, "grouped_n_min_group_size": 128, "grouped_k_min_m": 4096,
-                  "grouped_k_min_group_size": 512, "fallback": "dense"}}
+                  "grouped_k_min_group_size": 512, "large_tile_min_m": 2048, "fallback": "dense"}}
 
 
 def test_repository_policy_table_is_valid():
@@ -29,6 +29,7 @@ def test_repository_policy_table_is_valid():
     (lambda e: e.update(grouped_k_min_m=-1), "grouped_k_min_m"),
     (lambda e: e.update(grouped_n_min_m="512"), "grouped_n_min_m"),
     (lambda e: e.update(fallback="cublas"), "fallback"),
+    (lambda e: e.pop("large_tile_min_m"), "large_tile_min_m"),                     # a record without it
     (lambda e: e.update(measured="yes"), "measured"),
     (lambda e: e.update(gemv_max_m_shapes={"down:4096x14336": 1}), "gemv_max_m_shapes"),
     (lambda e: e.update(gemv_max_m_shapes={"k:4096": 1}), "gemv_max_m_shapes"),
@@ -146,6 +147,36 @@ def test_measured_fallback_is_tile_only_where_it_beat_cublas_plus_the_mask_pass(
     assert entry["gemv_max_m"]["n"] == 1 and entry["fallback"] == want
 
 
+@pytest.mark.parametrize("large_ms, want", [
+    ({256: 1.2, 4096: 0.9, 16384: 0.8}, 4096),        # loses at 256, wins from 4096 on
+    ({256: 0.9, 4096: 1.1, 16384: 0.8}, 16384),       # a win at 256 does not count below a loss
+    ({256: 0.9, 4096: 0.9, 16384: 1.1}, 2**31 - 1),   # loses at the largest T: never
+])
+def test_measured_large_tile_threshold_is_where_the_128_row_tiles_win_from_there_on(large_ms, want):
+    """large_tile_min_m: the smallest T from which "grouped@large" beat "grouped@small" (1.0 ms) on every
+    row timed with both at T' >= T (n and gated rows alike)."""
+    from wide_export.bench.kernels import Report, measured_policy
+
+    rows = []
+    for kind, N in (("n", 4096), ("gated", 14336)):
+        for T, ms in large_ms.items():
+            r = _row(kind, N, 4096, T, 9.0)
+            r.algo_ms.update({"grouped@small": 1.0, "grouped@large": ms if kind == "gated" else 0.5})
+            rows.append(r)
+    entry = measured_policy(Report("H200", "sm_90", "bf16", "short", 4300.0, rows))["sm_90"]
+    assert entry["large_tile_min_m"] == want
+    assert policy.validate({"sm_90": entry}) == []
+
+
+def test_measured_large_tile_threshold_keeps_the_table_value_when_nothing_timed_both():
+    from wide_export.bench.kernels import Report, measured_policy
+    from wide_export.kernels.policy import policy_for
+
+    rows = [_row("n", 4096, 4096, T, 0.5) for T in (1, 2)]
+    entry = measured_policy(Report("H200", "sm_90", "bf16", "short", 4300.0, rows))["sm_90"]
+    assert entry["large_tile_min_m"] == policy_for("sm_90")["large_tile_min_m"]
+
+
 def test_roofline_counts_the_union_of_the_masks_by_hand():
     import torch
 
@@ -175,3 +206,40 @@ def test_unmeasured_default_runs_k_pruned_prefill_dense_not_the_fp32_scatter_add
             assert choose("k", M, 512, pol, 4096, 4096) == "dense"
             assert choose("k", M, 2048, pol, 4096, 14336) == "dense"
         assert choose("gated", 4096, 128, pol, 14336, 4096) == "grouped"
+
+
+def test_bench_times_both_tile_sizes_of_the_n_pruned_grouped_gemm_on_a_gpu_only():
+    """The rows measured_large_tile_min_m reads: on a GPU whose arch has the large tiles, from
+    LARGE_TILE_MIN_T tokens, for the N-pruned kinds (the K-pruned grouped GEMM has one tile size)."""
+    from wide_export.bench.kernels import LARGE_TILE_MIN_T, _algos_for
+
+    T = LARGE_TILE_MIN_T
+    for kind in ("n", "gated"):
+        assert {"grouped@small", "grouped@large"} <= set(_algos_for(kind, T, 128, cuda=True, large_ok=True))
+        assert "grouped@large" not in _algos_for(kind, T - 1, 128, cuda=True, large_ok=True)
+        assert "grouped@large" not in _algos_for(kind, T, 128, cuda=False, large_ok=True)  # interpreter
+        assert "grouped@large" not in _algos_for(kind, T, 128, cuda=True, large_ok=False)  # e.g. sm_80
+    assert "grouped@large" not in _algos_for("k", T, 128, cuda=True, large_ok=True)
+
+
+@pytest.mark.parametrize("name, block_m", [("grouped@large", 128), ("grouped@small", 64), ("grouped", 64)])
+def test_bench_algo_suffix_forces_the_tile_size(name, block_m, monkeypatch):
+    """"<algo>@large" / "@small" reach the kernels as tiles=...; plain "grouped" follows the policy (20 rows:
+    under the interpreter's large_tile_min_m). Runs the kernel in the interpreter and checks its output."""
+    import torch
+
+    from wide_export.bench.kernels import _call
+    from wide_export.kernels import launch
+    from wide_export.ops import reference as ref
+
+    seen = []
+    real = launch._launch
+    monkeypatch.setattr(launch, "_launch", lambda k, g, *a, **kw: (seen.append(kw.get("BLOCK_M")), real(k, g, *a, **kw))[1])
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(20, 32, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(64, 32, generator=gen) / 6).to(torch.bfloat16)
+    m = (torch.rand(20, 4, generator=gen) > 0.5).to(torch.int32)
+    got = _call("n", name, x, w, None, m, 16)
+    want = ref.masked_gemm_n(x, w, m, 16)
+    assert (got.float() - want.float()).abs().max().item() <= 2.5e-2 * max(1.0, want.float().abs().max().item())
+    assert block_m in seen and ({64, 128} - {block_m}).isdisjoint(seen)

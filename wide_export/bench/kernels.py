@@ -255,13 +255,16 @@ def _dense_ms(kind: str, xs, weights, ups, cfg: Preset, cuda: bool) -> float:
 
 
 def _call(kind, algo, x, w, u, m, gs):
+    """`algo` as in wide_export.kernels, or "<algo>@small" / "<algo>@large" to force the prefill tile size."""
     from wide_export import kernels
 
+    algo, _, tiles = algo.partition("@")
+    kw = dict(algo=algo, tiles=tiles or "auto")
     if kind == "gated":
-        return kernels.masked_gated_mlp(x, w, u, m, gs, algo=algo)
+        return kernels.masked_gated_mlp(x, w, u, m, gs, **kw)
     if kind == "k":
-        return kernels.masked_gemm_k(x, w, m, gs, algo=algo)
-    return kernels.masked_gemm_n(x, w, m, gs, algo=algo)
+        return kernels.masked_gemm_k(x, w, m, gs, **kw)
+    return kernels.masked_gemm_n(x, w, m, gs, **kw)
 
 
 def _reference(kind, x, w, u, m, gs):
@@ -274,7 +277,10 @@ def _reference(kind, x, w, u, m, gs):
     return ref.masked_gemm_n(x, w, m, gs)
 
 
-def _algos_for(kind: str, T: int, gs: int, cuda: bool) -> list[str]:
+LARGE_TILE_MIN_T = 256  # from this T a GPU run times the N-pruned grouped GEMM at both tile sizes
+
+
+def _algos_for(kind: str, T: int, gs: int, cuda: bool, large_ok: bool = False) -> list[str]:
     from wide_export.kernels.configs import grouped_block_n
 
     out = []
@@ -282,6 +288,8 @@ def _algos_for(kind: str, T: int, gs: int, cuda: bool) -> list[str]:
         out.append("gemv")
     if T >= 16 and (kind == "k" or grouped_block_n(gs)):
         out.append("grouped")
+        if cuda and large_ok and kind != "k" and T >= LARGE_TILE_MIN_T:  # measured_policy's large_tile_min_m
+            out += ["grouped@small", "grouped@large"]
     if T >= 16:
         out.append("tile")
     if cuda:
@@ -290,6 +298,7 @@ def _algos_for(kind: str, T: int, gs: int, cuda: bool) -> list[str]:
 
 
 def _measure(kind, shape, N, K, gs, s, mk, T, xs, weights, ups, dense_ms, cfg, gen, report, cuda) -> Row:
+    from wide_export.kernels.configs import large_tiles
     from wide_export.kernels.launch import arch_of
     from wide_export.kernels.policy import choose, policy_for
 
@@ -298,7 +307,7 @@ def _measure(kind, shape, N, K, gs, s, mk, T, xs, weights, ups, dense_ms, cfg, g
     masks = [make_mask(T, G, s, mk, gen, device) for _ in range(2)]
     n = max(len(weights), len(xs))
     auto = choose(kind, T, gs, policy_for(arch_of(device)), N, K)
-    algos = _algos_for(kind, T, gs, cuda)
+    algos = _algos_for(kind, T, gs, cuda, large_tiles(arch_of(device), str(xs[0].dtype)[6:]))
     if auto not in algos:
         algos.append(auto)
     worst = 0.0
@@ -382,11 +391,25 @@ def measured_policy(report: Report) -> dict:
     k_t, k_gs = grouped(("k",))
     entry = {"measured": True, "device": report.device, "dtype": report.dtype, "gemv_max_m": per_kind,
              "grouped_n_min_m": n_t, "grouped_n_min_group_size": n_gs, "grouped_k_min_m": k_t,
-             "grouped_k_min_group_size": k_gs, "fallback": measured_fallback(rows, entry_gemv=per_kind,
-                                                                              rules=rules)}
+             "grouped_k_min_group_size": k_gs,
+             "large_tile_min_m": measured_large_tile_min_m(rows, policy_for(report.arch)["large_tile_min_m"]),
+             "fallback": measured_fallback(rows, entry_gemv=per_kind, rules=rules)}
     if rules:
         entry["gemv_max_m_shapes"] = rules
     return {report.arch: entry}
+
+
+def measured_large_tile_min_m(rows: list[Row], unmeasured: int) -> int:
+    """The smallest T from which the 128-row tiles ("grouped@large") beat the 64-row ones ("grouped@small")
+    on every row timed with both at T' >= T; 2^31 - 1 (never) when they lose at the largest T; `unmeasured`
+    (the table's value) when no row timed both."""
+    both = [r for r in rows if "grouped@small" in r.algo_ms and "grouped@large" in r.algo_ms]
+    best = (1 << 31) - 1
+    for T in sorted({r.tokens for r in both}, reverse=True):
+        if not all(r.algo_ms["grouped@large"] < r.algo_ms["grouped@small"] for r in both if r.tokens >= T):
+            break
+        best = T
+    return best if both else unmeasured
 
 
 def measured_fallback(rows: list[Row], entry_gemv: dict, rules: dict) -> str:

@@ -17,8 +17,9 @@ architecture, no GPU needed, and writes into DIR:
 Variants: Triton's JIT specializes every pointer argument whose address and
 every integer argument whose value is a multiple of 16 (``tt.divisibility``;
 ``BaseBackend.get_{int,tensor}_specialization``), and integers equal to 1
-become constants (not done here: one cubin serves every M). Those hints are what let it prove 16-byte vector loads and
-``cp.async`` / TMA pipelines. So each specialization is compiled twice where
+become constants (not done here: one cubin serves every M, up to the one switch
+to the 128-row ``/large`` tiles, built for ``configs.LARGE_ARCHS`` only). Those
+hints are what let it prove 16-byte vector loads and ``cp.async`` / TMA pipelines. So each specialization is compiled twice where
 its loads depend on integers: ``a16``, hinted like the JIT's call on aligned
 tensors (every pointer, and the model dimensions and strides of
 ``ALIGNED_INTS``), and ``any``, hinted nothing, correct for every call. The
@@ -75,6 +76,10 @@ class Spec:
     num_warps: int
     num_stages: int = cfg.STAGES
     variant: str = "a16"  # "a16": pointers and ALIGNED_INTS hinted divisible by 16; "any": no hints
+    archs: tuple = ()  # the architecture families (90 = sm_90, sm_90a) it is built for; () = every one
+
+    def for_arch(self, arch: int) -> bool:
+        return not self.archs or arch // 10 * 10 in self.archs
 
 
 def hinted_params(spec: Spec, arg_names) -> list[str]:
@@ -108,13 +113,16 @@ def _ptrs(dt: str, *names: str, **special: str) -> tuple:
     return tuple((n, special.get(n, f"*{dt}")) for n in names)
 
 
-def _gemm(key: str, kernel: str, ptrs: tuple, flags: tuple, tile_of) -> list[Spec]:
-    """Both variants of a GEMM, each with its tile (tile_of(aligned) -> configs.Tile; same BLOCK_M / N)."""
+def _gemm(key: str, kernel: str, ptrs: tuple, flags: tuple, tile_of, large: bool = False) -> list[Spec]:
+    """Both variants of a GEMM, each with its tile (tile_of(aligned, large) -> configs.Tile; same BLOCK_M / N);
+    `large`: also both variants of key + "/large" (the 128-row tiles, for configs.LARGE_ARCHS only)."""
     out = []
-    for variant in VARIANTS:
-        t = tile_of(variant == "a16")
-        out.append(Spec(key, kernel, ptrs, flags + (("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n),
-                                                    ("BLOCK_K", t.block_k)), t.num_warps, t.num_stages, variant))
+    for big in (False, True) if large else (False,):
+        for variant in VARIANTS:
+            t = tile_of(variant == "a16", big)
+            out.append(Spec(key + ("/large" if big else ""), kernel, ptrs,
+                            flags + (("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n), ("BLOCK_K", t.block_k)),
+                            t.num_warps, t.num_stages, variant, cfg.LARGE_ARCHS if big else ()))
     return out
 
 
@@ -153,12 +161,15 @@ def specs() -> list[Spec]:
                                cfg.GEMV_WARPS))
             out += _gemm(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
                          flags + (("PRECISE", precise), ("GROUP_M", cfg.TILE_GROUP_M)),
-                         lambda aligned, g=gated: cfg.tile_tile(dtype, gated=g, aligned=aligned))
+                         lambda aligned, big, g=gated: cfg.tile_tile(dtype, gated=g, aligned=aligned, large=big),
+                         large=not precise)
             if not precise:
                 for bn in cfg.GROUPED_BLOCK_NS:
                     out += _gemm(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
                                  flags + (("PRECISE", False),),
-                                 lambda aligned, b=bn, g=gated: cfg.grouped_n_tile(b, gated=g, aligned=aligned))
+                                 lambda aligned, big, b=bn, g=gated: cfg.grouped_n_tile(b, gated=g, aligned=aligned,
+                                                                                        large=big),
+                                 large=not (gated and bn > cfg.LARGE_GATED_BLOCK_N))  # never launched
         # the N-pruned split GEMV's reduction: gated (silu(gate) * up); its bias is in split 0's partial
         out += _twins(Spec(f"splitk_reduce/{dtype}/gated", "wide_splitk_reduce_kernel",
                            (("part_ptr", "*fp32"), ("b_ptr", f"*{dt}"), ("y_ptr", f"*{dt}")),
@@ -175,7 +186,7 @@ def specs() -> list[Spec]:
                                (("HAS_BIAS", has_bias), ("GATED", False), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
             out += _gemm(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
                          (("HAS_BIAS", has_bias), ("PRECISE", precise), ("GROUP_M", cfg.TILE_GROUP_M)),
-                         lambda aligned: cfg.tile_tile(dtype, aligned=aligned))
+                         lambda aligned, big: cfg.tile_tile(dtype, aligned=aligned, large=big), large=not precise)
             if not precise:
                 out += _twins(Spec(f"cast/{dtype}{suffix}", "wide_cast_kernel",
                                    (("src_ptr", "*fp32"), ("dst_ptr", f"*{dt}"), ("b_ptr", f"*{dt}")),
@@ -189,8 +200,13 @@ def specs() -> list[Spec]:
             out += _gemm(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
                          _ptrs(dt, "x_ptr", "w_ptr", "rows_ptr", "counts_ptr", "acc_ptr", rows_ptr="*i32",
                                counts_ptr="*i32", acc_ptr="*fp32"),
-                         (("PRECISE", False),), lambda aligned: cfg.grouped_k_tile(aligned=aligned))
+                         (("PRECISE", False),), lambda aligned, big: cfg.grouped_k_tile(aligned=aligned))
     return out
+
+
+def arch_specs(arch: int) -> list[Spec]:
+    """The specializations built for sm_<arch> (the large tiles only for configs.LARGE_ARCHS)."""
+    return [s for s in specs() if s.for_arch(arch)]
 
 
 def keys() -> list[str]:
@@ -264,13 +280,14 @@ def _policy_inc() -> str:
             shapes.append(f"{{'{'g' if kind == 'gated' else kind}', {n}, {k}, {v}}}")
         lines.append(f"{{{num}, {g['n']}, {g['gated']}, {g['k']}, {p['grouped_n_min_m']}, "
                      f"{p['grouped_n_min_group_size']}, {p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}, "
-                     f"{1 if p.get('fallback', 'dense') == 'dense' else 0}, {{{', '.join(shapes)}}}}},")
+                     f"{1 if p.get('fallback', 'dense') == 'dense' else 0}, {p['large_tile_min_m']}, "
+                     f"{{{', '.join(shapes)}}}}},")
     return "\n".join(lines) + "\n"
 
 
 def build(out_dir: Path, archs: list[int], jobs: int = 0, log=print) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = [(s, a) for a in archs for s in specs()]
+    work = [(s, a) for a in archs for s in arch_specs(a)]
     jobs = jobs or max(1, min(len(work), os.cpu_count() or 1))
     t0 = time.time()
     log(f"aot: compiling {len(work)} Triton kernel specializations for sm_{', sm_'.join(map(str, archs))} "

@@ -2,9 +2,11 @@
 (``wide_export.kernels.launch``) and the ahead-of-time build for the plugins
 (``wide_export.kernels.aot``, mirrored in ``plugins/kernels/src/wide_kernels.cpp``).
 
-They depend on the dtype, the group size and the alignment only, never on M,
-so that one cubin per (kernel, dtype, variant, alignment) serves every shape a
-TensorRT profile allows. None of these was tuned on a GPU yet (see README,
+They depend on the dtype, the group size and the alignment, and on M only
+through one switch: from the policy's ``large_tile_min_m`` rows on (sm_90),
+the prefill GEMMs take 128-row tiles (LARGE_*), a second cubin per key that the
+C runtime picks by the same rule, so every shape a TensorRT profile allows is
+served. None of these was tuned on a GPU yet (see README,
 "Kernels"); what they were chosen for is checked without one:
 ``python -m wide_export.kernels.report`` (no cubin spills, GEMM main loops
 pipelined, wgmma on sm_90; tests/kernels/test_cubin_report.py).
@@ -69,6 +71,18 @@ FP32_GATED_UNALIGNED_STAGES = 2  # 3 stages spill 8 B on sm_90 (128 registers) o
 ALIGN = 16  # the divisibility Triton's JIT specializes on (and the C runtime checks before launching a16)
 
 GROUPED_BLOCK_M = 64
+
+# Prefill from policy["large_tile_min_m"] rows on: 128-row tiles (the tile kernels 128 x 128, grouped_n 128 x
+# its group's BLOCK_N; gated: at most 64 wide), 8 warps (two warpgroups of wgmma), 4 stages. sm_90 only: 4
+# stages of 32 KB are 128 KB, under Hopper's 227 KB but over the 99 KB of sm_86 / sm_89, which run the sm_80
+# cubins. fp16 / bf16 only (float32 is the precise path, not the fast one). Not tuned on a GPU (none lent):
+# `bench kernels` times both sizes and measures policy["large_tile_min_m"].
+LARGE_BLOCK_M = 128
+LARGE_TILE_BLOCK_N = 128
+LARGE_GATED_BLOCK_N = 64  # gated (two accumulators): 128 x 128 spilled on sm_90 at 255 registers (8-104 B)
+LARGE_WARPS = 8
+LARGE_STAGES = 4  # 128 x 128 x 64 fp16: 32 KB a stage (gated 128 x 64: 32 KB), 128 KB in all
+LARGE_ARCHS = (90,)  # compute capability majors * 10 whose cubins / JIT calls may take the large tiles
 GROUPED_BLOCK_NS = (128, 64, 32, 16)  # the widest that divides group_size is used
 GROUPED_BLOCK_K = 64
 GROUPED_K_BLOCK_N = 128
@@ -99,6 +113,14 @@ def grouped_block_n(group_size: int) -> int:
     return 0
 
 
+def large_tiles(arch: str, dtype: str) -> bool:
+    """Whether calls on `arch` ('sm_90', 'interpreter', ...) in `dtype` may take the large tiles (the
+    interpreter may: that is how CPU tests run them)."""
+    if dtype == "float32":
+        return False
+    return arch == "interpreter" or (arch.startswith("sm_") and int(arch[3:]) // 10 * 10 in LARGE_ARCHS)
+
+
 def is_aligned(*values: int) -> bool:
     """Every value (pointer address or dimension) a multiple of ALIGN: the a16 variants' assumption."""
     return all(int(v) % ALIGN == 0 for v in values)
@@ -109,9 +131,13 @@ def _unaligned(t: Tile, gated: bool) -> Tile:
                 t.num_stages)
 
 
-def grouped_n_tile(group_size: int, gated: bool = False, aligned: bool = True) -> Tile:
+def grouped_n_tile(group_size: int, gated: bool = False, aligned: bool = True, large: bool = False) -> Tile:
     bn = grouped_block_n(group_size)
-    t = Tile(GROUPED_BLOCK_M, bn, GROUPED_BLOCK_K, 8 if bn == 128 else 4)
+    if large:
+        t = Tile(LARGE_BLOCK_M, min(bn, LARGE_GATED_BLOCK_N) if gated else bn, GROUPED_BLOCK_K, LARGE_WARPS,
+                 LARGE_STAGES)
+    else:
+        t = Tile(GROUPED_BLOCK_M, bn, GROUPED_BLOCK_K, 8 if bn == 128 else 4)
     return t if aligned else _unaligned(t, gated)
 
 
@@ -120,8 +146,15 @@ def grouped_k_tile(aligned: bool = True) -> Tile:
     return t if aligned else _unaligned(t, False)
 
 
-def tile_tile(dtype: str = "float16", gated: bool = False, aligned: bool = True) -> Tile:
-    """The tile kernels' tile (tile_n, tile_k) for `dtype` ("float16" / "bfloat16" / "float32")."""
+def tile_tile(dtype: str = "float16", gated: bool = False, aligned: bool = True, large: bool = False) -> Tile:
+    """The tile kernels' tile (tile_n, tile_k) for `dtype` ("float16" / "bfloat16" / "float32"); `large`: the
+    128 x 128 one of large prefills (fp16 / bf16 only, see LARGE_ARCHS)."""
+    if large:
+        if dtype == "float32":
+            raise ValueError("float32 has no large tile")
+        t = Tile(LARGE_BLOCK_M, LARGE_GATED_BLOCK_N if gated else LARGE_TILE_BLOCK_N, TILE_BLOCK_K, LARGE_WARPS,
+                 LARGE_STAGES)
+        return t if aligned else _unaligned(t, gated)
     if dtype == "float32":
         if aligned:
             return Tile(TILE_BLOCK_M, TILE_BLOCK_N, FP32_BLOCK_K, FP32_WARPS)

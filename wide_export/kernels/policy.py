@@ -10,6 +10,9 @@ Thresholds come from `wide-export bench kernels` on each architecture (``--recor
 merges a measured ``policy-<arch>.json`` here, checked by ``validate``); until a
 GPU run records them, the "default" entry's starting values are used.
 
+``large_tile_min_m``: from this many rows the prefill GEMMs (grouped_n, tile) take
+128-row tiles on the architectures that have them (configs.LARGE_ARCHS).
+
 ``gemv_max_m`` is per kernel kind (``n``, ``gated``, ``k``): a down projection
 that loses at T = 2 no longer turns the gated GEMV off. ``gemv_max_m_shapes``
 (optional) overrides it for one projection shape, keyed ``"<kind>:<N>x<K>"``.
@@ -28,7 +31,8 @@ POLICY_FILE = Path(__file__).with_name("policy.json")
 KINDS = ("n", "gated", "k")
 ALGOS = ("auto", "dense", "gemv", "grouped", "tile")
 FALLBACKS = ("dense", "tile")
-INT_KEYS = ("grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m", "grouped_k_min_group_size")
+INT_KEYS = ("grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m", "grouped_k_min_group_size",
+            "large_tile_min_m")
 MAX_SHAPE_RULES = 8  # what the C runtime's table holds per architecture (plugins/kernels/src/wide_kernels.cpp)
 
 
@@ -68,6 +72,11 @@ def choose(kind: str, M: int, group_size: int, policy: dict[str, Any], N: Option
           and grouped_block_n(group_size)):
         return "grouped"
     return policy["fallback"]
+
+
+def large_tile(M: int, policy: dict[str, Any]) -> bool:
+    """Whether a prefill of M rows takes the 128-row tiles (configs.LARGE_*; where configs.large_tiles allows)."""
+    return M >= policy["large_tile_min_m"]
 
 
 def _is_count(v) -> bool:

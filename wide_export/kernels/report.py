@@ -158,7 +158,7 @@ def compile_rows(archs: Iterable[int], only: Optional[str | Sequence[str]] = Non
     def wanted(key: str) -> bool:
         return not globs or any(fnmatch.fnmatchcase(key, g) for g in globs)
 
-    work = [(s, a) for a in archs for s in aot.specs() if wanted(s.key)]
+    work = [(s, a) for a in archs for s in aot.arch_specs(a) if wanted(s.key)]
     if not work:
         raise WideError(f"no shipped specialization matches {only!r}", hint="see aot.specs() for the keys")
     jobs = jobs or max(1, min(len(work), os.cpu_count() or 1))

@@ -74,6 +74,7 @@ struct Policy
     int64_t gemvMaxMN, gemvMaxMGated, gemvMaxMK; // gemv_max_m per kernel kind
     int64_t groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
     int fallbackDense; // 1: "fallback": "dense" (cuBLASLt when this build has it, else tile); 0: "tile"
+    int64_t largeTileMinM; // from this M the prefill GEMMs take the "/large" cubins, where the arch has them
     ShapeRule shapes[8];
 };
 Policy const kPolicies[] = {
@@ -99,6 +100,9 @@ constexpr int kRouterBlockRs[] = {16, 32, 64, 128, 256};
 constexpr int kCastBlock = 1024;
 constexpr int kTileBlockM = 64;
 constexpr int kTileBlockN = 64;
+constexpr int kLargeBlockM = 128;     // the "/large" cubins (configs.LARGE_*): tile_n / tile_k 128 x 128,
+constexpr int kLargeTileBlockN = 128; // grouped_n 128 x its group's BLOCK_N;
+constexpr int kLargeGatedBlockN = 64; // gated: at most 64 wide (two accumulators)
 constexpr int kGroupedBlockM = 64;
 constexpr int kGroupedBlockNs[] = {128, 64, 32, 16};
 constexpr int kGroupedKBlockN = 128;
@@ -798,6 +802,14 @@ Step groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws)
     return kernel("group_rows", static_cast<unsigned>(G), 1, 1, std::move(a));
 }
 
+//! `key` + "/large" when a prefill of M rows takes the 128-row tiles on `arch`: from the policy's
+//! large_tile_min_m, where this build has those cubins (fp16 / bf16 on sm_90: configs.large_tiles).
+std::string sized(std::string const& key, int64_t M, int arch, bool& large)
+{
+    large = M >= policyFor(arch).largeTileMinM && cubinArch(key + "/large", arch) >= 0;
+    return large ? key + "/large" : key;
+}
+
 //! The launches of wide_gemm_n / _gated for a validated, non-empty problem on `arch`.
 int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int arch, Plan& plan)
 {
@@ -831,13 +843,21 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
         if (!ws || wsSize < rowsBytes(p->M, G))
             return WIDE_ERR_WORKSPACE_TOO_SMALL;
         plan.push_back(groupRows(p->mask, p->M, G, ws));
-        int const bn = groupedBlockN(p->group_size);
+        int bn = groupedBlockN(p->group_size);
+        std::string const base = "grouped_n/" + dt + "/" + var + "/bn";
+        int const largeBn = gated && bn > kLargeGatedBlockN ? kLargeGatedBlockN : bn;
+        bool large = false;
+        std::string key = sized(base + std::to_string(largeBn), p->M, arch, large);
+        if (large)
+            bn = largeBn;
+        else
+            key = base + std::to_string(bn);
         auto* rows = static_cast<int32_t*>(ws);
         auto* counts = reinterpret_cast<int32_t*>(static_cast<char*>(ws) + align256(static_cast<size_t>(G) * p->M * 4));
         a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(rows).ptr(counts).ptr(p->y);
         a.i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
-        plan.push_back(kernel("grouped_n/" + dt + "/" + var + "/bn" + std::to_string(bn), cdiv(p->M, kGroupedBlockM),
-            static_cast<unsigned>(p->N / bn), 1, std::move(a)));
+        plan.push_back(kernel(key, cdiv(p->M, large ? kLargeBlockM : kGroupedBlockM), static_cast<unsigned>(p->N / bn),
+            1, std::move(a)));
         return WIDE_OK;
     }
     if (algo == WIDE_ALGO_DENSE)
@@ -876,7 +896,10 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
     }
     a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    plan.push_back(kernel("tile_n/" + dt + "/" + var, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, std::move(a)));
+    bool large = false;
+    std::string const key = sized("tile_n/" + dt + "/" + var, p->M, arch, large);
+    int const blockN = large ? (gated ? kLargeGatedBlockN : kLargeTileBlockN) : kTileBlockN;
+    plan.push_back(kernel(key, cdiv(p->M, large ? kLargeBlockM : kTileBlockM), cdiv(p->N, blockN), 1, std::move(a)));
     return WIDE_OK;
 }
 
@@ -957,7 +980,10 @@ int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, in
     }
     a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    plan.push_back(kernel("tile_k/" + dt + var, cdiv(p->M, kTileBlockM), cdiv(p->N, kTileBlockN), 1, std::move(a)));
+    bool large = false;
+    std::string const key = sized("tile_k/" + dt + var, p->M, arch, large);
+    plan.push_back(kernel(key, cdiv(p->M, large ? kLargeBlockM : kTileBlockM),
+        cdiv(p->N, large ? kLargeTileBlockN : kTileBlockN), 1, std::move(a)));
     return WIDE_OK;
 }
 
