@@ -110,6 +110,8 @@ TESTS: dict[str, list[str]] = {
     "wide_export/triton/server.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
     "wide_export/triton/supervise.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
     "wide_export/triton/client.py": ["tests/triton/test_triton_cli.py"],
+    # the kernels' auto policy (issue 20): table validation, choice, the measured policy's record
+    "wide_export/kernels/policy.py": ["tests/kernels/test_policy.py"],
 }
 
 # a mutant whose tests crashed (SIGSEGV, SIGKILL: "segfault"; SIGABRT and other signals: "suspicious") was told

@@ -243,3 +243,76 @@ def test_bench_algo_suffix_forces_the_tile_size(name, block_m, monkeypatch):
     want = ref.masked_gemm_n(x, w, m, 16)
     assert (got.float() - want.float()).abs().max().item() <= 2.5e-2 * max(1.0, want.float().abs().max().item())
     assert block_m in seen and ({64, 128} - {block_m}).isdisjoint(seen)
+
+
+# -- the policy's rules at their boundaries, and its refusals word for word (hand-written expectations)
+HAND = {"measured": False, "gemv_max_m": {"n": 2, "gated": 4, "k": 1}, "gemv_max_m_shapes": {"k:4096x14336": 8},
+        "grouped_n_min_m": 100, "grouped_n_min_group_size": 64, "grouped_k_min_m": 200,
+        "grouped_k_min_group_size": 128, "large_tile_min_m": 300, "fallback": "tile"}
+
+
+@pytest.mark.parametrize("kind, M, gs, N, K, want", [
+    ("n", 2, 64, None, None, "gemv"), ("n", 3, 64, None, None, "tile"), ("gated", 4, 64, None, None, "gemv"),
+    ("k", 1, 128, None, None, "gemv"), ("k", 2, 128, None, None, "tile"),
+    ("k", 8, 128, 4096, 14336, "gemv"), ("k", 9, 128, 4096, 14336, "tile"),  # the shape's own rule
+    ("k", 8, 128, 4096, None, "tile"),                                      # a rule needs both N and K
+    ("k", 200, 128, None, None, "grouped"), ("k", 199, 128, None, None, "tile"),
+    ("k", 200, 127, None, None, "tile"),
+    ("n", 100, 64, None, None, "grouped"), ("n", 99, 64, None, None, "tile"), ("gated", 100, 64, None, None, "grouped"),
+    ("n", 100, 48, None, None, "tile"),     # under the minimum group size
+    ("n", 100, 96, None, None, "grouped"),  # 96 = 3 x 32: 32-wide grouped tiles
+    ("n", 100, 72, None, None, "tile"),     # no grouped tile divides 72
+])
+def test_choose_at_each_threshold(kind, M, gs, N, K, want):
+    assert policy.choose(kind, M, gs, HAND, N, K) == want
+
+
+def test_large_tiles_from_the_threshold_itself():
+    assert policy.large_tile(300, HAND) and not policy.large_tile(299, HAND)
+
+
+def test_policy_for_names_the_entry_it_took():
+    assert policy.policy_for("interpreter")["arch"] == "interpreter"
+    assert policy.policy_for("sm_75")["arch"] == "default"  # no entry of its own: the default one
+    assert policy.policy_for("sm_75")["fallback"] == json.loads(policy.POLICY_FILE.read_text())["default"]["fallback"]
+
+
+def test_validate_words_each_refusal():
+    entry = GOOD["sm_90"]
+    assert policy.validate([]) == ["the policy must be a JSON object keyed by architecture"]
+    assert policy.validate({"_doc": "x", "sm_x0": entry}) == [
+        "'sm_x0': architecture keys are 'default', 'interpreter' or 'sm_<NN>'"]
+    assert policy.validate({"smx90": entry}) == ["'smx90': architecture keys are 'default', 'interpreter' or 'sm_<NN>'"]
+    assert policy.validate({"_doc": "x", "sm_90": "fast"}) == ["sm_90: must be an object, got str"]  # checked after _
+    assert policy.validate({"sm_90": dict(entry, grouped_n_min_m=2**31)}) == [
+        "sm_90: 'grouped_n_min_m' must be an int >= 0, got 2147483648"]
+    assert policy.validate({"sm_90": dict(entry, grouped_n_min_m=2**31 - 1)}) == []
+    assert policy.validate({"sm_90": dict(entry, fallback="cublas")}) == [
+        "sm_90: 'fallback' must be one of ['dense', 'tile'], got 'cublas'"]
+    assert policy.validate({"sm_90": dict(entry, gemv_max_m_shapes=["k:1x1", "k:2x2"])}) == [
+        "sm_90: 'gemv_max_m_shapes' must be an object of at most 8 rules"]
+    eight = {f"k:{n}x{n}": 1 for n in range(1, 9)}  # the C runtime's table holds 8 rules: 8 are fine
+    assert policy.validate({"sm_90": dict(entry, gemv_max_m_shapes=eight)}) == []
+    assert policy.validate({"sm_90": dict(entry, gemv_max_m_shapes={**eight, "k:9x9": 1})}) == [
+        "sm_90: 'gemv_max_m_shapes' must be an object of at most 8 rules"]
+    # every entry is checked and every error kept, past a bad key and from each entry
+    assert policy.validate({"sm_x0": entry, "sm_80": dict(entry, fallback="cublas"),
+                            "sm_90": dict(entry, grouped_k_min_m=-1)}) == [
+        "'sm_x0': architecture keys are 'default', 'interpreter' or 'sm_<NN>'",
+        "sm_80: 'fallback' must be one of ['dense', 'tile'], got 'cublas'",
+        "sm_90: 'grouped_k_min_m' must be an int >= 0, got -1"]
+
+
+def test_merge_recorded_words_each_refusal_and_keeps_the_tables_own_notes():
+    table = {"_doc": "the table's", "default": GOOD["sm_90"]}
+    good = dict(GOOD["sm_90"])
+    for empty in ({}, {"_doc": "x"}):
+        assert policy.merge_recorded(empty, table) == (table, ["the record holds no architecture"])
+    assert policy.merge_recorded({"default": good}, table) == (
+        table, ["'default': a record sets measured GPU architectures (sm_<NN>) only"])
+    assert policy.merge_recorded({"sm_90": dict(good, measured=False)}, table) == (
+        table, ['sm_90: a record must be measured ("measured": true)'])
+    assert policy.merge_recorded({"_doc": "x", "sm_90": dict(good, measured=False)}, table) == (
+        table, ['sm_90: a record must be measured ("measured": true)'])  # checked past a note
+    merged, errs = policy.merge_recorded({"_doc": "the record's", "sm_90": good}, table)
+    assert errs == [] and merged == {"_doc": "the table's", "default": GOOD["sm_90"], "sm_90": good}
