@@ -356,12 +356,14 @@ def _ptr(t):
 @pytest.mark.parametrize("dtype_code,dtype_name", [(1, "float16"), (2, "bfloat16"), (0, "float32")])
 @pytest.mark.parametrize("algo", [1, 2, 3, 4])
 @pytest.mark.parametrize("kind", ["n", "n_bias", "gated", "k"])
-@pytest.mark.parametrize("M", [1, 5, 300])
+@pytest.mark.parametrize("M", [1, 5, 300, 1100])
 def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_code, dtype_name, M):
     import torch
 
     from wide_export.ops import reference as ref
 
+    if M == 1100 and (algo not in (2, 3) or dtype_code == 0):
+        pytest.skip("1100 rows: for the 128-row '/large' prefill cubins (grouped, tile; fp16 / bf16)")
     if algo == 2 and dtype_code == 0:
         pytest.skip("no grouped cubins for float32 (tile runs float32 prefill)")
     if algo == 4 and not kernels_lib.wide_kernels_has_cublaslt():
