@@ -95,7 +95,19 @@ TESTS: dict[str, list[str]] = {
     "wide_export/triton/ports.py": ["tests/triton/test_triton_units.py", "tests/triton/test_serve_ports.py"],
     "wide_export/triton/templates.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
     "wide_export/triton/textfiles.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
-    "wide_export/triton/repository.py": ["tests/triton/test_triton_repository.py", "tests/triton/test_triton_cli.py"],
+    # test_triton_cli.py's other tests start tritonserver or `wide-export serve`, and the real-engine test
+    # exports the demo and builds a TensorRT engine in a child process: minutes per surviving mutant
+    "wide_export/triton/repository.py": [
+        "tests/triton/test_triton_repository.py::test_onnxruntime_repository_layout_and_config",
+        "tests/triton/test_triton_repository.py::test_template_keys_are_strict",
+        "tests/triton/test_triton_repository.py::test_errors_leave_nothing_behind",
+        "tests/triton/test_triton_repository.py::test_tensorrt_repository_matches_the_manifest",
+        "tests/triton/test_triton_repository.py::test_tensorrt_manifest_errors",
+        "tests/triton/test_triton_repository.py::test_tensorrt_rtx_engines_are_warned_about_before_writing",
+        "tests/triton/test_triton_repository.py::test_engines_with_the_onnxruntime_backend_get_a_hint",
+        "tests/triton/test_triton_repository_contents.py",
+        "tests/triton/test_triton_cli.py::test_triton_command_writes_a_repository_and_refuses_to_overwrite",
+        "tests/triton/test_triton_cli.py::test_repository_is_created_with_normal_permissions"],
     "wide_export/triton/sources.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
     "wide_export/triton/engines.py": ["tests/triton/test_triton_repository.py"],
     "wide_export/triton/server.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
