@@ -22,8 +22,9 @@ missing from TESTS is reported and skipped: add it there.
 
 The generated Triton repository's files (generation_model.py, inflight.py, textgen.py, metrics.py) are
 imported by the tests from a repository folder under other module names, which mutmut cannot switch;
-under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py makes the loaded model.py take its
-siblings from the package, so their mutants are the ones exercised.
+under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py loads the package's generation_model
+instead of the repository's model.py (the same text) and makes it take its siblings from the package,
+so their mutants are the ones exercised.
 
 Equivalent mutants (no test can tell them from the original) are listed with a one-line reason in
 scripts/mutation-equivalent.json and not counted; one listed there but killed is reported as stale.
@@ -65,7 +66,9 @@ TESTS: dict[str, list[str]] = {
                                       "tests/triton/test_triton_metrics_contract.py"],
     "wide_export/triton/generation_model.py": ["tests/triton/test_triton_generation.py",
                                                "tests/triton/test_triton_serving_limits.py",
-                                               "tests/triton/test_triton_bls.py"],
+                                               "tests/triton/test_triton_bls.py",
+                                               "tests/triton/test_triton_bls_device.py",
+                                               "tests/triton/test_triton_iobinding.py"],
     "wide_export/outdir.py": ["tests/test_outdir.py", "tests/faults/test_interrupt_publish.py",
                               "tests/cli/test_interrupt_races.py",
                               "tests/faults/test_outputs.py::test_two_writers_of_one_output_exactly_one_publishes",
