@@ -15,8 +15,6 @@ def load_generation_module(version_dir: Path):
     (mutated) text, but mutmut switches a mutant on by the module's name, which a copy loaded under
     another name does not have; every function of the module takes the version folder as an argument."""
     if "MUTANT_UNDER_TEST" in os.environ:
-        import importlib
-
         module = importlib.import_module("wide_export.triton.generation_model")
         assert (version_dir / "model.py").read_text() == Path(module.__file__).read_text(), \
             f"{version_dir / 'model.py'} is not the package's generation_model.py"
