@@ -311,3 +311,84 @@ def test_the_rtx_warning_is_yellow_on_a_terminal(tmp_path, capsys, monkeypatch):
     generate_repository(tmp_path / "repo", engines=tmp_path / "engines")
     err = capsys.readouterr().err
     assert "\x1b[33m" in err and "warning: " in err and "[/" not in err
+
+
+def test_plan_config_lists_one_tensor_per_line(tmp_path):
+    """The I/O blocks of the tensorrt_plan config: one indented tensor per line, comma-separated, no blank
+    lines (the manifest's names, types and dims)."""
+    write_engine_folder(tmp_path / "engines", layers=1)
+    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines")
+    text = (repo / "wide_llm_engine" / "config.pbtxt").read_text()
+    block = text[text.index("input [\n") + len("input [\n"):text.index("\n]\noutput [")]
+    assert block.split("\n") == [
+        '  { name: "input_ids" data_type: TYPE_INT64 dims: [ -1, -1 ] },',
+        '  { name: "attention_mask" data_type: TYPE_INT64 dims: [ -1, -1 ] },',
+        '  { name: "position_ids" data_type: TYPE_INT64 dims: [ -1, -1 ] },',
+        '  { name: "past_key_values.0.key" data_type: TYPE_FP16 dims: [ -1, 2, -1, 4 ] },',
+        '  { name: "past_key_values.0.value" data_type: TYPE_FP16 dims: [ -1, 2, -1, 4 ] }']
+
+
+def test_a_prefill_profile_without_input_ids_ranges_sets_no_prompt_bound(tmp_path):
+    """No input_ids range in the prefill profile: max_prompt_tokens 0 (model.py: only the total limits it)."""
+    write_engine_folder(tmp_path / "engines")
+    _edit_manifest(tmp_path / "engines",
+                   lambda m: m["engines"][0]["profiles"][0]["shapes"].pop("input_ids"))
+    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines")
+    assert _settings(repo)["max_prompt_tokens"] == 0
+
+
+def test_a_missing_prefill_phase_is_named(tmp_path):
+    write_engine_folder(tmp_path / "engines")
+    _edit_manifest(tmp_path / "engines", lambda m: m["engines"][0].update(profiles=m["engines"][0]["profiles"][1:]))
+    with pytest.raises(WideError) as err:
+        generate_repository(tmp_path / "r", engines=tmp_path / "engines")
+    assert err.value.message == f"{tmp_path / 'engines' / 'wide_engine.json'}: no optimization profile for the " \
+                                "prefill phase"
+
+
+def test_one_profile_for_both_phases_serves_prefill_and_decode(tmp_path):
+    """A profile with no phase name whose past ranges from 0 up ("both") is used for both phases."""
+    write_engine_folder(tmp_path / "engines")
+
+    def one_profile(m):
+        engine = m["engines"][0]
+        both = engine["profiles"][1]
+        both.pop("name")
+        for name, shape in both["shapes"].items():
+            if name.startswith("past_key_values."):
+                shape["min"][2] = 0
+        engine["profiles"] = [both]
+
+    _edit_manifest(tmp_path / "engines", one_profile)
+    repo = generate_repository(tmp_path / "repo", engines=tmp_path / "engines")
+    assert _settings(repo)["engine_model"] == "wide_llm_engine"
+    readme = (repo / "README.md").read_text()
+    assert "BLS: `wide_llm_engine` profile 0 for the prefill, `wide_llm_engine` profile 0 for each decode" in readme
+    plan = (repo / "wide_llm_engine" / "config.pbtxt").read_text()
+    assert "optimization profiles\n# 0 (both)." in plan
+
+
+def test_the_kv_type_is_the_first_layers(tmp_path):
+    """The cache type is read from layer 0's past: an INT8 layer 0 is refused even when the others are FP16."""
+    write_engine_folder(tmp_path / "engines")
+
+    def int8_first(m):
+        for t in m["engines"][0]["inputs"]:
+            if t["name"].startswith("past_key_values.0."):
+                t["dtype"] = "int8"
+
+    _edit_manifest(tmp_path / "engines", int8_first)
+    with pytest.raises(WideError, match="KV cache type TYPE_INT8 is not served"):
+        generate_repository(tmp_path / "r", engines=tmp_path / "engines")
+
+
+def test_the_rtx_warning_prints_the_folder_as_it_is(tmp_path, capsys, monkeypatch):
+    """Square brackets in the path are text, not rich markup; numbers are not highlighted."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    folder = tmp_path / "e[bold]x"
+    write_engine_folder(folder)
+    generate_repository(tmp_path / "repo", engines=folder)
+    err = capsys.readouterr().err
+    assert f"warning: {folder} holds TensorRT-RTX engines (tensorrt_rtx 1.7.1); " in err
+    assert err.startswith("\x1b[33m") and err.count("\x1b[") == 2  # one yellow span: on, then off
