@@ -22,8 +22,9 @@ missing from TESTS is reported and skipped: add it there.
 
 The generated Triton repository's files (generation_model.py, inflight.py, textgen.py, metrics.py) are
 imported by the tests from a repository folder under other module names, which mutmut cannot switch;
-under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py makes the loaded model.py take its
-siblings from the package, so their mutants are the ones exercised.
+under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py loads the package's generation_model
+instead of the repository's model.py (the same text) and makes it take its siblings from the package,
+so their mutants are the ones exercised.
 
 Equivalent mutants (no test can tell them from the original) are listed with a one-line reason in
 scripts/mutation-equivalent.json and not counted; one listed there but killed is reported as stale.
@@ -73,7 +74,9 @@ TESTS: dict[str, list[str]] = {
                                       "tests/triton/test_triton_metrics_contract.py"],
     "wide_export/triton/generation_model.py": ["tests/triton/test_triton_generation.py",
                                                "tests/triton/test_triton_serving_limits.py",
-                                               "tests/triton/test_triton_bls.py"],
+                                               "tests/triton/test_triton_bls.py",
+                                               "tests/triton/test_triton_bls_device.py",
+                                               "tests/triton/test_triton_iobinding.py"],
     "wide_export/outdir.py": ["tests/test_outdir.py", "tests/faults/test_interrupt_publish.py",
                               "tests/cli/test_interrupt_races.py",
                               "tests/faults/test_outputs.py::test_two_writers_of_one_output_exactly_one_publishes",
@@ -103,7 +106,19 @@ TESTS: dict[str, list[str]] = {
     "wide_export/triton/ports.py": ["tests/triton/test_triton_units.py", "tests/triton/test_serve_ports.py"],
     "wide_export/triton/templates.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
     "wide_export/triton/textfiles.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
-    "wide_export/triton/repository.py": ["tests/triton/test_triton_repository.py", "tests/triton/test_triton_cli.py"],
+    # test_triton_cli.py's other tests start tritonserver or `wide-export serve`, and the real-engine test
+    # exports the demo and builds a TensorRT engine in a child process: minutes per surviving mutant
+    "wide_export/triton/repository.py": [
+        "tests/triton/test_triton_repository.py::test_onnxruntime_repository_layout_and_config",
+        "tests/triton/test_triton_repository.py::test_template_keys_are_strict",
+        "tests/triton/test_triton_repository.py::test_errors_leave_nothing_behind",
+        "tests/triton/test_triton_repository.py::test_tensorrt_repository_matches_the_manifest",
+        "tests/triton/test_triton_repository.py::test_tensorrt_manifest_errors",
+        "tests/triton/test_triton_repository.py::test_tensorrt_rtx_engines_are_warned_about_before_writing",
+        "tests/triton/test_triton_repository.py::test_engines_with_the_onnxruntime_backend_get_a_hint",
+        "tests/triton/test_triton_repository_contents.py",
+        "tests/triton/test_triton_cli.py::test_triton_command_writes_a_repository_and_refuses_to_overwrite",
+        "tests/triton/test_triton_cli.py::test_repository_is_created_with_normal_permissions"],
     "wide_export/triton/sources.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_sources.py",
                                       *_REPOSITORY_WITHOUT_A_REAL_ENGINE],
     "wide_export/triton/engines.py": ["tests/triton/test_triton_engines.py", *_REPOSITORY_WITHOUT_A_REAL_ENGINE],

@@ -9,14 +9,22 @@ from pathlib import Path
 
 
 def load_generation_module(version_dir: Path):
-    """Import a generated `<model>/1/model.py` as a module (outside Triton)."""
+    """Import a generated `<model>/1/model.py` as a module (outside Triton).
+
+    Under mutmut (scripts/mutation-test.py) the package's module itself: model.py is a copy of its
+    (mutated) text, but mutmut switches a mutant on by the module's name, which a copy loaded under
+    another name does not have; every function of the module takes the version folder as an argument."""
+    if "MUTANT_UNDER_TEST" in os.environ:
+        module = importlib.import_module("wide_export.triton.generation_model")
+        assert (version_dir / "model.py").read_text() == Path(module.__file__).read_text(), \
+            f"{version_dir / 'model.py'} is not the package's generation_model.py"
+        _siblings_from_the_package(module)
+        return module
     name = f"wide_generation_{abs(hash(str(version_dir)))}"
     spec = importlib.util.spec_from_file_location(name, version_dir / "model.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
-    if "MUTANT_UNDER_TEST" in os.environ:  # under mutmut (scripts/mutation-test.py)
-        _siblings_from_the_package(module)
     return module
 
 

@@ -64,3 +64,15 @@ def tiny(tiny_ckpt, tmp_path_factory) -> tuple[Path, Path]:
         export_onnx(load_wide_model(tiny_ckpt, dtype="float32"), root / "onnx")
 
     return tiny_ckpt, cached("verify-tiny-f32", export, tmp_path_factory) / "onnx"
+
+
+@pytest.fixture(scope="session")
+def tiny_bf16(tiny_ckpt, tmp_path_factory) -> tuple[Path, Path]:
+    """(checkpoint, its bfloat16 export folder): verified by onnx's reference evaluator."""
+    def export(root: Path) -> None:
+        from wide_export.checkpoint import load_wide_model
+        from wide_export.export.onnx_export import export_onnx
+
+        export_onnx(load_wide_model(tiny_ckpt, dtype="bfloat16"), root / "onnx")
+
+    return tiny_ckpt, cached("verify-tiny-bf16", export, tmp_path_factory) / "onnx"

@@ -42,13 +42,16 @@ def test_recorded_sources_name_the_checkpoint_router_and_lora(tmp_path):
 def test_recorded_sources_refusals(tmp_path):
     with pytest.raises(WideError, match="does not say which checkpoint was exported") as err:
         ov._recorded_sources({"sources": {"config": {"path": "/x/config.json"}}})
-    assert "pass --model" in err.value.hint
+    assert err.value.message == "wide_config.json does not say which checkpoint was exported"
+    assert err.value.hint == "pass --model (and --router/--lora) to verify against"
     with pytest.raises(WideError, match="does not say which checkpoint"):
         ov._recorded_sources({})
     src = _sources(tmp_path)
     (tmp_path / "router.pth").unlink()
-    with pytest.raises(WideError, match=f"no longer at {tmp_path / 'm'}"):
+    with pytest.raises(WideError, match=f"no longer at {tmp_path / 'm'}") as err:
         ov._recorded_sources({"sources": src})
+    assert err.value.message == f"the exported checkpoint is no longer at {tmp_path / 'm'}"
+    assert err.value.hint == "pass --model (and --router/--lora) to verify against"
     src["config"]["path"] = str(tmp_path / "gone" / "config.json")
     (tmp_path / "router.pth").write_bytes(b"")
     with pytest.raises(WideError, match="no longer at"):
@@ -204,6 +207,19 @@ def test_debug_session_runs_the_graph_with_its_masks(tmp_path, external):
     assert [o.name for o in only.get_outputs()] == ["logits"]
 
 
+def test_debug_session_asks_for_no_provider_onnxruntime_lacks(tmp_path):
+    """Opening the session warns about nothing: the CPU provider it asks for is one ONNX Runtime has."""
+    import warnings
+
+    config = _graph_dir(tmp_path)
+    config["layers"] = config["layers"][:1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session = ov.debug_session(tmp_path, config)
+    assert [str(w.message) for w in caught] == []
+    assert session.get_providers() == ["CPUExecutionProvider"]
+
+
 def test_check_graph_files_refuses_weights_outside_the_folder(tmp_path):
     import onnx
 
@@ -234,6 +250,20 @@ def test_session_for_a_slice_follows_the_dtype(tmp_path):
     assert FFN0 in [o.name for o in session.get_outputs()]
 
 
+def test_a_bfloat16_slice_reads_its_external_weights_from_the_export(tmp_path, monkeypatch):
+    """A bf16 slice session (the reference evaluator) finds the weights in the export folder, wherever the
+    process runs: x + b > 0 by hand."""
+    config = _graph_dir(tmp_path, external=True)
+    config["layers"] = config["layers"][:1]
+    proto = ov.with_masks(tmp_path, config)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    session = ov._session(tmp_path, {**config, "dtype": "bfloat16"}, proto)
+    logits, mask = session.run(["logits", FFN0], {"x": np.array([[0.0, 1.0, -2.0]], np.float32)})
+    assert mask.tolist() == [[1, 0, 0]] and logits.tolist() == [[1.0, 0.0, 0.0]]
+
+
 # -- the model check
 def _model(**over):
     cfg = dict(num_layers=2, hidden_size=32, vocab_size=64, num_key_value_heads=2, head_dim=8)
@@ -249,7 +279,7 @@ def test_check_same_model_names_the_first_difference():
         with pytest.raises(WideError, match=f"the reference model has {key}={wrong} but the export has "
                                             f"{export[key]}") as err:
             ov.check_same_model(_model(**{key: wrong}), export)
-        assert "--model/--router" in err.value.hint
+        assert err.value.hint == "pass the --model/--router the ONNX folder was exported from"
     with pytest.raises(WideError, match="head_dim=8 but the export has None"):
         ov.check_same_model(_model(), {k: v for k, v in export.items() if k != "head_dim"})
 
@@ -304,6 +334,7 @@ def test_sliced_verification_of_a_tp_export_is_refused(tmp_path):
     (tmp_path / MANIFEST).write_text("{}")
     with pytest.raises(WideError, match="--sliced verifies a single-device export") as err:
         ov.verify_onnx(tmp_path, sliced=True)
+    assert err.value.message == "--sliced verifies a single-device export"
     assert err.value.hint == ("drop --sliced for a --tp export (each rank's graph runs whole, stage by stage)")
 
 
@@ -317,6 +348,11 @@ def test_tp_exports_go_to_the_tp_verification(tmp_path, monkeypatch):
         == "tp-report"
     assert seen["folder"] == tmp_path and seen["report_path"] == tmp_path / "r.json" and seen["batch"] == 1
     assert seen["load_kwargs"] == {"model_dir": "m"}
+    assert seen["loaded"] is None and seen["stages"] is None
+    # the caller's model and progress go to the TP verification as they are
+    loaded, stages = object(), object()
+    ov.verify_onnx(tmp_path, loaded=loaded, stages=stages)
+    assert seen["loaded"] is loaded and seen["stages"] is stages
 
 
 def test_quiet_polygraphy_keeps_errors_only():

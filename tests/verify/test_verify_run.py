@@ -88,3 +88,108 @@ def test_the_wrong_reference_is_refused_before_comparing(tiny, tmp_path):
     other = make_checkpoint(tmp_path / "other", **{**SPEC, "num_layers": 3})
     with pytest.raises(WideError, match="the reference model has num_layers=3 but the export has 2"):
         verify_onnx(folder, load_kwargs=_kw(other), sliced=False)
+
+
+class _Recorded:
+    """A quiet Stages that keeps the stage names, in order, and the progress lines under them."""
+
+    def __init__(self):
+        from wide_export.progress import Stages
+
+        self.stages = Stages(quiet=True)
+        self.names, self.updates = [], []
+
+    def stage(self, name):
+        self.names.append(name)
+        return self.stages.stage(name)
+
+    def update(self, message):
+        self.updates.append(message)
+
+
+def test_the_stages_are_named_for_what_runs(tiny):
+    """Whole graph: `reference` then `onnxrt`; sliced: the same names, with progress lines under the second."""
+    from wide_export.verify.onnx_verify import verify_onnx
+
+    ckpt, folder = tiny
+    whole = _Recorded()
+    verify_onnx(folder, load_kwargs=_kw(ckpt), stages=whole, sliced=False, batch=1, steps=0, prompt_len=2)
+    assert whole.names == ["reference", "onnxrt"] and whole.updates == []
+    sliced = _Recorded()
+    verify_onnx(folder, load_kwargs=_kw(ckpt), stages=sliced, sliced=True, batch=1, steps=0, prompt_len=2)
+    assert sliced.names == ["reference", "onnxrt"]
+    assert sliced.updates and all(isinstance(u, str) and u for u in sliced.updates)
+
+
+def test_without_stages_nothing_is_printed(tiny, capsys):
+    """The library call is quiet unless the caller passes its own Stages (the CLI does)."""
+    from wide_export.verify.onnx_verify import verify_onnx
+
+    ckpt, folder = tiny
+    verify_onnx(folder, load_kwargs=_kw(ckpt), sliced=False, batch=1, steps=0, prompt_len=2)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_without_load_arguments_the_recorded_checkpoint_is_the_reference(tiny):
+    """No --model: the checkpoint wide_config.json records (the fixture's own) is loaded and passes."""
+    from wide_export.verify.onnx_verify import verify_onnx
+
+    _, folder = tiny
+    report = verify_onnx(folder, sliced=False, batch=1, steps=0, prompt_len=2)
+    assert report.passed is True and report.target == "onnxruntime"
+
+
+def test_a_given_float32_model_is_the_reference_and_load_arguments_are_unused(tiny, tmp_path):
+    """`loaded` (a float32 eager model) is used as it is: load arguments naming another checkpoint
+    (3 layers, which the export would refuse) are not read then."""
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.verify.onnx_verify import verify_onnx
+
+    ckpt, folder = tiny
+    other = make_checkpoint(tmp_path / "other", **{**SPEC, "num_layers": 3})
+    loaded = load_wide_model(ckpt, dtype="float32")
+    report = verify_onnx(folder, loaded=loaded, load_kwargs=_kw(other), sliced=False, batch=1, steps=0,
+                         prompt_len=2)
+    assert report.passed is True
+
+
+def test_sliced_verification_loads_the_reference_lazily(tiny, monkeypatch):
+    """--sliced never holds the whole float32 reference: its checkpoint is opened lazily (streamed);
+    the whole-graph check loads it whole."""
+    import wide_export.checkpoint as checkpoint
+    from wide_export.verify.onnx_verify import verify_onnx
+
+    ckpt, folder = tiny
+    real, asked = checkpoint.load_wide_model, []
+    monkeypatch.setattr(checkpoint, "load_wide_model", lambda **kw: asked.append(kw["lazy"]) or real(**kw))
+    verify_onnx(folder, load_kwargs=_kw(ckpt), sliced=True, batch=1, steps=0, prompt_len=2)
+    verify_onnx(folder, load_kwargs=_kw(ckpt), sliced=False, batch=1, steps=0, prompt_len=2)
+    assert asked == [True, False]
+
+
+BF16_NOTE = ("bfloat16: run by onnx.reference.ReferenceEvaluator with ml_dtypes bfloat16 tensors (the graph as "
+             "written; ONNX Runtime's CPU provider has no bf16 kernels)")
+
+
+def test_a_bfloat16_export_is_verified_by_the_reference_evaluator(tiny_bf16):
+    """A bf16 export runs whole in onnx's reference evaluator: its target, bf16 tolerance, the note saying
+    so, the `evaluator` stage, every output and router compared, and a passing verdict."""
+    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.verify.tolerances import tolerance_for
+
+    ckpt, folder = tiny_bf16
+    stages = _Recorded()
+    report = verify_onnx(folder, load_kwargs=_kw(ckpt), stages=stages, sliced=False, batch=1, steps=1,
+                         prompt_len=2)
+    assert report.target == "onnx-reference-evaluator" and report.dtype == "bfloat16"
+    assert report.tolerance == tolerance_for("bfloat16").to_dict()
+    assert report.notes == [BF16_NOTE]
+    assert stages.names == ["reference", "evaluator"]
+    assert [r.name for r in report.outputs] == ["logits", "present.0.key", "present.0.value", "present.1.key",
+                                                "present.1.value"]
+    # batch 1, 2 prompt tokens + 1 decode step; 4 attention groups, 12 FFN groups
+    assert [r.decisions for r in report.decisions] == [1 * 3 * 4, 1 * 3 * 12] * 2
+    assert report.passed is True, report.to_dict()
+    logits = next(r for r in report.outputs if r.name == "logits")
+    assert 0 < logits.mean_abs  # bf16 rounding is there: not a float32 run
