@@ -135,7 +135,7 @@ def test_repo_options_refusals_say_what_and_how():
     assert err.value.message == "--instances must be >= 1, got 0"
     for name in ("m", "_m", "a.b-c_9", "9"):  # valid names pass
         RepoOptions(model_name=name).check()
-    for name in ("", "-m", ".m", "m n", "m/n"):
+    for name in ("", "-m", ".m", "m n", "m/n", "m\n"):  # "m\n": a folder name with a newline
         with pytest.raises(WideError, match="not a valid Triton model name"):
             RepoOptions(model_name=name).check()
 

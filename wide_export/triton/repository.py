@@ -39,7 +39,7 @@ from wide_export.triton.textfiles import check_tokenizer, generation_tokens, ser
 
 BACKENDS = ("onnxruntime", "tensorrt")
 BATCHING = ("inflight", "static")
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # fullmatch: `$` would let a trailing newline through
 _TYPE_TO_KV = {"TYPE_FP32": "float32", "TYPE_FP16": "float16"}
 _RTX_NOTE = ("TensorRT-RTX engines need a TensorRT-RTX runtime; Triton's `tensorrt` backend links\n"
              "datacenter TensorRT, so rebuild the engines with datacenter TensorRT to serve them there.")
@@ -62,7 +62,7 @@ class RepoOptions:
     def check(self) -> None:
         if self.batching not in BATCHING:
             raise WideError(f"unknown batching {self.batching!r}", hint=f"choose one of {', '.join(BATCHING)}")
-        if not _NAME.match(self.model_name):
+        if not _NAME.fullmatch(self.model_name):
             raise WideError(f"model name {self.model_name!r} is not a valid Triton model name",
                             hint="use letters, digits, '_', '-', '.'")
         for field in ("max_batch", "instances"):
