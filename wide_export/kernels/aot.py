@@ -79,7 +79,7 @@ class Spec:
     archs: tuple = ()  # the architecture families (90 = sm_90, sm_90a) it is built for; () = every one
 
     def for_arch(self, arch: int) -> bool:
-        return not self.archs or arch // 10 * 10 in self.archs
+        return not self.archs or cfg.in_families(arch, self.archs)
 
 
 def hinted_params(spec: Spec, arg_names) -> list[str]:

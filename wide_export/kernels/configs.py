@@ -113,12 +113,17 @@ def grouped_block_n(group_size: int) -> int:
     return 0
 
 
+def in_families(arch: int, families: tuple) -> bool:
+    """Whether compute capability `arch` (90, 86, ...) is of one of `families` (90 = sm_90 and its minors)."""
+    return arch // 10 * 10 in families
+
+
 def large_tiles(arch: str, dtype: str) -> bool:
     """Whether calls on `arch` ('sm_90', 'interpreter', ...) in `dtype` may take the large tiles (the
     interpreter may: that is how CPU tests run them)."""
     if dtype == "float32":
         return False
-    return arch == "interpreter" or (arch.startswith("sm_") and int(arch[3:]) // 10 * 10 in LARGE_ARCHS)
+    return arch == "interpreter" or (arch.startswith("sm_") and in_families(int(arch[3:]), LARGE_ARCHS))
 
 
 def is_aligned(*values: int) -> bool:
