@@ -429,7 +429,7 @@ def wide_tile_gemm_n_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, mask_ptr, y_ptr, M, N, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if tl.max(tl.max(act.to(tl.int32), axis=1), axis=0) > 0:
-        # the tile's first row at an int64 offset, rows within it at int32 ones (64 x K: no overflow)
+        # the tile's first row at an int64 offset, rows within it at int32 ones (BLOCK_M x K <= 128 x K: no overflow)
         acc, acc2 = _gemm_rows(x_ptr + _row_offsets(pm * BLOCK_M, ldx), w_ptr, w2_ptr, r * ldx, m_ok, rn, n_ok, K,
                                acc, acc2, GATED, PRECISE, BLOCK_K)
         acc = _epilogue_n(acc, acc2, b_ptr, rn, n_ok, act, HAS_BIAS, GATED)
