@@ -73,6 +73,7 @@ TESTS: dict[str, list[str]] = {
     "wide_export/triton/metrics.py": ["tests/triton/test_triton_metrics.py",
                                       "tests/triton/test_triton_metrics_contract.py"],
     "wide_export/triton/generation_model.py": ["tests/triton/test_triton_generation.py",
+                                               "tests/triton/test_generation_model_units.py",
                                                "tests/triton/test_triton_serving_limits.py",
                                                "tests/triton/test_triton_bls.py",
                                                "tests/triton/test_triton_bls_device.py",
@@ -101,8 +102,7 @@ TESTS: dict[str, list[str]] = {
     "wide_export/frontend/engine.py": ["tests/frontend/test_engine.py", "tests/frontend/test_engine_units.py"],
     "wide_export/frontend/app.py": ["tests/frontend/test_app.py", "tests/frontend/test_app_shapes.py"],
     "wide_export/frontend/runner.py": ["tests/frontend/test_openai_client.py", "tests/frontend/test_runner.py"],
-    # the rest of triton/: repository generation in-process on tests/triton/tiny_llm.py's model; server.py,
-    # supervise.py and client.py are mostly reached through a real tritonserver (skipped without one)
+    # the rest of triton/: repository generation in-process on tests/triton/tiny_llm.py's model
     "wide_export/triton/ports.py": ["tests/triton/test_triton_units.py", "tests/triton/test_serve_ports.py"],
     "wide_export/triton/templates.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
     "wide_export/triton/textfiles.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
@@ -122,9 +122,12 @@ TESTS: dict[str, list[str]] = {
     "wide_export/triton/sources.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_sources.py",
                                       *_REPOSITORY_WITHOUT_A_REAL_ENGINE],
     "wide_export/triton/engines.py": ["tests/triton/test_triton_engines.py", *_REPOSITORY_WITHOUT_A_REAL_ENGINE],
-    "wide_export/triton/server.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
-    "wide_export/triton/supervise.py": ["tests/triton/test_serve_ports.py", "tests/triton/test_triton_cli.py"],
-    "wide_export/triton/client.py": ["tests/triton/test_triton_cli.py"],
+    # server.py, supervise.py, client.py: on fakes (a fake process, clock and tritonclient, a loopback
+    # http.server); the tests that start a real tritonserver (test_triton_cli.py, test_serve_ports.py,
+    # test_triton_server.py) take minutes per mutant and are left to CI
+    "wide_export/triton/server.py": ["tests/triton/test_server_units.py"],
+    "wide_export/triton/supervise.py": ["tests/triton/test_supervise_units.py"],
+    "wide_export/triton/client.py": ["tests/triton/test_client_units.py"],
     # the kernels' auto policy (issue 20): table validation, choice, the measured policy's record
     "wide_export/kernels/policy.py": ["tests/kernels/test_policy.py"],
 }

@@ -77,7 +77,7 @@ def test_eight_concurrent_clients_all_exact_none_lost(demo_server, reference, li
     before = _counts(demo_server)
     run_concurrently([lambda c=c: run(c) for c in range(clients)], DEADLINE_S + 10)
     assert len(results) == clients * per_client
-    inferences, executions = (a - b for a, b in zip(_counts(demo_server), before))
+    inferences, executions = (a - b for a, b in zip(_counts(demo_server, before[0] + clients * per_client), before))
     assert inferences == clients * per_client  # the server saw every request once
     assert executions < inferences  # dynamic batching merged concurrent requests
     for (c, i), got in results.items():
@@ -85,13 +85,24 @@ def test_eight_concurrent_clients_all_exact_none_lost(demo_server, reference, li
         np.testing.assert_array_equal(got, reference(prompt, n))
 
 
-def _counts(server) -> tuple[int, int]:
-    """(inference_count, execution_count) of the generation model, from the server's statistics."""
+def _counts(server, at_least: int = 0, wait_s: float = 5.0) -> tuple[int, int]:
+    """(inference_count, execution_count) of the generation model, from the server's statistics.
+
+    The Python backend records a batch's statistics after its responses are sent, so a client
+    can hold its last answer a moment before the count includes it: wait (bounded) until
+    inference_count reaches `at_least`, then also return whatever it is (an extra count fails
+    the caller's equality as well as a missing one).
+    """
     import tritonclient.http as http
 
     client = http.InferenceServerClient(server.endpoints.http)
+    deadline = time.monotonic() + wait_s
     try:
-        stats = client.get_inference_statistics(MODEL)["model_stats"][0]
+        while True:
+            stats = client.get_inference_statistics(MODEL)["model_stats"][0]
+            if int(stats["inference_count"]) >= at_least or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     finally:
         client.close()
     return int(stats["inference_count"]), int(stats["execution_count"])

@@ -1,0 +1,508 @@
+"""The generation model's Triton entry point on fakes: what initialize() sets up from the model
+config and generation.json, what execute() reports to the metrics in each mode, what a streaming
+client that leaves or a failing generation gets, and the small device helpers (check_device_cache_ops,
+_bind_torch_input, ort_step's options, _log, load_sibling).
+
+Every fake records its calls; expectations are written out by hand (the tiny contract model's
+greedy tokens come from tests/triton/tiny_llm.py's numpy reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tests.triton import fake_pb_utils, tiny_llm
+
+FINAL = 1
+WAIT_S = 60.0  # generous: a bound on a tiny model's few steps, only reached when something hangs
+
+
+class _Family:
+    """pb_utils.MetricFamily: records every metric's calls in `log` as (family, labels, call, value)."""
+
+    HISTOGRAM, COUNTER, GAUGE = "histogram", "counter", "gauge"
+    log: list = []
+
+    def __init__(self, name, description, kind):
+        self.name, self.kind = name, kind
+
+    def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils' spelling
+        family, log = self.name, _Family.log
+
+        class _Metric:
+            def observe(self, value):
+                log.append((family, labels, "observe", value))
+
+            def increment(self, value):
+                log.append((family, labels, "increment", value))
+
+            def set(self, value):
+                log.append((family, labels, "set", value))
+
+        return _Metric()
+
+
+def _pb(decoupled=False, logger=None):
+    _Family.log = []
+    return SimpleNamespace(
+        Tensor=fake_pb_utils.Tensor, TritonError=fake_pb_utils.TritonError,
+        InferenceResponse=fake_pb_utils.InferenceResponse, TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
+        MetricFamily=_Family, Logger=logger,
+        get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
+        using_decoupled_model_transaction_policy=lambda config: decoupled)
+
+
+def _calls(family: str, call: str | None = None) -> list:
+    """The values `family` (without the wide: prefix) was given, in order."""
+    return [value for name, _, kind, value in _Family.log if name == "wide:" + family and call in (None, kind)]
+
+
+class _Request:
+    def __init__(self, prompt=None, new=None, sender=None, probe=False, wanted=None, **inputs):
+        if prompt is not None:
+            inputs["input_ids"] = np.asarray(prompt, np.int64).reshape(1, -1) if np.ndim(prompt) == 1 else prompt
+        if new is not None:
+            inputs["max_new_tokens"] = np.full((1, 1), new, np.int32)
+        self.inputs = {k: fake_pb_utils.Tensor(k, np.asarray(v)) for k, v in inputs.items()}
+        self.sender, self._probe, self._wanted = sender, probe, wanted
+
+    def get_response_sender(self):
+        return self.sender
+
+    def requested_output_names(self):
+        return list(self._wanted or [])
+
+    def parameters(self):
+        return json.dumps({"wide_probe": True}) if self._probe else "{}"
+
+
+class _Sender:
+    """A decoupled sender; `leave_after`: send() raises after that many token responses (a closed
+    stream), `cancel_after`: is_cancelled() turns true after that many."""
+
+    def __init__(self, leave_after=None, cancel_after=None):
+        self.leave_after, self.cancel_after = leave_after, cancel_after
+        self.sent: list = []  # (response or None, flags)
+        self.done = threading.Event()
+
+    def _tokens_sent(self):
+        return sum(1 for r, _ in self.sent if r is not None and not r.has_error())
+
+    def is_cancelled(self):
+        return self.cancel_after is not None and self._tokens_sent() >= self.cancel_after
+
+    def send(self, response=None, flags=0):
+        if self.leave_after is not None and response is not None and self._tokens_sent() >= self.leave_after:
+            raise RuntimeError("stream closed")
+        self.sent.append((response, flags))
+        if flags & FINAL:
+            self.done.set()
+
+    def tokens(self):
+        return [int(_out(r, "output_ids")[0, 0]) for r, _ in self.sent if r is not None and not r.has_error()]
+
+
+def _out(response, name):
+    return next(t for t in response.output_tensors if t.name() == name).as_numpy()
+
+
+def _args(tiny_repo, name="wide_llm", max_batch_size=4, parameters=None, args_name=None):
+    config = {"max_batch_size": max_batch_size, "parameters": parameters or {}}
+    if name is not None:
+        config["name"] = name
+    args = {"model_config": json.dumps(config), "model_repository": str(tiny_repo / "wide_llm"), "model_version": "1"}
+    if args_name is not None:
+        args["model_name"] = args_name
+    return args
+
+
+def _model(gm, monkeypatch, tiny_repo, decoupled=False, logger=None, **config):
+    monkeypatch.setattr(gm, "pb_utils", _pb(decoupled, logger))
+    model = gm.TritonPythonModel()
+    model.initialize(_args(tiny_repo, **config))
+    _Family.log.clear()  # only what requests do
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------
+# initialize(): from the model config and generation.json
+
+
+@pytest.mark.parametrize("name, args_name, label", [("wide_llm", None, "wide_llm"), (None, "from_args", "from_args"),
+                                                     (None, None, "")])
+def test_metrics_are_labelled_with_the_models_name(gm, tiny_repo, monkeypatch, name, args_name, label):
+    monkeypatch.setattr(gm, "pb_utils", _pb())
+    model = gm.TritonPythonModel()
+    model.initialize(_args(tiny_repo, name=name, args_name=args_name))
+    assert _Family.log == []  # creating the metrics calls nothing on them
+    model.metrics.gauges(3, 1)
+    assert _Family.log == [("wide:num_requests_running", {"model_name": label}, "set", 3),
+                           ("wide:num_requests_waiting", {"model_name": label}, "set", 1)]
+
+
+def test_initialize_passes_intra_op_threads_to_onnxruntime(gm, tiny_repo, monkeypatch):
+    seen = []
+    monkeypatch.setattr(gm, "ort_step", lambda folder, settings, threads=0: seen.append((folder, threads)) or "s")
+    monkeypatch.setattr(gm, "pb_utils", _pb())
+    for parameters, threads in (({"intra_op_threads": {"string_value": "3"}}, 3), ({}, 0)):
+        model = gm.TritonPythonModel()
+        model.initialize(_args(tiny_repo, parameters=parameters))
+        assert model.step == "s"
+        assert seen.pop() == (str(tiny_repo / "wide_llm" / "1"), threads)
+    assert type(threads) is int
+
+
+def test_initialize_picks_the_step_by_flavour(gm, tiny_repo, monkeypatch, tmp_path):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    path = repo / "wide_llm" / "1" / "generation.json"
+    settings = json.loads(path.read_text())
+    monkeypatch.setattr(gm, "bls_step", lambda s: ("bls", s.engine_model))
+    monkeypatch.setattr(gm, "pb_utils", _pb())
+    path.write_text(json.dumps({**settings, "flavour": "tensorrt", "engine_model": "wide_llm_engine"}))
+    model = gm.TritonPythonModel()
+    model.initialize(_args(repo))
+    assert model.step == ("bls", "wide_llm_engine") and model.settings.flavour == "tensorrt"
+    path.write_text(json.dumps({**settings, "flavour": "tensorflow"}))
+    with pytest.raises(ValueError) as err:
+        gm.TritonPythonModel().initialize(_args(repo))
+    assert str(err.value) == "unknown flavour 'tensorflow' in generation.json"
+
+
+@pytest.mark.parametrize("max_batch_size, rows", [(4, 4), (0, 1), (1, 1)])
+def test_inflight_batching_gets_max_batch_size_rows_and_the_device_check(gm, tiny_repo, monkeypatch,
+                                                                         max_batch_size, rows):
+    made = SimpleNamespace(batch=None, checked=None, observe=None, started=0)
+
+    class Batch:
+        def __init__(self, step, settings, choose, max_rows):
+            made.batch = (step, settings, choose, max_rows)
+
+    class Scheduler:
+        def __init__(self, batch, log, observe=None):
+            made.log, made.observe = log, observe
+
+        def start(self):
+            made.started += 1
+            return self
+
+    fake = SimpleNamespace(Batch=Batch, Scheduler=Scheduler)
+    monkeypatch.setattr(gm, "load_inflight", lambda: fake)
+    monkeypatch.setattr(gm, "check_device_cache_ops", lambda s, step, inflight: setattr(made, "checked", inflight))
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True, max_batch_size=max_batch_size,
+                   parameters={"batching": {"string_value": "inflight"}})
+    assert isinstance(model.scheduler, Scheduler) and made.started == 1 and made.checked is fake
+    step, settings, choose, max_rows = made.batch
+    assert (step, settings, choose, max_rows) == (model.step, model.settings, gm.choose_tokens, rows)
+    assert made.log is gm._log and made.observe == model.metrics.gauges
+    for decoupled, parameters in ((True, {"batching": {"string_value": "static"}}), (True, {}),
+                                  (False, {"batching": {"string_value": "inflight"}})):
+        made.started = 0
+        other = _model(gm, monkeypatch, tiny_repo, decoupled=decoupled, parameters=parameters)
+        assert other.scheduler is None and made.started == 0 and other.streaming is decoupled
+        other.finalize()  # nothing to stop
+
+
+def test_finalize_stops_the_scheduler(gm):
+    model = gm.TritonPythonModel()
+    stopped = []
+    model.scheduler = SimpleNamespace(stop=lambda: stopped.append(1))
+    model.finalize()
+    assert stopped == [1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# execute(), static batching: metrics
+
+
+def test_static_execute_reports_gauges_timer_and_counts(gm, tiny_repo, tiny, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo)
+    clock = iter(range(100, 200))
+    metrics = gm.load_sibling("metrics")
+    model.timer = (lambda request, original=model.timer:
+                   metrics.RequestTimer(original(request).metrics, clock=lambda: float(next(clock))))
+    gauges = []
+    model.metrics.gauges = lambda running, waiting: gauges.append((running, waiting))
+    two = np.array([[3, 1, 4], [1, 5, 9]], np.int64)
+    requests = [_Request(two, 3), _Request([2, 6], 0), _Request([5, 3, 5, 8], 2)]
+    responses = model.execute(requests)
+    assert gauges == [(3, 0), (0, 0)]  # the valid rows (2 + 1) while generating, then none
+    assert responses[1].error().message() == "max_new_tokens must be >= 1, got 0"
+    np.testing.assert_array_equal(_out(responses[0], "output_ids")[1], tiny_llm.reference_greedy(tiny[1], two[1], 3))
+    # each valid request: admitted, one token response, finished with its reason and counts
+    assert _calls("request_prompt_tokens") == [6, 4]
+    assert _calls("request_generation_tokens") == [6, 2]
+    assert _calls("prompt_tokens_total") == [6, 4] and _calls("generation_tokens_total") == [6, 2]
+    assert [labels["finished_reason"] for n, labels, _, _ in _Family.log
+            if n == "wide:request_success_total"] == ["length", "length"]
+    assert len(_calls("request_queue_time_seconds")) == 2 and len(_calls("time_to_first_token_seconds")) == 2
+    assert _calls("inter_token_latency_seconds") == []  # one response per request: no gap between tokens
+
+
+def test_probes_stay_out_of_the_llm_metrics(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo)
+    model.metrics.gauges = lambda running, waiting: None
+    response, = model.execute([_Request([1, 2], 1, probe=True)])
+    assert not response.has_error() and _Family.log == []
+    model.execute([_Request([1, 2], 1)])
+    assert _calls("request_prompt_tokens") == [2]
+
+
+def test_a_failing_generation_resets_the_gauges_and_answers_only_the_valid_requests(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo)
+    gauges = []
+    model.metrics.gauges = lambda running, waiting: gauges.append((running, waiting))
+
+    def broken(feeds, phase):
+        raise RuntimeError("out of memory")
+
+    model.step = broken
+    responses = model.execute([_Request([1, 2], 2), _Request([1], 0), _Request([3], 1)])
+    assert [r.error().message() for r in responses] == ["generation failed: out of memory",
+                                                        "max_new_tokens must be >= 1, got 0",
+                                                        "generation failed: out of memory"]
+    assert gauges == [(2, 0), (0, 0)]
+    assert _calls("request_prompt_tokens") == []  # nothing finished
+
+
+def test_only_malformed_requests_generate_nothing(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo)
+    model.step = None  # never called
+    gauges = []
+    model.metrics.gauges = lambda running, waiting: gauges.append((running, waiting))
+    responses = model.execute([_Request([1], 0), _Request(None, 2)])
+    assert [r.error().message() for r in responses] == [
+        "max_new_tokens must be >= 1, got 0", "send exactly one of input_ids (token ids) or text_input (text)"]
+    assert gauges == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# execute(), decoupled, static batching: clients that leave, failures, metrics
+
+
+def test_a_streaming_client_that_leaves_stops_its_rows_and_the_others_go_on(gm, tiny_repo, tiny, monkeypatch):
+    logged = []
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True,
+                   logger=SimpleNamespace(log_info=lambda m: logged.append(m)))
+    calls = []
+    step = model.step
+    model.step = lambda feeds, phase: calls.append(phase) or step(feeds, phase)
+    leaving, staying = _Sender(leave_after=2), _Sender()
+    a, b = [4, 4, 2], [7, 1, 3]  # one length: generated together
+    assert model.execute([_Request(a, 9, leaving), _Request(b, 5, staying)]) is None
+    assert leaving.tokens() == list(tiny_llm.reference_greedy(tiny[1], np.array(a), 2))
+    assert leaving.sent[-1] == (None, FINAL)  # its final flag, no error
+    assert [f for _, f in leaving.sent] == [0, 0, FINAL]
+    assert staying.tokens() == list(tiny_llm.reference_greedy(tiny[1], np.array(b), 5))
+    assert [f for _, f in staying.sent] == [0] * 5 + [FINAL] and staying.sent[-1][0] is None
+    assert logged == ["streaming client went away after 2 of 9 tokens; its rows are no longer decoded"]
+    assert calls == ["prefill"] + ["decode"] * 4  # 5 tokens for the one that stayed, not 9
+    reasons = [labels["finished_reason"] for n, labels, _, _ in _Family.log if n == "wide:request_success_total"]
+    assert reasons == ["abort", "length"]
+    assert _calls("request_generation_tokens") == [3, 5]  # the third token was made, never delivered
+
+
+def test_when_every_streaming_client_left_decoding_stops(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    calls = []
+    step = model.step
+    model.step = lambda feeds, phase: calls.append(phase) or step(feeds, phase)
+    senders = [_Sender(cancel_after=1), _Sender(cancel_after=1)]
+    model.execute([_Request([1, 2], 20, senders[0]), _Request([3, 4], 20, senders[1])])
+    assert calls == ["prefill", "decode"]  # the token after the first found both gone
+    for s in senders:
+        assert len(s.tokens()) == 1 and s.sent[-1] == (None, FINAL)
+
+
+def test_a_failing_streamed_generation_sends_the_error_as_the_final_response(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    gauges = []
+    model.metrics.gauges = lambda running, waiting: gauges.append((running, waiting))
+    step, calls = model.step, []
+
+    def failing(feeds, phase):
+        calls.append(phase)
+        if len(calls) == 3:
+            raise RuntimeError("engine lost")
+        return step(feeds, phase)
+
+    model.step = failing
+    live, bad, left = _Sender(), _Sender(), _Sender(leave_after=1)
+    model.execute([_Request([5, 6], 8, live), _Request([1], -2, bad), _Request([7, 8], 8, left)])
+    assert len(live.tokens()) == 2
+    last, flags = live.sent[-1]
+    assert flags == FINAL and last.error().message() == "generation failed: engine lost"
+    assert left.sent[-1] == (None, FINAL)  # gone before the failure: no error for nobody
+    (error, flags), = bad.sent
+    assert flags == FINAL and error.error().message() == "max_new_tokens must be >= 1, got -2"
+    assert gauges == [(2, 0), (0, 0)]
+    reasons = [labels["finished_reason"] for n, labels, _, _ in _Family.log if n == "wide:request_success_total"]
+    assert sorted(reasons) == ["abort", "abort"]  # neither ran to its end
+
+
+def test_streaming_with_only_malformed_requests_generates_nothing(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    model.step = None
+    gauges = []
+    model.metrics.gauges = lambda running, waiting: gauges.append((running, waiting))
+    sender = _Sender()
+    assert model.execute([_Request([1], 0, sender)]) is None
+    assert len(sender.sent) == 1 and gauges == []
+
+
+def test_streamed_rows_of_one_request_come_together_with_text_only_when_asked(gm, tiny_repo, tiny, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    two = np.array([[2, 3], [9, 9]], np.int64)
+    sender = _Sender()
+    model.execute([_Request(two, 2, sender, wanted=["output_ids"])])
+    responses = [r for r, _ in sender.sent if r is not None]
+    assert [_out(r, "output_ids").shape for r in responses] == [(2, 1), (2, 1)]
+    want = [tiny_llm.reference_greedy(tiny[1], p, 2) for p in two]
+    assert [_out(r, "output_ids")[:, 0].tolist() for r in responses] == [[w[0] for w in want], [w[1] for w in want]]
+    assert [[t.name() for t in r.output_tensors] for r in responses] == [["output_ids"]] * 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# execute(), in-flight batching: what a job's finish() reports
+
+
+def test_inflight_finish_reports_abort_for_an_unfinished_request_and_forwards_errors(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    jobs = []
+    model.scheduler = SimpleNamespace(submit=jobs.append)
+    monkeypatch.setattr(gm, "load_inflight", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
+    senders = [_Sender(), _Sender(), _Sender()]
+    model.execute([_Request([1, 2], 3, senders[0]), _Request([1], 0, senders[1]), _Request([4], 1, senders[2])])
+    assert len(jobs) == 2 and len(senders[1].sent) == 1  # the malformed one answered at once, never submitted
+    first, third = jobs
+    assert [r.prompt.tolist() for r in first.rows] == [[1, 2]] and first.rows[0].max_new_tokens == 3
+    first.outputs[0].add(5)
+    assert first.emit([5]) is True and senders[0].tokens() == [5]
+    first.finish("engine lost")
+    last, flags = senders[0].sent[-1]
+    assert flags == FINAL and last.error().message() == "engine lost"
+    third.outputs[0].add(6)
+    third.finish(None)
+    assert senders[2].sent == [(None, FINAL)]
+    reasons = [labels["finished_reason"] for n, labels, _, _ in _Family.log if n == "wide:request_success_total"]
+    assert reasons == ["abort", "length"]
+    assert _calls("request_generation_tokens") == [1, 1] and _calls("request_prompt_tokens") == [2, 1]
+    first.on_admit()
+    assert len(_calls("request_queue_time_seconds")) == 1
+    gone = _Sender(cancel_after=0)
+    model.execute([_Request([1], 2, gone)])
+    assert jobs[-1].emit([3]) is False and gone.sent == []
+    assert len(_calls("time_to_first_token_seconds")) == 1  # only the token that was sent counted
+
+
+# ---------------------------------------------------------------------------------------------------
+# the device helpers
+
+
+def test_check_device_cache_ops_by_flavour_and_device(gm, runner, monkeypatch):
+    import onnxruntime as ort
+
+    made = []
+    inflight = SimpleNamespace(TorchCacheOps=lambda: made.append(1))
+    settings = runner[0]
+    gm.check_device_cache_ops(settings, SimpleNamespace(device="cpu"), inflight)
+    gm.check_device_cache_ops(settings, lambda f, p: None, inflight)  # no device attribute: the CPU
+    assert made == []
+    gm.check_device_cache_ops(settings, SimpleNamespace(device="cuda"), inflight)
+    assert made == [1]
+    monkeypatch.setattr(ort.OrtValue, "__dlpack__", None, raising=False)
+    with pytest.raises(RuntimeError) as err:
+        gm.check_device_cache_ops(settings, SimpleNamespace(device="cuda"), inflight)
+    assert str(err.value) == (f"in-flight batching on cuda needs OrtValue.__dlpack__, which onnxruntime "
+                              f"{ort.__version__} lacks: upgrade onnxruntime (1.32 has it) in the server's Python")
+    trt = dataclasses.replace(settings, flavour="tensorrt", engine_model="e")
+    gm.check_device_cache_ops(dataclasses.replace(trt, kv_cache_memory="cpu"), SimpleNamespace(), inflight)
+    assert made == [1]
+    gm.check_device_cache_ops(trt, SimpleNamespace(), inflight)
+    assert made == [1, 1]
+
+
+def test_bind_torch_input_binds_by_pointer_on_the_tensors_device(gm):
+    import torch
+
+    bound = []
+    binding = SimpleNamespace(bind_input=lambda *a: bound.append(a))
+    tensor = torch.zeros(2, 3, 4, dtype=torch.float16)
+    gm._bind_torch_input(binding, "past_key_values.0.key", tensor)
+    assert bound == [("past_key_values.0.key", "cpu", 0, np.dtype(np.float16), [2, 3, 4], tensor.data_ptr())]
+    assert type(bound[0][4]) is list
+    with pytest.raises(ValueError) as err:
+        gm._bind_torch_input(binding, "past_key_values.1.value", tensor.transpose(0, 2))
+    assert str(err.value) == "past_key_values.1.value: cache tensor is not contiguous"
+    assert len(bound) == 1
+    gm._bind_torch_input(binding, "ids", torch.zeros(1, 5, dtype=torch.int64))
+    assert bound[-1][3] == np.dtype(np.int64) and bound[-1][4] == [1, 5]
+
+
+def test_bind_torch_input_takes_the_device_index(gm):
+    bound = []
+    binding = SimpleNamespace(bind_input=lambda *a: bound.append(a))
+    tensor = SimpleNamespace(is_contiguous=lambda: True, dtype="torch.float32", shape=(1, 2),
+                             device=SimpleNamespace(type="cuda", index=3), data_ptr=lambda: 1234)
+    gm._bind_torch_input(binding, "x", tensor)
+    assert bound == [("x", "cuda", 3, np.dtype(np.float32), [1, 2], 1234)]
+
+
+def test_ort_step_runs_on_the_cpu_with_the_threads_asked_for(gm, tiny_repo, tiny, monkeypatch):
+    import onnxruntime as ort
+
+    seen = []
+    real = ort.InferenceSession
+
+    def session(path, options, providers):
+        seen.append((path, options.intra_op_num_threads, list(providers)))
+        return real(path, options, providers=providers)
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    folder = str(tiny_repo / "wide_llm" / "1")
+    settings = gm.Settings.load(folder)
+    step = gm.ort_step(folder, settings, threads=2)
+    default = gm.ort_step(folder, settings)
+    import os
+
+    path = os.path.join(folder, settings.onnx_file)
+    assert seen == [(path, 2, ["CPUExecutionProvider"]), (path, 0, ["CPUExecutionProvider"])]
+    assert step.device == "cpu" and default.device == "cpu"
+    # where onnxruntime has the CUDA EP it comes first, and a session that got it puts the presents there
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: cuda)
+    monkeypatch.setattr(ort, "InferenceSession", lambda path, options, providers: seen.append(list(providers))
+                        or SimpleNamespace(get_providers=lambda: cuda))
+    assert gm.ort_step(folder, settings).device == "cuda" and seen[-1] == cuda
+
+
+def test_log_goes_to_the_triton_logger_where_there_is_one(gm, monkeypatch):
+    logged = []
+    monkeypatch.setattr(gm, "pb_utils", SimpleNamespace(Logger=SimpleNamespace(log_info=logged.append)))
+    gm._log("hello")
+    assert logged == ["hello"]
+    monkeypatch.setattr(gm, "pb_utils", SimpleNamespace())
+    gm._log("nobody listens")  # no Logger: nothing, no error
+    assert logged == ["hello"]
+
+
+def test_load_sibling_loads_each_module_once(gm):
+    import os
+    import sys
+
+    if "MUTANT_UNDER_TEST" in os.environ:
+        pytest.skip("under mutmut the siblings come from the package")
+    first = gm.load_sibling("textgen")
+    assert gm.load_sibling("textgen") is first
+    path = os.path.join(os.path.dirname(os.path.abspath(gm.__file__)), "textgen.py")
+    assert sys.modules[f"wide_textgen_{abs(hash(path))}"] is first and first.__file__ == path
+    assert gm.load_inflight() is gm.load_sibling("inflight")
