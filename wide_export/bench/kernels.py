@@ -405,8 +405,8 @@ def measured_large_tile_min_m(rows: list[Row], unmeasured: int) -> int:
     (the table's value) when no row timed both."""
     both = [r for r in rows if "grouped@small" in r.algo_ms and "grouped@large" in r.algo_ms]
     best = (1 << 31) - 1
-    for T in sorted({r.tokens for r in both}, reverse=True):
-        if not all(r.algo_ms["grouped@large"] < r.algo_ms["grouped@small"] for r in both if r.tokens >= T):
+    for T in sorted({r.tokens for r in both}, reverse=True):  # down from the largest T: the rows above passed
+        if not all(r.algo_ms["grouped@large"] < r.algo_ms["grouped@small"] for r in both if r.tokens == T):
             break
         best = T
     return best if both else unmeasured

@@ -360,12 +360,12 @@ def wide_grouped_gemm_k_kernel(x_ptr, w_ptr, rows_ptr, counts_ptr, acc_ptr, M, N
         rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        x_rows = x_ptr + _row_offsets(rows, ldx)[:, None]  # the gathered rows' starts: once, not per K step
         for kk in range(0, group_size, BLOCK_K):
             rj = kk + tl.arange(0, BLOCK_K)
             j_ok = rj < group_size
             rk = g * group_size + rj
-            a = tl.load(x_ptr + _row_offsets(rows, ldx)[:, None] + rk[None, :], mask=act[:, None] & j_ok[None, :],
-                        other=0.0)
+            a = tl.load(x_rows + rk[None, :], mask=act[:, None] & j_ok[None, :], other=0.0)
             b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mma(a, b, acc, PRECISE)
         tl.atomic_add(acc_ptr + _row_offsets(rows, N)[:, None] + rn[None, :], acc, mask=act[:, None] & n_ok[None, :], sem="relaxed")
