@@ -135,7 +135,8 @@ def server_environment(binary: ServerBinary) -> dict[str, str]:
     """Environment for the server: this Python first on PATH, its libpython loadable."""
     env = dict(os.environ)
     # model.py runs under the first python3 on PATH: make it this environment's.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # (no PATH at all: the system's default search path after it, not an empty entry meaning ".")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
     lib_dirs: list[str] = []
     libdir = sysconfig.get_config_var("LIBDIR")
     ldlib = sysconfig.get_config_var("LDLIBRARY") or ""
@@ -275,21 +276,22 @@ class TritonServer:
 
     def _start_once(self, binary: ServerBinary, timeout: float) -> "TritonServer":
         self._workdir = tempfile.TemporaryDirectory(prefix="wide-triton-")
-        work = Path(self._workdir.name)
-        self._served_repository = None
-        self._check_workdir(str(work))
-        backends = _prepare_backends(binary, work) if binary.bundled else None
-        if not _STUB_SAFE_PATH.fullmatch(str(self.repository)):
-            # Serve it through a link with a plain name: the stub gets paths it can parse.
-            self._served_repository = work / "repository"
-            self._served_repository.symlink_to(self.repository, target_is_directory=True)
-        self.log_path = work / "tritonserver.log"
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                self.command(binary, backends), env=server_environment(binary), stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-        try:
+        self.process = None  # a previous attempt's process was stopped: never signal its (reusable) pid again
+        try:  # whatever fails from here (an unsafe TMPDIR, a copy, Popen, readiness): no temp folder left
+            work = Path(self._workdir.name)
+            self._served_repository = None
+            self._check_workdir(str(work))
+            backends = _prepare_backends(binary, work) if binary.bundled else None
+            if not _STUB_SAFE_PATH.fullmatch(str(self.repository)):
+                # Serve it through a link with a plain name: the stub gets paths it can parse.
+                self._served_repository = work / "repository"
+                self._served_repository.symlink_to(self.repository, target_is_directory=True)
+            self.log_path = work / "tritonserver.log"
+            with open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(
+                    self.command(binary, backends), env=server_environment(binary), stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                )
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
@@ -371,14 +373,15 @@ class TritonServer:
             if self.is_ready() and self._answers_are_ours():
                 return
             time.sleep(0.1)
-        raise WideError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}",
+        raise WideError(f"tritonserver was not ready after {timeout:g} s:\n{self.log_tail()}",
                         hint="a model may be stuck loading; read the server log above")
 
     def log_tail(self, lines: int = 12) -> str:
         """The server's error lines (minus harmless CUDA ones on CPU) and its last lines."""
         text = self.log_text().splitlines()
-        errors = [ln for ln in text[:-lines] if ln.startswith("E") and not any(h in ln for h in _HARMLESS)]
-        return "\n".join(errors[-10:] + text[-lines:])
+        head, tail = (text[:-lines], text[-lines:]) if lines > 0 else (text, [])  # text[-0:] is all of it
+        errors = [ln for ln in head if ln.startswith("E") and not any(h in ln for h in _HARMLESS)]
+        return "\n".join(errors[-10:] + tail)
 
     def log_text(self) -> str:
         """The whole server log so far."""

@@ -47,8 +47,9 @@ def probe(grpc_url: str, model: str, timeout: float) -> Optional[str]:
     import tritonclient.grpc as grpcclient
 
     answers: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(grpc_url)
+    client = None
     try:
+        client = grpcclient.InferenceServerClient(grpc_url)  # may refuse the URL: a failed probe too
         client.start_stream(callback=lambda result, error: answers.put(error), stream_timeout=timeout)
         ids = grpcclient.InferInput("input_ids", [1, 1], "INT64")
         ids.set_data_from_numpy(np.zeros((1, 1), np.int64))
@@ -65,8 +66,9 @@ def probe(grpc_url: str, model: str, timeout: float) -> Optional[str]:
         return f"a one-token request failed: {err}"
     finally:
         try:
-            client.stop_stream(cancel_requests=True)
-            client.close()
+            if client is not None:
+                client.stop_stream(cancel_requests=True)
+                client.close()
         except Exception:  # noqa: BLE001
             pass
 
@@ -120,9 +122,12 @@ class Supervisor:
             if failure and idle:
                 return f"model {model}: backend process is hung ({failure})"
         if self._probe is None or not self._probe.is_alive():
-            quiet = [stub for pid, stub in stubs.items() if now - self._cpu[pid][1] >= self.probe_every]
+            # only stubs read above: one that went between the listing and /proc has no CPU record
+            # (the next check finds it dead)
+            seen = {pid: stub for pid, stub in stubs.items() if pid in self._cpu}
+            quiet = [stub for pid, stub in seen.items() if now - self._cpu[pid][1] >= self.probe_every]
             if quiet:
-                self._start_probe(quiet[0].model, {pid: self._cpu[pid][0] for pid in stubs})
+                self._start_probe(quiet[0].model, {pid: self._cpu[pid][0] for pid in seen})
         return None
 
     def _start_probe(self, model: str, ticks: dict) -> None:
