@@ -401,6 +401,22 @@ def test_inflight_finish_reports_abort_for_an_unfinished_request_and_forwards_er
     model.execute([_Request([1], 2, gone)])
     assert jobs[-1].emit([3]) is False and gone.sent == []
     assert len(_calls("time_to_first_token_seconds")) == 1  # only the token that was sent counted
+    jobs[-1].finish(None)
+    assert gone.sent == [(None, FINAL)]  # a cancelled request still gets its final flag (releases it)
+    reasons = [labels["finished_reason"] for n, labels, _, _ in _Family.log if n == "wide:request_success_total"]
+    assert reasons == ["abort", "length", "abort"]
+
+
+def test_padded_tokens_pads_with_the_pad_id(gm):
+    textgen = gm.load_sibling("textgen")
+    a, b, c = (textgen.RowOutput(np.ones(2, np.int64), n) for n in (3, 1, 2))
+    for t in (4, 5, 6):
+        a.add(t)
+    b.add(9)
+    c.add(1), c.add(2)
+    block = gm.padded_tokens([a, b, c], pad=-7)
+    assert block.dtype == np.int64 and block.tolist() == [[4, 5, 6], [9, -7, -7], [1, 2, -7]]
+    assert gm.padded_tokens([b], pad=3).tolist() == [[9]]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -496,13 +512,195 @@ def test_log_goes_to_the_triton_logger_where_there_is_one(gm, monkeypatch):
 
 
 def test_load_sibling_loads_each_module_once(gm):
+    """A sibling file is executed once, under a key of its path; (under mutmut the tests take the siblings
+    from the package, tests/triton/support.py: the original function is kept as file_load_sibling)."""
     import os
     import sys
 
-    if "MUTANT_UNDER_TEST" in os.environ:
-        pytest.skip("under mutmut the siblings come from the package")
-    first = gm.load_sibling("textgen")
-    assert gm.load_sibling("textgen") is first
+    load = getattr(gm, "file_load_sibling", gm.load_sibling)
+    first = load("textgen")
+    assert load("textgen") is first
     path = os.path.join(os.path.dirname(os.path.abspath(gm.__file__)), "textgen.py")
-    assert sys.modules[f"wide_textgen_{abs(hash(path))}"] is first and first.__file__ == path
-    assert gm.load_inflight() is gm.load_sibling("inflight")
+    key = f"wide_textgen_{abs(hash(path))}"
+    assert sys.modules[key] is first and first.__file__ == path
+    assert first.RowOutput.__module__ == key  # its dataclasses found their module while it executed
+    assert load("metrics") is not first and load("metrics").__file__.endswith("metrics.py")
+    if "MUTANT_UNDER_TEST" not in os.environ:
+        assert gm.load_inflight() is gm.load_sibling("inflight")
+
+
+def test_device_torch_says_what_this_python_lacks(gm, monkeypatch):
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal needs a Python without it")
+    with pytest.raises(RuntimeError) as err:
+        gm.device_torch("in-flight batching on cuda")
+    assert str(err.value) == (f"in-flight batching on cuda needs PyTorch with CUDA in the server's Python (PyTorch "
+                              f"{torch.__version__} without CUDA here): pip install torch there")
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    with pytest.raises(RuntimeError) as err:
+        gm.device_torch("x")
+    assert str(err.value) == ("x needs PyTorch with CUDA in the server's Python (no PyTorch here): "
+                              "pip install torch there")
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True)))
+    assert gm.device_torch("x") is sys.modules["torch"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# request parsing, validation, sampling: exact messages, boundaries, types
+
+
+def _settings(runner, **changes):
+    return dataclasses.replace(runner[0], **changes)
+
+
+def test_validate_row_messages_and_boundaries(gm, runner):
+    s = _settings(runner, max_total_tokens=10, vocab_size=50, max_prompt_tokens=0)
+
+    def refused(row):
+        with pytest.raises(gm.RequestError) as err:
+            gm.validate_row(row, s)
+        return str(err.value)
+
+    ok = np.arange(1, 6, dtype=np.int64)  # 5 tokens
+    gm.validate_row(gm.Row(ok, 5), s)  # 5 + 5 = the limit exactly
+    gm.validate_row(gm.Row(np.ones(9, np.int64), 1), s)  # the longest prompt: one token left
+    gm.validate_row(gm.Row(ok, 2, seed=0), s)  # seed 0 is a seed
+    assert refused(gm.Row(np.zeros(0, np.int64), 2)) == "input_ids is empty: send at least one prompt token"
+    assert refused(gm.Row(np.ones(10, np.int64), 1)) == (
+        "prompt (10 tokens) + one new token exceeds the model's limit of 10 tokens")
+    assert refused(gm.Row(ok, 6)) == ("prompt (5 tokens) + max_new_tokens (6) = 11 exceeds the model's limit of "
+                                      "10 tokens")
+    assert refused(gm.Row(ok, 2, seed=-1)) == "seed must be >= 0, got -1"
+    assert refused(gm.Row(ok, 2, temperature=float("nan"))) == "temperature must be >= 0, got nan"
+    assert refused(gm.Row(ok, 2, top_p=0.0)) == "top_p must be in (0, 1], got 0.0"
+    gm.validate_row(gm.Row(ok, 2, top_p=1.0, temperature=0.0), s)
+    assert refused(gm.Row(np.array([3, 50]), 2)) == "input_ids must lie in [0, 50), got values in [3, 50]"
+
+
+def test_choose_tokens_samples_the_tempered_softmax(gm):
+    """Row 0 greedy, row 1 sampled at temperature 2 over 4 tokens (top_p 1): 4000 seeded draws follow
+    softmax(logits / 2) (computed here by hand) within 0.03, and row 0 stays the argmax."""
+    logits = np.array([[0.0, 3.0, 1.0, 2.0], [1.0, 0.0, 2.0, 3.0]], np.float32)
+    rows = [gm.Row(np.ones(1, np.int64), 1), gm.Row(np.ones(1, np.int64), 1, temperature=2.0)]
+    rng = np.random.default_rng(5)
+    draws = np.array([gm.choose_tokens(logits, rows, [None, rng]) for _ in range(4000)])
+    assert draws.dtype == np.int64 and set(draws[:, 0]) == {1}
+    z = np.exp(np.array([1.0, 0.0, 2.0, 3.0]) / 2)
+    want = z / z.sum()  # [0.140, 0.085, 0.231, 0.381 ... ] / sum
+    got = np.bincount(draws[:, 1], minlength=4) / len(draws)
+    assert np.abs(got - want).max() < 0.03, (got, want)
+
+
+def test_choose_tokens_top_p_keeps_the_smallest_set_and_ties_go_to_the_lower_id(gm):
+    """A tiny top_p keeps one token: the most likely, the lower id among equals (as argmax picks);
+    large logits (exp would overflow without the max subtracted) sample fine."""
+    logits = np.zeros((1, 1000), np.float32)
+    logits[0, [500, 7]] = 1.0  # a tie
+    row = gm.Row(np.ones(1, np.int64), 1, temperature=1.0, top_p=1e-6)
+    assert gm.choose_tokens(logits, [row], [np.random.default_rng(0)]).tolist() == [7]
+    big = np.array([[1000.0, 999.0, -1000.0]], np.float32)
+    hot = gm.Row(np.ones(1, np.int64), 1, temperature=1.0)
+    picks = {int(gm.choose_tokens(big, [hot], [np.random.default_rng(s)])[0]) for s in range(40)}
+    assert picks == {0, 1}  # e^0 : e^-1; the third is never drawn
+
+
+def test_generate_tells_on_step_the_step_index_and_returns_when_told_to_stop(gm, runner):
+    settings, step = runner
+    seen = []
+    rows = [gm.Row(np.array([1, 2, 3]), 6), gm.Row(np.array([4, 5, 6]), 6)]
+    got = gm.generate(step, settings, rows, on_step=lambda s, fresh: seen.append((s, len(fresh))) or s < 2)
+    assert seen == [(0, 2), (1, 2), (2, 2)]
+    assert [g.tolist() for g in got] == [g.tolist()[:3] for g in gm.generate(step, settings, rows)]
+    assert all(g.dtype == np.int64 and g.size == 3 for g in got)
+    groups = []
+    gm.generate_all(step, settings, rows, on_step=lambda group, s, fresh: groups.append((group, s)) or True)
+    assert groups == [([0, 1], s) for s in range(6)]
+
+
+def test_padded_groups_keep_rows_that_fit_the_limit_exactly_together(gm):
+    """(prompt, new) = (4, 6), (6, 4), (6, 5): together rows 0-1 pad to 6 + 6 = 12, rows 1-2 to 6 + 5 = 11."""
+    rows = [gm.Row(np.ones(4, np.int64), 6), gm.Row(np.ones(6, np.int64), 4), gm.Row(np.ones(6, np.int64), 5)]
+    assert gm.padded_groups(rows[:2], 12) == [[0, 1]]  # fits exactly
+    assert gm.padded_groups(rows, 11) == [[0], [1, 2]]
+    assert gm.padded_groups(rows, 10) == [[0], [1], [2]]
+
+
+def test_response_text_and_reasons_are_object_arrays(gm, monkeypatch):
+    monkeypatch.setattr(gm, "pb_utils", _pb())
+    textgen = gm.load_sibling("textgen")
+    out = textgen.RowOutput(np.ones(1, np.int64), 1)
+    out.add(3)
+    tensors = {t.name(): t.as_numpy() for t in gm.response_tensors([out], np.array([[3]]), set(gm.OUTPUTS), ["é"])}
+    assert tensors["text_output"].dtype == np.object_ and tensors["finish_reason"].dtype == np.object_
+    assert tensors["text_output"].tolist() == [["é".encode()]]
+
+
+def test_row_outputs_use_the_codec_for_text_and_stop_strings(gm):
+    """Token t decodes to the letter chr(96 + t): with the codec the row stops at the stop string "cd"."""
+    codec = SimpleNamespace(decode=lambda ids: "".join(chr(96 + i) for i in ids))
+    out, = gm.row_outputs([gm.Row(np.array([1, 1], np.int64), 4, stop_ids=(9,), stop_strings=("cd",))], codec)
+    assert out.codec is codec and out.stop_ids == frozenset({9}) and out.max_new_tokens == 4
+    for t in (1, 3, 4):
+        out.add(t)
+    assert out.finish_reason == "stop" and out.text == "a" and out.prompt_tokens == 2
+    plain, = gm.row_outputs([gm.Row(np.array([1]), 2)])
+    assert plain.codec is None
+
+
+def test_settings_load_accepts_cpu_memory_and_needs_both_split_engines(gm, tiny_repo, tmp_path):
+    folder = tmp_path / "v"
+    folder.mkdir()
+    current = json.loads((tiny_repo / "wide_llm" / "1" / "generation.json").read_text())
+    (folder / "generation.json").write_text(json.dumps({**current, "kv_cache_memory": "cpu"}))
+    assert gm.Settings.load(str(folder)).kv_cache_memory == "cpu"
+    (folder / "generation.json").write_text(json.dumps({**current, "flavour": "tensorrt", "prefill_model": "p"}))
+    with pytest.raises(ValueError) as err:
+        gm.Settings.load(str(folder))
+    assert str(err.value) == (f"{folder / 'generation.json'}: the tensorrt flavour needs engine_model (or "
+                              "prefill_model and decode_model)")
+
+
+def test_parse_applies_the_settings_and_the_codec(gm, runner, monkeypatch):
+    monkeypatch.setattr(gm, "pb_utils", _pb())
+    model = gm.TritonPythonModel()
+    model.settings = _settings(runner, eos_token_ids=[2])
+    model.codec = SimpleNamespace(encode=lambda text, add: np.array([5, 6, 7] if add else [6, 7], np.int64))
+    row, = model._parse(_Request(text_input=np.array([[b"hi"]], np.object_)))
+    assert row.prompt.tolist() == [5, 6, 7] and row.stop_ids == (2,)
+    assert row.max_new_tokens == model.settings.max_total_tokens - 3  # the rest of the context
+    with pytest.raises(gm.RequestError, match="max_new_tokens must be >= 1"):
+        model._parse(_Request([1, 2], 0))
+
+
+def test_per_row_values_are_python_scalars_from_the_first_column(gm, monkeypatch):
+    monkeypatch.setattr(gm, "pb_utils", _pb())
+    request = _Request(temperature=np.array([[0.5, 9.0], [0.25, 9.0]], np.float32),
+                       seed=np.array([[3], [4]], dtype=object))
+    values = gm._per_row(request, "temperature", 2, None)
+    assert values == [0.5, 0.25] and all(type(v) is float for v in values)
+    assert gm._per_row(request, "seed", 2, None) == [3, 4]  # Python ints in an object array: taken as they are
+    ints = gm._per_row(_Request(seed=np.array([[7]], np.int64)), "seed", 3, None)
+    assert ints == [7, 7, 7] and all(type(v) is int for v in ints)
+
+
+def test_per_row_lists_take_each_rows_own_list(gm, monkeypatch):
+    monkeypatch.setattr(gm, "pb_utils", _pb())
+    request = _Request(stop_token_ids=np.array([[1, 2], [3, 4], [5, 6]], np.int64))
+    assert gm._per_row_lists(request, "stop_token_ids", 3) == [[1, 2], [3, 4], [5, 6]]
+
+
+def test_stop_words_may_come_as_python_strings(gm, runner, monkeypatch):
+    monkeypatch.setattr(gm, "pb_utils", _pb())
+    codec = SimpleNamespace(encode=lambda text, add: np.array([1], np.int64))
+    row, = gm.rows_from_request(_Request([1, 2], 2, stop_words=np.array([["end", b"stop"]], np.object_)),
+                                runner[0], codec)
+    assert row.stop_strings == ("end", "stop")
+
+
+def test_a_request_without_parameters_is_no_probe(gm):
+    assert gm._is_probe(SimpleNamespace()) is False
+    assert gm._is_probe(SimpleNamespace(parameters=lambda: '{"wide_probe": 1}')) is True
