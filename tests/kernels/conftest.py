@@ -41,15 +41,3 @@ def kernels_lib(kernels_build):
     lib.wide_gemm_workspace_size.restype = ctypes.c_size_t
     return lib
 
-
-def pytest_terminal_summary(terminalreporter):
-    """One line saying how many kernel cases ran (not skipped), and where: the issue asks for the count."""
-    stats = terminalreporter.stats
-    ran = [r for r in stats.get("passed", []) + stats.get("failed", [])
-           if r.when == "call" and "tests/kernels/test_kernels.py" in r.nodeid]
-    skipped = [r for r in stats.get("skipped", []) if "tests/kernels/test_kernels.py" in r.nodeid]
-    if ran or skipped:
-        gpu = sum("_gpu[" in r.nodeid for r in ran)
-        terminalreporter.write_line(
-            f"wide kernels: {len(ran)} kernel cases executed ({len(ran) - gpu} on CPU through the Triton "
-            f"interpreter, {gpu} on a GPU), {len(skipped)} skipped")
