@@ -35,7 +35,8 @@ def _siblings_from_the_package(module) -> None:
     package (the mutated copy mutmut imports), the rest of the test as it is."""
     import importlib
 
-    module.file_load_sibling = module.load_sibling  # the original, for the test of load_sibling itself
+    if not hasattr(module, "file_load_sibling"):  # the package's module is loaded again for every repository
+        module.file_load_sibling = module.load_sibling  # the original, for the test of load_sibling itself
     module.load_sibling = lambda name: importlib.import_module(f"wide_export.triton.{name}")
 
 
