@@ -23,9 +23,14 @@ def kernels_build(tmp_path_factory):
         pytest.skip("nvcc (CUDA compiler) not found: the kernel build cannot be tested here")
     from wide_export.native.build import build_native
 
+    from filelock import FileLock
+
     build_dir = Path(os.environ.get("WIDE_KERNELS_BUILD_DIR") or tmp_path_factory.mktemp("native"))
-    return build_native(build_dir=build_dir, cuda_archs=TEST_ARCHS,
-                        targets=("wide_kernels", "wide_kernels_static"))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist workers share $WIDE_KERNELS_BUILD_DIR: one CMake/ninja run in it at a time
+    with FileLock(str(build_dir / ".wide-tests-build.lock")):
+        return build_native(build_dir=build_dir, cuda_archs=TEST_ARCHS,
+                            targets=("wide_kernels", "wide_kernels_static"))
 
 
 @pytest.fixture(scope="session")
