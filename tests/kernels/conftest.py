@@ -21,9 +21,9 @@ def kernels_build(tmp_path_factory):
     """
     if find_nvcc() is None:
         pytest.skip("nvcc (CUDA compiler) not found: the kernel build cannot be tested here")
-    from wide_export.native.build import build_native
-
     from filelock import FileLock
+
+    from wide_export.native.build import build_native
 
     build_dir = Path(os.environ.get("WIDE_KERNELS_BUILD_DIR") or tmp_path_factory.mktemp("native"))
     build_dir.mkdir(parents=True, exist_ok=True)
