@@ -704,3 +704,98 @@ def test_stop_words_may_come_as_python_strings(gm, runner, monkeypatch):
 def test_a_request_without_parameters_is_no_probe(gm):
     assert gm._is_probe(SimpleNamespace()) is False
     assert gm._is_probe(SimpleNamespace(parameters=lambda: '{"wide_probe": 1}')) is True
+
+
+# ---------------------------------------------------------------------------------------------------
+# text, per-request slices, pads and probes through execute()
+
+def _letters():
+    """A codec whose token t is the letter chr(97 + t % 26)."""
+    return SimpleNamespace(decode=lambda ids: "".join(chr(97 + int(i) % 26) for i in ids),
+                           encode=lambda text, add: np.array([ord(c) - 97 for c in text], np.int64))
+
+
+def _text_of(tokens):
+    return "".join(chr(97 + int(t) % 26) for t in tokens)
+
+
+def test_static_execute_gives_each_request_its_own_rows_and_text(gm, tiny_repo, tiny, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo)
+    model.codec = _letters()
+    prompts = [[3, 1, 4], [1, 5, 9], [2, 6, 5]]
+    responses = model.execute([_Request(p, 2 + i) for i, p in enumerate(prompts)])
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        want = tiny_llm.reference_greedy(tiny[1], np.array(p), 2 + i)
+        np.testing.assert_array_equal(_out(r, "output_ids")[0], want, err_msg=f"request {i}")
+        assert _out(r, "text_output").tolist() == [[_text_of(want).encode()]]
+
+
+def test_streamed_text_comes_with_each_token_and_ended_rows_get_the_pad(gm, tiny_repo, tiny, monkeypatch):
+    """Two rows of one streaming request, the first stopping at its first token (that token made a
+    stop id): later responses carry pad_token_id for it; text_output is each token's letter when
+    asked for, and absent (output_ids only) when not."""
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    model.codec = _letters()
+    two = np.array([[3, 1, 4], [1, 5, 9]], np.int64)
+    want = [tiny_llm.reference_greedy(tiny[1], p, 3) for p in two]
+    pad = model.settings.pad_token_id = tiny_llm.VOCAB - 1  # fed back for the ended row: a real id
+    sender = _Sender()
+    model.execute([_Request(two, 3, sender, stop_token_ids=np.array([[want[0][0]], [-5]], np.int64))])
+    tokens = [_out(r, "output_ids")[:, 0].tolist() for r, _ in sender.sent if r is not None]
+    assert tokens == [[want[0][0], want[1][0]], [pad, want[1][1]], [pad, want[1][2]]]
+    texts = [_out(r, "text_output")[:, 0].tolist() for r, _ in sender.sent if r is not None]
+    assert texts[0] == [_text_of(want[0][:1]).encode(), _text_of(want[1][:1]).encode()]
+    assert [t[1] for t in texts[1:]] == [_text_of([want[1][1]]).encode(), _text_of([want[1][2]]).encode()]
+    quiet = _Sender()
+    model.execute([_Request([3, 1, 4], 2, quiet, wanted=["output_ids"])])
+    assert [[t.name() for t in r.output_tensors] for r, _ in quiet.sent if r is not None] == [["output_ids"]] * 2
+
+
+def test_a_request_finishing_early_does_not_hold_back_the_others_tokens(gm, tiny_repo, tiny, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    short, long = _Sender(), _Sender()
+    a, b = [2, 2, 7], [5, 1, 1]
+    model.execute([_Request(a, 1, short), _Request(b, 3, long)])
+    assert short.tokens() == list(tiny_llm.reference_greedy(tiny[1], np.array(a), 1))
+    assert long.tokens() == list(tiny_llm.reference_greedy(tiny[1], np.array(b), 3))
+    assert _calls("request_prompt_tokens") == [3, 3] and _calls("request_generation_tokens") == [1, 3]
+
+
+def test_a_client_gone_at_its_last_token_is_an_abort(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    sender = _Sender(leave_after=2)
+    model.execute([_Request([1, 2, 3], 3, sender)])
+    assert len(sender.tokens()) == 2 and sender.sent[-1] == (None, FINAL)
+    reasons = [labels["finished_reason"] for n, labels, _, _ in _Family.log if n == "wide:request_success_total"]
+    assert reasons == ["abort"]  # all three tokens were made, the last never reached it
+
+
+def test_streaming_probes_stay_out_of_the_llm_metrics(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    model.metrics.gauges = lambda running, waiting: None
+    sender = _Sender()
+    model.execute([_Request([1, 2], 1, sender, probe=True)])
+    assert sender.sent[-1] == (None, FINAL) and _Family.log == []
+    jobs = []
+    model.scheduler = SimpleNamespace(submit=jobs.append)
+    monkeypatch.setattr(gm, "load_inflight", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
+    model.execute([_Request([1, 2], 1, _Sender(), probe=True)])
+    jobs[0].on_admit()
+    jobs[0].finish(None)
+    assert _Family.log == []
+
+
+def test_inflight_responses_hold_the_outputs_asked_for_and_the_text(gm, tiny_repo, monkeypatch):
+    model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
+    model.codec = _letters()
+    jobs = []
+    model.scheduler = SimpleNamespace(submit=jobs.append)
+    monkeypatch.setattr(gm, "load_inflight", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
+    only, texts = _Sender(), _Sender()
+    model.execute([_Request([1, 2], 2, only, wanted=["output_ids"]),
+                   _Request([1, 2], 2, texts, wanted=["output_ids", "text_output"])])
+    for job in jobs:
+        job.outputs[0].add(4)
+        job.emit([4])
+    assert [t.name() for t in only.sent[0][0].output_tensors] == ["output_ids"]
+    assert _out(texts.sent[0][0], "text_output").tolist() == [[b"e"]]

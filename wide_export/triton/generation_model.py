@@ -692,7 +692,6 @@ class TritonPythonModel:
     def _stream(self, requests: list) -> None:
         """Decoupled mode, static batching: each request gets one response per new token, then a
         final empty one as soon as its rows are done."""
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         streams: list[_Stream] = []
         all_rows: list[Row] = []
         for request in requests:
