@@ -13,24 +13,11 @@ import types
 import numpy as np
 import pytest
 
+from tests.triton import fake_tritonclient
 from wide_export.errors import WideError
 from wide_export.triton.client import PROTOCOLS, GenerationClient
 
 URL = "127.0.0.1:8123"
-
-
-class FakeInput:
-    def __init__(self, name, shape, dtype):
-        self.name, self.shape, self.dtype = name, shape, dtype
-        self.data = None
-
-    def set_data_from_numpy(self, array):
-        self.data = array
-
-
-class FakeOutput:
-    def __init__(self, name):
-        self.name = name
 
 
 class FakeResult:
@@ -74,8 +61,8 @@ def fake_module(name: str, answer=None):
             self.calls.append(("close", args, kwargs))
 
     module.InferenceServerClient = InferenceServerClient
-    module.InferInput = FakeInput
-    module.InferRequestedOutput = FakeOutput
+    module.InferInput = fake_tritonclient.InferInput
+    module.InferRequestedOutput = fake_tritonclient.InferRequestedOutput
     return module
 
 

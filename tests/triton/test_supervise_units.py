@@ -13,6 +13,7 @@ import types
 import numpy as np
 import pytest
 
+from tests.triton import fake_tritonclient
 from wide_export.errors import WideError
 from wide_export.triton import supervise
 from wide_export.triton.server import Endpoints, Stub
@@ -235,17 +236,6 @@ def grpc_module(answer="ok", fail_at=None, stop_fails=False):
     module = types.ModuleType("tritonclient.grpc")
     module.clients = []
 
-    class InferInput:
-        def __init__(self, name, shape, dtype):
-            self.name, self.shape, self.dtype, self.data = name, shape, dtype, None
-
-        def set_data_from_numpy(self, array):
-            self.data = array
-
-    class InferRequestedOutput:
-        def __init__(self, name):
-            self.name = name
-
     class InferenceServerClient:
         def __init__(self, *args, **kwargs):
             self.args, self.kwargs = args, kwargs
@@ -277,8 +267,8 @@ def grpc_module(answer="ok", fail_at=None, stop_fails=False):
         def close(self, *args, **kwargs):
             self._call("close", args, kwargs)
 
-    module.InferInput = InferInput
-    module.InferRequestedOutput = InferRequestedOutput
+    module.InferInput = fake_tritonclient.InferInput
+    module.InferRequestedOutput = fake_tritonclient.InferRequestedOutput
     module.InferenceServerClient = InferenceServerClient
     return module
 
@@ -666,15 +656,22 @@ def test_a_probe_restarts_the_quiet_spell(clock, monkeypatch):
     assert len(probes.calls) == 2
 
 
-def test_a_failed_probe_of_an_idle_stub_restarts(clock, monkeypatch):
+def probed_idle_pair(clock, monkeypatch, failure):
+    """Stubs A and B idle for probe_every seconds, then one probe (answering `failure`) finished."""
     server = Server(clock, {A.pid: A, B.pid: B})
     states = States({A.pid: ("S", 3), B.pid: ("S", 8)})
-    probes = Probes(failure="no answer to a one-token request within 8 s")
+    probes = Probes(failure=failure)
     sup, reports = supervisor(server, states, monkeypatch, probes=probes)
     assert sup.check() is None
     clock.now += 5
     assert sup.check() is None
     finish_probe(sup)
+    return server, states, probes, sup, reports
+
+
+def test_a_failed_probe_of_an_idle_stub_restarts(clock, monkeypatch):
+    server, states, probes, sup, reports = probed_idle_pair(
+        clock, monkeypatch, "no answer to a one-token request within 8 s")
     assert server.restarts == 0
     why = "model wide_llm: backend process is hung (no answer to a one-token request within 8 s)"
     assert sup.check() == why
@@ -685,14 +682,7 @@ def test_a_failed_probe_of_an_idle_stub_restarts(clock, monkeypatch):
 
 
 def test_a_failed_probe_of_a_stub_that_worked_meanwhile_is_forgiven(clock, monkeypatch):
-    server = Server(clock, {A.pid: A, B.pid: B})
-    states = States({A.pid: ("S", 3), B.pid: ("S", 8)})
-    probes = Probes(failure="no answer")
-    sup, reports = supervisor(server, states, monkeypatch, probes=probes)
-    assert sup.check() is None
-    clock.now += 5
-    assert sup.check() is None
-    finish_probe(sup)
+    server, states, probes, sup, reports = probed_idle_pair(clock, monkeypatch, "no answer")
     states.states[B.pid] = ("R", 9)  # the other stub used CPU since the probe began
     clock.now += 1
     assert sup.check() is None
