@@ -108,7 +108,7 @@ class Serve:
 
 
 def _stream_until_it_works(url: str, prompt, want, since: float) -> float:
-    from tests.triton.test_triton_inflight import Stream
+    from tests.triton.sse_stream import Stream
 
     last = None
     while time.monotonic() - since < LIMIT_S:

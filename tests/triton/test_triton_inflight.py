@@ -7,11 +7,9 @@ others; the server stops cleanly with streams in flight. Every wait is bounded.
 
 from __future__ import annotations
 
-import http.client
 import json
 import queue
 import re
-import socket
 import threading
 import time
 
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tests.triton.sse_stream import Stream
 from tests.triton.support import run_concurrently, serve_until_teardown
 
 MODEL = "wide_llm"
@@ -46,68 +45,6 @@ def server(inflight_repo):
 @pytest.fixture(scope="module")
 def vocab(inflight_repo) -> int:
     return json.loads((inflight_repo / MODEL / "1" / "generation.json").read_text())["vocab_size"]
-
-
-class Stream:
-    """One HTTP generate_stream request; records each event with its arrival time."""
-
-    def __init__(self, url: str, body: dict, keep: int | None = None):
-        self.url, self.body, self.keep = url, body, keep
-        self.events: list[dict] = []
-        self.times: list[float] = []
-        self.status = 0
-        self.pending_at_leave: bytes = b""  # what had arrived, unread, when the client left
-
-    @property
-    def left_mid_stream(self) -> bool:
-        """Whether the server still had tokens to send when the client left: the stream's last
-        token event (its finish_reason set) had not arrived. Two more sends at least are then
-        attempted after the close, and the second one fails: the server sees the client gone."""
-        return b'"finish_reason":"length"' not in self.pending_at_leave.replace(b" ", b"")
-
-    def run(self) -> "Stream":
-        host, port = self.url.rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=DEADLINE_S)
-        try:
-            conn.request("POST", f"/v2/models/{MODEL}/generate_stream", body=json.dumps(self.body),
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            self.status = resp.status
-            deadline = time.monotonic() + DEADLINE_S
-            while time.monotonic() < deadline:
-                line = resp.readline()
-                if not line:
-                    break
-                if line.startswith(b"data:"):
-                    self.events.append(json.loads(line[5:]))
-                    self.times.append(time.monotonic())
-                    if self.keep is not None and len(self.events) >= self.keep:
-                        self.pending_at_leave = _arrived_unread(resp, conn.sock)
-                        conn.sock.close()  # the client walks away mid-stream
-                        break
-        finally:
-            conn.close()
-        return self
-
-    @property
-    def tokens(self) -> list[int]:
-        assert all("error" not in e for e in self.events), self.events
-        return [int(np.asarray(e["output_ids"]).reshape(-1)[0]) for e in self.events]
-
-
-def _arrived_unread(resp, sock) -> bytes:
-    """The bytes of a response that have arrived but were not read yet (the reader's buffer and the
-    socket's), without waiting for more."""
-    sock.settimeout(0.0)  # non-blocking: only what is there already
-    try:
-        buffered = resp.fp.peek(1 << 22) if resp.fp is not None else b""
-    except (BlockingIOError, OSError, ValueError):
-        buffered = b""
-    try:
-        queued = sock.recv(1 << 22, socket.MSG_PEEK)
-    except (BlockingIOError, OSError):
-        queued = b""
-    return (buffered or b"") + (queued or b"")
 
 
 def _grpc_stream(url: str, prompt: np.ndarray, n: int) -> tuple[list[int], list[float]]:

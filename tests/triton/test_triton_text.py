@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.text_checkpoint import CHARACTER, MESSAGES, STEPS
-from tests.triton.test_triton_inflight import Stream
+from tests.triton.sse_stream import Stream
 
 MODEL = "wide_llm"
 
