@@ -23,6 +23,7 @@ class Stream:
         self.events: list[dict] = []
         self.times: list[float] = []
         self.status = 0
+        self.content_type = ""
         self.pending_at_leave: bytes = b""  # what had arrived, unread, when the client left
 
     @property
@@ -40,6 +41,7 @@ class Stream:
                          headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             self.status = resp.status
+            self.content_type = resp.getheader("Content-Type", "")
             deadline = time.monotonic() + DEADLINE_S
             while time.monotonic() < deadline:
                 line = resp.readline()

@@ -7,7 +7,6 @@ disturb the server. Every loop is bounded in count and time.
 
 from __future__ import annotations
 
-import http.client
 import json
 import queue
 import re
@@ -44,34 +43,12 @@ def vocab(streaming_repo) -> int:
     return json.loads((streaming_repo / MODEL / "1" / "generation.json").read_text())["vocab_size"]
 
 
-def _post_stream(http_url: str, body: dict, keep: int | None = None) -> list[dict]:
-    """POST /generate_stream and parse the server-sent events (`data: {...}`).
-
-    With `keep`, stop reading after that many events and drop the connection.
-    """
-    host, port = http_url.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=DEADLINE_S)
-    try:
-        conn.request("POST", f"/v2/models/{MODEL}/generate_stream", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        assert resp.getheader("Content-Type", "").startswith("text/event-stream")
-        if resp.status != 200:  # a rejected request: 400 and one `error` event
-            assert resp.status == 400
-        events = []
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline:
-            line = resp.readline()
-            if not line:
-                break
-            if line.startswith(b"data:"):
-                events.append(json.loads(line[5:]))
-                if keep is not None and len(events) >= keep:
-                    conn.sock.close()  # the client walks away mid-stream
-                    break
-        return events
-    finally:
-        conn.close()
+def _post_stream(http_url: str, body: dict) -> list[dict]:
+    """POST /generate_stream; the server-sent events (`data: {...}`) it answered."""
+    stream = Stream(http_url, body, model=MODEL).run()
+    assert stream.content_type.startswith("text/event-stream")
+    assert stream.status in (200, 400), stream.status  # a rejected request: 400 and one `error` event
+    return stream.events
 
 
 def test_streaming_repository_is_decoupled(streaming_repo):
