@@ -77,3 +77,26 @@ def _arrived_unread(resp, sock) -> bytes:
     except (BlockingIOError, OSError):
         queued = b""
     return (buffered or b"") + (queued or b"")
+
+
+def requests_done(server, model: str = MODEL) -> int:
+    """How many requests of the model Triton has released (its statistics' inference_count): a
+    streamed request counts once its final response went out, whether it ran to its end or the
+    model closed it early for a client that left."""
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(server.endpoints.http)
+    try:
+        return int(client.get_inference_statistics(model)["model_stats"][0]["inference_count"])
+    finally:
+        client.close()
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    """Poll `condition` until it holds (True) or `timeout_s` passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tests.triton.sse_stream import Stream
+from tests.triton.sse_stream import Stream, requests_done, wait_until
 from tests.triton.support import run_concurrently, serve_until_teardown
 
 MODEL = "wide_llm"
@@ -206,18 +206,21 @@ def test_malformed_requests_while_others_decode(server, reference, vocab):
 
 def test_clients_leaving_mid_stream_do_not_disturb_the_batch(server, reference, vocab, inflight_repo):
     """Two clients drop their connection after 2 and 10 events of a stream that would run to the end
-    of the context; three others stream on beside them. Deterministic under CPU load: nothing waits
-    for a time, only for conditions (each wait bounded by DEADLINE_S so a hang fails). The one thing a
-    loaded machine can change is whether the server had already sent a leaver's whole stream when it
-    left (then there was nobody to drop): each leaver checks, at the moment it leaves, what has already
-    arrived; a round where one did not leave mid-stream proves nothing about leaving and is run again
-    (at most 3 rounds, each with the exact checks of the clients that stayed)."""
+    of the context; three others stream on beside them. Nothing waits for a time, only for conditions
+    (each bounded, so a hang fails): the round's 5 requests released by the server, then the model's
+    log line about each leaver (bounded: the log travels from the stub on its own path, so it may
+    trail the release). The one thing a loaded machine can change is whether the server had already
+    produced a leaver's whole stream when it left (then there was nobody to drop): a round in which
+    the model did not notice both leavers proves nothing about leaving and is run again (at most 3
+    rounds, each with the exact checks of the clients that stayed). A model that never notices a
+    leaver fails every round."""
     rng = np.random.default_rng(13)
     url = server.endpoints.http
     context = json.loads((inflight_repo / MODEL / "1" / "generation.json").read_text())["max_total_tokens"]
+    log = server.log_text
     rounds = []
     for _ in range(3):
-        before = server.log_text().count("streaming client went away")
+        before, done = log().count("streaming client went away"), requests_done(server)
         prompts = [rng.integers(0, vocab, size=6) for _ in range(2)]
         # no max_new_tokens: the rest of the context, the longest a leaver's stream can be
         leavers = [Stream(url, {"input_ids": p.tolist(), "ignore_eos": True}, keep=k) for p, k in zip(prompts, (2, 10))]
@@ -228,21 +231,17 @@ def test_clients_leaving_mid_stream_do_not_disturb_the_batch(server, reference, 
         for s, (prompt, n) in zip(streams, stayers):
             np.testing.assert_array_equal(s.tokens, reference(prompt, n))
         assert [len(s.events) for s in leavers] == [2, 10]
-        rounds.append([(len(s.events), len(s.pending_at_leave), s.left_mid_stream) for s in leavers])
-        if not all(s.left_mid_stream for s in leavers):
+        assert wait_until(lambda: requests_done(server) >= done + 5, DEADLINE_S), "requests never released"
+        noticed = wait_until(lambda: log().count("streaming client went away") >= before + 2, 10.0)
+        rounds.append({"left_mid_stream": [s.left_mid_stream for s in leavers], "noticed": noticed})
+        if not noticed:
             continue  # the server outran a leaver: it had nothing left to send when the client left
-        # Both left with tokens still to come: the server notices at its next send. Wait for that
-        # condition (bounded), not for a time.
-        deadline = time.monotonic() + DEADLINE_S
-        while server.log_text().count("streaming client went away") < before + 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
         gone = [(int(n), int(of)) for n, of in re.findall(
-            r"went away after (\d+) of (\d+) tokens; its rows left the batch", server.log_text())]
-        assert len(gone) >= 2, (gone, rounds)
+            r"went away after (\d+) of (\d+) tokens; its rows left the batch", log())]
         assert all(n < of == context - 6 for n, of in gone[-2:]), gone  # dropped before their last token
         break
     else:
-        pytest.fail(f"in 3 rounds the server always sent a leaver's whole stream before it left: {rounds}")
+        pytest.fail(f"in 3 rounds the model never noticed both leavers: {rounds}")
     after = Stream(url, {"input_ids": [5, 6, 7], "max_new_tokens": 4}).run()
     np.testing.assert_array_equal(after.tokens, reference(np.array([5, 6, 7]), 4))
 

@@ -106,7 +106,7 @@ def _scrape(server) -> dict:
 
 
 def test_metrics_change_by_the_expected_counts(text_server, text_ckpt):
-    import time
+    from tests.triton.sse_stream import wait_until
 
     before = _scrape(text_server)
     tokens, _, _ = text_ckpt.expected(text_ckpt.chat_ids, STEPS)
@@ -114,12 +114,18 @@ def test_metrics_change_by_the_expected_counts(text_server, text_ckpt):
     for extra in runs:
         _text_stream(text_server, input_ids=text_ckpt.chat_ids.tolist(), **extra)
     generated = 2 * len(tokens) + 2
-    time.sleep(0.5)
-    after = _scrape(text_server)
+    after = {}
 
     def delta(name, **labels):
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
+
+    def settled() -> bool:  # a request's metrics are recorded as it ends: wait for the third (bounded)
+        after.clear()
+        after.update(_scrape(text_server))
+        return delta("wide:e2e_request_latency_seconds_count") >= 3 and after[("wide:num_requests_running", ())] == 0
+
+    wait_until(settled, 30.0)  # generous for a loaded machine; when it is on time the first scrape ends it
 
     assert delta("wide:request_success_total", finished_reason="stop") == 2
     assert delta("wide:request_success_total", finished_reason="length") == 1
