@@ -25,10 +25,12 @@ def kernels_build(tmp_path_factory):
 
     from wide_export.native.build import build_native
 
-    build_dir = Path(os.environ.get("WIDE_KERNELS_BUILD_DIR") or tmp_path_factory.mktemp("native"))
-    build_dir.mkdir(parents=True, exist_ok=True)
-    # pytest-xdist workers share $WIDE_KERNELS_BUILD_DIR: one CMake/ninja run in it at a time
-    with FileLock(str(build_dir / ".wide-tests-build.lock")):
+    build_dir = Path(os.environ.get("WIDE_KERNELS_BUILD_DIR") or tmp_path_factory.mktemp("native")).absolute()
+    # pytest-xdist workers share $WIDE_KERNELS_BUILD_DIR: one CMake/ninja run in it at a time. The lock lies
+    # beside the folder, not in it: build_native removes a folder it created when interrupted, and only knows
+    # it created it when the folder did not exist before.
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(build_dir.parent / f".{build_dir.name}.wide-tests-build.lock")):
         return build_native(build_dir=build_dir, cuda_archs=TEST_ARCHS,
                             targets=("wide_kernels", "wide_kernels_static"))
 

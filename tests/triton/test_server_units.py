@@ -380,6 +380,12 @@ def test_environment_without_path_or_loader_path(pyenv, monkeypatch):
     assert "LD_LIBRARY_PATH" not in env
 
 
+def test_environment_with_an_empty_path(pyenv, monkeypatch):
+    monkeypatch.setenv("PATH", "")  # set but empty: also the system's default, not "" (the cwd)
+    env = server_mod.server_environment(ServerBinary(Path("/t"), False))
+    assert env["PATH"] == "/opt/py/bin:" + os.defpath
+
+
 @pytest.mark.parametrize("config", [
     {"LDLIBRARY": "libpython3.12.a"},  # a static libpython: nothing to load
     {"LDLIBRARY": None},
@@ -980,6 +986,9 @@ def health():
 def test_is_ready_asks_the_http_health_endpoint(tmp_path, health, monkeypatch):
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # no proxy is asked: it would not answer
     monkeypatch.setenv("no_proxy", "")
+    # the product asks with a 1 s timeout (it asks again while a start waits); this test's one question to a
+    # thread of a loaded machine gets a generous one, which costs nothing when the answer is on time
+    monkeypatch.setattr(server_mod, "READY_TIMEOUT_S", 30.0)
     server = make_server(tmp_path, http_port=health.port)
     assert server.is_ready() is True
     health.handler.status = 503
@@ -1270,6 +1279,18 @@ def test_stop_terminates_waits_reaps_and_cleans_up(tmp_path, killpg, shm):
     assert killpg.calls == [(4242, SIGKILL)]  # the stubs in its session
     assert sorted(p.name for p in shm.iterdir()) == ["someone_elses"]
     assert server._shm_regions == set()
+
+
+def test_a_second_stop_does_not_signal_the_dead_servers_group_again(tmp_path, killpg, shm):
+    """serve stops a server whose start failed, then the CLI stops it again: the dead server's pid (and
+    process group id) may belong to someone else by then."""
+    server = make_server(tmp_path)
+    server.process = FakeProc(pid=4242, code=0)
+    assert server.stop() == 0 and server.stop() == 0
+    assert killpg.calls == [(4242, SIGKILL)]
+    server.process = FakeProc(pid=4343, code=0)  # a restart's new server is reaped in its turn
+    assert server.stop() == 0
+    assert killpg.calls == [(4242, SIGKILL), (4343, SIGKILL)]
 
 
 def test_stop_a_region_that_cannot_be_removed_does_not_stop_the_cleanup(tmp_path, killpg, shm):

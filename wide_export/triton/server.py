@@ -37,6 +37,7 @@ _HARMLESS = ("CudaDriverHelper has not been initialized", "CUDA driver version i
 
 # No proxies: readiness polls go straight to the server we started.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+READY_TIMEOUT_S = 1.0  # one readiness question; is_ready is asked again and again while a start waits
 
 STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
@@ -135,8 +136,8 @@ def server_environment(binary: ServerBinary) -> dict[str, str]:
     """Environment for the server: this Python first on PATH, its libpython loadable."""
     env = dict(os.environ)
     # model.py runs under the first python3 on PATH: make it this environment's.
-    # (no PATH at all: the system's default search path after it, not an empty entry meaning ".")
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+    # (no or an empty PATH: the system's default search path after it, not an empty entry meaning ".")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH") or os.defpath])
     lib_dirs: list[str] = []
     libdir = sysconfig.get_config_var("LIBDIR")
     ldlib = sysconfig.get_config_var("LDLIBRARY") or ""
@@ -206,6 +207,7 @@ class TritonServer:
         self._stubs: dict[int, Stub] = {}
         self._shm_regions: set[str] = set()  # our stubs' shared-memory regions, removed at stop()
         self.process: Optional[subprocess.Popen] = None
+        self._reaped_group: Optional[int] = None  # the process group stop() already reaped (see stop)
         self._workdir: Optional[tempfile.TemporaryDirectory] = None
         self.log_path: Optional[Path] = None
         self._final_log = ""
@@ -344,12 +346,12 @@ class TritonServer:
                 import tritonclient.grpc as grpcclient
 
                 with grpcclient.InferenceServerClient(self.endpoints.grpc) as client:
-                    return bool(client.is_server_ready(client_timeout=1.0))
+                    return bool(client.is_server_ready(client_timeout=READY_TIMEOUT_S))
             except Exception:  # noqa: BLE001 - not up yet
                 return False
         url = f"http://{self.address}:{self.http_port}/v2/health/ready"
         try:
-            with _DIRECT.open(url, timeout=1.0) as resp:
+            with _DIRECT.open(url, timeout=READY_TIMEOUT_S) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError):
             return False
@@ -401,11 +403,14 @@ class TritonServer:
                     os.killpg(self.process.pid, signal.SIGKILL)
                     self.process.wait(5)
             code = self.process.returncode
-            # The python-backend stubs are in the server's session: reap any left over.
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            # The python-backend stubs are in the server's session: reap any left over, once (a second
+            # stop must not signal a process group that may since have taken the dead server's pid).
+            if self._reaped_group != self.process.pid:
+                self._reaped_group = self.process.pid
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             # A stub that crashed (or was killed) leaves its shared-memory region behind.
             for name in sorted(self._shm_regions):
                 try:
