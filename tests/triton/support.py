@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -99,3 +100,31 @@ def run_concurrently(targets: list, timeout_s: float) -> None:
         t.join(timeout_s)
     assert not any(t.is_alive() for t in threads), "a client thread hung"
     assert not errors, errors[0]
+
+
+def model_statistics(server, model: str = "wide_llm") -> dict:
+    """The model's entry of Triton's inference statistics (inference_count, execution_count, ...)."""
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(server.endpoints.http)
+    try:
+        return client.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        client.close()
+
+
+def requests_done(server, model: str = "wide_llm") -> int:
+    """How many requests of the model Triton has released (inference_count): a streamed request counts
+    once its final response went out, whether it ran to its end or the model closed it early for a
+    client that left."""
+    return int(model_statistics(server, model)["inference_count"])
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    """Poll `condition` until it holds (True) or `timeout_s` passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

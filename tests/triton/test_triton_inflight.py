@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tests.triton.sse_stream import Stream, requests_done, wait_until
-from tests.triton.support import run_concurrently, serve_until_teardown
+from tests.triton.sse_stream import Stream
+from tests.triton.support import requests_done, run_concurrently, serve_until_teardown, wait_until
 
 MODEL = "wide_llm"
 DEADLINE_S = 120.0

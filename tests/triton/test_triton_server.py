@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.triton.support import run_concurrently
+from tests.triton.support import model_statistics, run_concurrently, wait_until
 from wide_export.triton.client import GenerationClient
 
 MODEL = "wide_llm"
@@ -112,18 +112,13 @@ def _counts(server, at_least: int = 0, wait_s: float = 5.0) -> tuple[int, int]:
     inference_count reaches `at_least`, then also return whatever it is (an extra count fails
     the caller's equality as well as a missing one).
     """
-    import tritonclient.http as http
+    stats: dict = {}
 
-    client = http.InferenceServerClient(server.endpoints.http)
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            stats = client.get_inference_statistics(MODEL)["model_stats"][0]
-            if int(stats["inference_count"]) >= at_least or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-    finally:
-        client.close()
+    def reached() -> bool:
+        stats.update(model_statistics(server, MODEL))
+        return int(stats["inference_count"]) >= at_least
+
+    wait_until(reached, wait_s)
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 

@@ -106,7 +106,7 @@ def _scrape(server) -> dict:
 
 
 def test_metrics_change_by_the_expected_counts(text_server, text_ckpt):
-    from tests.triton.sse_stream import wait_until
+    from tests.triton.support import wait_until
 
     before = _scrape(text_server)
     tokens, _, _ = text_ckpt.expected(text_ckpt.chat_ids, STEPS)
