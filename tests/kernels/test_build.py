@@ -43,11 +43,18 @@ def test_build_embeds_a_cubin_for_every_spec_and_arch(kernels_build, kernels_lib
     assert kernels_lib.wide_kernels_cubin_count() == sum(len(aot.arch_specs(a)) for a in _archs())
     for key in keys:
         for arch in _archs():
-            want = not key.endswith("/large") or arch // 10 == 9  # the 128-row tiles: sm_90 only
+            want = not key.endswith(("/large", "/wide")) or arch // 10 == 9  # the 128-row tiles: sm_90 only
             assert kernels_lib.wide_kernels_has_cubin(key.encode(), arch) == want, (key, arch)
     assert not kernels_lib.wide_kernels_has_cubin(b"tile_n/bfloat16/gated/large", 86)
     assert not kernels_lib.wide_kernels_has_cubin(b"tile_n/float32/gated/large", 90)  # fp32: none
     assert not kernels_lib.wide_kernels_has_cubin(b"grouped_n/bfloat16/gated/bn128/large", 90)  # gated: <= 64
+    if 90 in _archs():  # 128 x 256: tile_n plain / bias and tile_k, fp16 / bf16, sm_90, a16 only
+        for key in (b"tile_n/float16/plain/wide", b"tile_n/bfloat16/bias/wide", b"tile_k/bfloat16/wide",
+                    b"tile_k/float16/bias/wide"):
+            assert kernels_lib.wide_kernels_has_cubin(key, 90), key
+    for key in (b"tile_n/bfloat16/gated/wide", b"tile_n/float32/plain/wide", b"grouped_n/float16/plain/bn128/wide"):
+        assert not kernels_lib.wide_kernels_has_cubin(key, 90), key
+    assert not kernels_lib.wide_kernels_has_cubin(b"tile_n/float16/plain/wide", 86)
     # an sm_86 GPU runs the sm_80 cubins; Blackwell (sm_100) has none in this build
     assert kernels_lib.wide_kernels_has_cubin(b"gemv_k/float16", 86) == (80 in _archs())
     for key in (b"gemv_k/bfloat16/bias", b"tile_k/float32/bias", b"cast/float16/bias"):  # the o_proj bias
@@ -220,54 +227,66 @@ def test_dense_algo_is_cublaslt_and_a_mask_pass(kernels_lib, op):
     assert kernels_lib.wide_gemm_resolve_algo(ctypes.byref(_params(M=4096, N=4096, K=4096, group_size=32)), 0, 90) == 4
 
 
+# Tiles of each size class, counted by hand: (BLOCK_M, BLOCK_N) per family (grouped: a group of 128, so the
+# grouped BLOCK_N is 128) for small, large, wide (configs.py: 64-row tiles, 128 x 128 (gated 128 x 64), 128 x 256).
+HAND_TILES = {"tile_n": {"small": (64, 64), "large": (128, 128), "wide": (128, 256)},
+              "tile_gated": {"small": (64, 64), "large": (128, 64)},
+              "tile_k": {"small": (64, 64), "large": (128, 128), "wide": (128, 256)},
+              "grouped_n": {"small": (64, 128), "large": (128, 128)},
+              "grouped_gated": {"small": (64, 128), "large": (128, 64)}}
+
+
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("dtype, dtype_name", [(2, "bfloat16"), (1, "float16"), (0, "float32")])
-def test_c_runtime_takes_the_large_tiles_from_the_policy_threshold_on_sm90_only(kernels_lib, arch, dtype,
-                                                                                 dtype_name):
-    """From large_tile_min_m rows (policy.json) the prefill GEMMs launch the 128-row "/large" cubins, on
-    sm_90 and in fp16 / bf16 only, with the grid those tiles need (counted by hand here: 128 rows a tile,
-    128 channels for tile_n / tile_k, at most 64 for the gated ones, the group's width for grouped_n);
-    the JIT path (launch._large) makes the same choice."""
-    from wide_export.kernels.policy import large_tile, policy_for
+@pytest.mark.parametrize("aligned", [True, False])
+def test_c_runtime_takes_each_size_class_from_the_policy_buckets(kernels_lib, arch, dtype, dtype_name, aligned):
+    """At each prefill_tiles bucket boundary of policy.json (M = min_m - 1, min_m, min_m + 1) the prefill GEMMs
+    launch the bucket's size class where this build has it (large / wide: fp16 / bf16 on sm_90; wide: a16
+    only, so an unaligned call (an ungrouped dimension of 264 / 520) steps down to large), with the grid counted by hand from HAND_TILES;
+    the JIT path (configs.size_for over policy.tile_size) makes the same choice."""
+    from wide_export.kernels.policy import policy_for, tile_size
 
-    thr = policy_for(f"sm_{arch}")["large_tile_min_m"]
-    if thr > 1 << 20:
-        pytest.skip(f"sm_{arch}'s policy never takes the large tiles")
-    N, K, gs = 512, 256, 128
-    cases = [  # (op, algo, small key + grid(M), large key + grid(M))
-        (0, 3, lambda M: f"tile_n/{dtype_name}/plain@a16 grid={-(-M // 64)}x{N // 64}x1",
-         lambda M: f"tile_n/{dtype_name}/plain/large@a16 grid={-(-M // 128)}x{N // 128}x1"),
-        (1, 3, lambda M: f"tile_n/{dtype_name}/gated@a16 grid={-(-M // 64)}x{N // 64}x1",
-         lambda M: f"tile_n/{dtype_name}/gated/large@a16 grid={-(-M // 128)}x{N // 64}x1"),
-        (2, 3, lambda M: f"tile_k/{dtype_name}@a16 grid={-(-M // 64)}x{N // 64}x1",
-         lambda M: f"tile_k/{dtype_name}/large@a16 grid={-(-M // 128)}x{N // 128}x1"),
-    ]
+    pol = policy_for(f"sm_{arch}")
+    gs = 128
+    cases = [(0, 3, "tile_n", f"tile_n/{dtype_name}/plain"), (1, 3, "tile_gated", f"tile_n/{dtype_name}/gated"),
+             (2, 3, "tile_k", f"tile_k/{dtype_name}")]
     if dtype != 0:  # no grouped cubins in float32
-        cases += [
-            (0, 2, lambda M: f"grouped_n/{dtype_name}/plain/bn128@a16 grid={-(-M // 64)}x{N // 128}x1",
-             lambda M: f"grouped_n/{dtype_name}/plain/bn128/large@a16 grid={-(-M // 128)}x{N // 128}x1"),
-            (1, 2, lambda M: f"grouped_n/{dtype_name}/gated/bn128@a16 grid={-(-M // 64)}x{N // 128}x1",
-             lambda M: f"grouped_n/{dtype_name}/gated/bn64/large@a16 grid={-(-M // 128)}x{N // 64}x1"),
-        ]
-    want_large = arch == 90 and dtype != 0
-    for op, algo, small, large in cases:
-        for M in (thr - 1, thr, thr + 1):
-            kw = dict(M=M, N=N, K=K, group_size=gs, x=0x1000, w=0x2000, mask=0x3000, y=0x4000, dtype=dtype,
-                      algo=algo, w2=0x6000 if op == 1 else None)
-            if op == 2:  # gemm_k: [N, K] with K grouped; keep N = 512 outputs
-                kw["K"] = 512
-            status, text = _describe(kernels_lib, op, arch=arch, ws=0x10000, ws_size=1 << 30, **kw)
-            assert status == 0, text
-            gemm = [t for t in text.split(" ") if t.startswith(("tile_", "grouped_n"))]
-            grid = text.split(" ")[text.split(" ").index(gemm[0]) + 1]
-            expect = (large if want_large and M >= thr else small)(M)
-            assert f"{gemm[0]} {grid}" == expect, (op, algo, M, text)
-            jit = configs.large_tiles(f"sm_{arch}", dtype_name) and large_tile(M, policy_for(f"sm_{arch}"))
-            assert jit == gemm[0].split("@")[0].endswith("/large"), (op, algo, M)
+        cases += [(0, 2, "grouped_n", f"grouped_n/{dtype_name}/plain/bn128"),
+                  (1, 2, "grouped_gated", f"grouped_n/{dtype_name}/gated/bn128")]
+    fast = arch == 90 and dtype != 0  # this build has large / wide cubins for the call
+    reached = set()
+    for op, algo, fam, base in cases:
+        for min_m, _ in pol["prefill_tiles"][fam]:
+            for M in sorted({max(1, min_m - 1), max(1, min_m), min_m + 1}):
+                # unaligned: the ungrouped dimension + 8 (gemm_k: K grouped, N = 512 (+ 8) outputs)
+                K = 512 if op == 2 else 256 + (0 if aligned else 8)
+                N = 512 + (8 if op == 2 and not aligned else 0)
+                kw = dict(M=M, N=N, K=K, group_size=gs, x=0x1000, w=0x2000, mask=0x3000, y=0x4000, dtype=dtype,
+                          algo=algo, w2=0x6000 if op == 1 else None)
+                status, text = _describe(kernels_lib, op, arch=arch, ws=0x10000, ws_size=1 << 30, **kw)
+                assert status == 0, text
+                words = text.split(" ")
+                gemm = next(i for i, t in enumerate(words) if t.startswith(("tile_", "grouped_n")))
+                asked = tile_size(fam, M, pol)
+                size = "small" if not fast else ("large" if asked == "wide" and not aligned else asked)
+                bm, bn = HAND_TILES[fam][size]
+                key = base if size == "small" else (base.replace("/bn128", "/bn64") if fam == "grouped_gated"
+                                                    else base) + f"/{size}"
+                want = f"{key}@{'a16' if aligned else 'any'} grid={-(-M // bm)}x{-(-N // bn)}x1"
+                assert f"{words[gemm]} {words[gemm + 1]}" == want, (fam, M, text)
+                assert configs.size_for(fam, asked, f"sm_{arch}", dtype_name, aligned) == size, (fam, M)
+                reached.add(size)
+    # every class the table asks for was reached where the build has it (the repository's default: all three)
+    asked_for = {z for b in pol["prefill_tiles"].values() for _, z in b}
+    if fast:
+        assert reached == {z if aligned or z != "wide" else "large" for z in asked_for}
+    else:
+        assert reached == {"small"}
 
 
 def test_variants_share_the_grid_the_c_runtime_computes():
-    """Both variants of a key have the BLOCK_M / BLOCK_N the C runtime's grid assumes; only BLOCK_K / warps differ."""
+    """Both variants of a key have the BLOCK_M / BLOCK_N the C runtime's grid assumes (HAND_TILES); only
+    BLOCK_K / warps differ; the wide keys have the a16 variant only."""
     by_key = {}
     for s in aot.specs():
         by_key.setdefault(s.key, []).append(s)
@@ -275,7 +294,14 @@ def test_variants_share_the_grid_the_c_runtime_computes():
         blocks = {tuple(v for k, v in s.constexprs if k in ("BLOCK_M", "BLOCK_N")) for s in group}
         assert len(blocks) == 1, key
         if key.split("/")[0] in aot.GEMMS:
-            assert sorted(s.variant for s in group) == ["a16", "any"], key
+            want = ["a16"] if key.endswith("/wide") else ["a16", "any"]
+            assert sorted(s.variant for s in group) == want, key
+        gated = "/gated" in key
+        fam = {"tile_n": "tile_gated" if gated else "tile_n", "tile_k": "tile_k",
+               "grouped_n": "grouped_gated" if gated else "grouped_n"}.get(key.split("/")[0])
+        if fam and (fam.startswith("tile") or "/bn128" in key or (gated and "/bn64/large" in key)):
+            size = key.rsplit("/", 1)[1] if key.endswith(("/large", "/wide")) else "small"
+            assert blocks == {HAND_TILES[fam][size]}, key
 
 
 def test_c_tiles_match_python_configs():
@@ -303,6 +329,16 @@ def test_c_tiles_match_python_configs():
     assert (const("kTileBlockM"), const("kTileBlockN")) == (configs.TILE_BLOCK_M, configs.TILE_BLOCK_N)
     assert (const("kLargeBlockM"), const("kLargeTileBlockN"), const("kLargeGatedBlockN")) == (
         configs.LARGE_BLOCK_M, configs.LARGE_TILE_BLOCK_N, configs.LARGE_GATED_BLOCK_N)
+    assert (const("kWideBlockM"), const("kWideBlockN")) == (configs.WIDE_BLOCK_M, configs.WIDE_BLOCK_N)
+    from wide_export.kernels.policy import MAX_TILE_BUCKETS
+
+    assert const("kMaxTileBuckets") == MAX_TILE_BUCKETS
+    suffixes = re.search(r"kSizeSuffix\[\] = \{([^}]*)\}", src).group(1)
+    assert [v.strip().strip('"') for v in suffixes.split(",")] == ["" if z == "small" else f"/{z}"
+                                                                    for z in configs.SIZES]
+    families = re.findall(r"kFam(\w+) = (\d+),", src)
+    assert [re.sub(r"(?<!^)([A-Z])", r"_\1", n).lower() for n, _ in families] == list(configs.TILE_FAMILIES)
+    assert [int(i) for _, i in families] == list(range(len(configs.TILE_FAMILIES)))
     assert const("kGroupedBlockM") == configs.GROUPED_BLOCK_M
     assert arr("kGroupedBlockNs") == configs.GROUPED_BLOCK_NS
     assert const("kGroupedKBlockN") == configs.GROUPED_K_BLOCK_N
@@ -315,7 +351,7 @@ def test_policy_table_is_complete():
 
     table = json.loads(POLICY_FILE.read_text())
     keys = {"measured", "gemv_max_m", "grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m",
-            "grouped_k_min_group_size", "large_tile_min_m", "fallback"}
+            "grouped_k_min_group_size", "prefill_tiles", "fallback"}
     for arch, entry in table.items():
         if not arch.startswith("_"):
             assert keys <= set(entry), arch
@@ -356,7 +392,7 @@ def _ptr(t):
 @pytest.mark.parametrize("dtype_code,dtype_name", [(1, "float16"), (2, "bfloat16"), (0, "float32")])
 @pytest.mark.parametrize("algo", [1, 2, 3, 4])
 @pytest.mark.parametrize("kind", ["n", "n_bias", "gated", "k"])
-@pytest.mark.parametrize("M", [1, 5, 300, 1100])
+@pytest.mark.parametrize("M", [1, 5, 300, 1100, 4100])
 def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_code, dtype_name, M):
     import torch
 
@@ -364,6 +400,8 @@ def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_co
 
     if M == 1100 and (algo not in (2, 3) or dtype_code == 0):
         pytest.skip("1100 rows: for the 128-row '/large' prefill cubins (grouped, tile; fp16 / bf16)")
+    if M == 4100 and (algo != 3 or dtype_code == 0 or kind == "gated"):
+        pytest.skip("4100 rows: for the 128 x 256 '/wide' tile cubins (default policy; tile_n / tile_k)")
     if algo == 2 and dtype_code == 0:
         pytest.skip("no grouped cubins for float32 (tile runs float32 prefill)")
     if algo == 4 and not kernels_lib.wide_kernels_has_cublaslt():

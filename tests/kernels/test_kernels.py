@@ -276,8 +276,8 @@ def test_tile_order_covers_every_tile_cpu_interpreter(kind, group_m, monkeypatch
     check(kind, got, want, t, gs, torch.float32)
 
 
-# The 128-row tiles of large prefills (configs.LARGE_*, sm_90 from policy large_tile_min_m; the interpreter's
-# policy takes them from 129 rows): 300 rows are two full row tiles and a tail of 44; 4 groups of 128 (the
+# The 128-row tiles of large prefills (configs.LARGE_*, sm_90 from the policy's prefill_tiles buckets; the
+# interpreter's policy takes them from 129 rows): 300 rows are two full row tiles and a tail of 44; 4 groups of 128 (the
 # grouped gated GEMM's large tile is 64 wide: two per group), the other width 200.
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 @pytest.mark.parametrize("algo", ("grouped", "tile"))
@@ -291,7 +291,7 @@ def test_large_tiles_cpu_interpreter(kind, algo, dtype, monkeypatch):
                                                                                                  **kw))[1])
     gs, G = 128, 4
     t = make_inputs(kind, (300,), gs, G, 0.5, dtype, "cpu", _case_seed("large", kind, algo, dtype), edge_tokens=True)
-    got, want = run(kind, t, gs, algo)  # auto tiles: 300 >= the interpreter's large_tile_min_m
+    got, want = run(kind, t, gs, algo)  # auto tiles: 300 rows are in the interpreter's large bucket
     check(kind, got, want, t, gs, dtype)
     gemm = [kw for kw in seen if "BLOCK_K" in kw and "BLOCK_M" in kw]
     large = algo == "tile" or not kind.startswith("k")  # the K-pruned grouped GEMM has no large tile
@@ -300,3 +300,39 @@ def test_large_tiles_cpu_interpreter(kind, algo, dtype, monkeypatch):
     small, _ = run(kind, t, gs, algo, tiles="small")
     check(kind, small, want, t, gs, dtype)
     assert [kw["BLOCK_M"] for kw in seen if "BLOCK_K" in kw and "BLOCK_M" in kw] == [64]
+
+
+# The 128 x 256 tiles (configs.WIDE_*, tile_n plain / bias and tile_k): forced, or from a policy whose bucket
+# says so; an unaligned call (the non-grouped width 200) steps down to the 128 x 128 tile, as the C runtime
+# does (it has no unaligned wide cubin). 300 rows: two full row tiles and a tail; N-pruned N = 512, two
+# column tiles; K-pruned N = 256 (aligned) or 200 (a tail).
+@pytest.mark.parametrize("how", ("forced", "auto"))
+@pytest.mark.parametrize("aligned", (True, False))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("kind", ("n", "n_bias", "k", "k_bias"))
+def test_wide_tiles_cpu_interpreter(kind, dtype, aligned, how, monkeypatch):
+    from wide_export.kernels import launch
+    from wide_export.kernels.policy import policy_for
+
+    seen = []
+    real = launch._launch
+    monkeypatch.setattr(launch, "_launch", lambda kernel, grid, *a, **kw: (seen.append(kw), real(kernel, grid, *a,
+                                                                                                 **kw))[1])
+    if how == "auto":
+        table = policy_for("interpreter")
+        tiles = {**table["prefill_tiles"], "tile_n": [[0, "small"], [300, "wide"]], "tile_k": [[0, "small"],
+                                                                                              [300, "wide"]]}
+        monkeypatch.setattr(launch, "policy_for", lambda arch: {**table, "prefill_tiles": tiles})
+    gs, G = 128, 4
+    t = make_inputs(kind, (300,), gs, G, 0.5, dtype, "cpu", _case_seed("wide", kind, dtype, aligned, how),
+                    other=256 if aligned else 200, edge_tokens=True)
+    got, want = run(kind, t, gs, "tile", tiles="wide" if how == "forced" else "auto")
+    check(kind, got, want, t, gs, dtype)
+    gemm = [(kw["BLOCK_M"], kw["BLOCK_N"], kw.get("num_warps")) for kw in seen if "BLOCK_K" in kw]
+    assert gemm == [(128, 256, 8) if aligned else (128, 128, 8)], gemm
+    if how == "auto":  # one row fewer: under the wide bucket, the small tile
+        seen.clear()
+        t299 = {k: (v[:299] if k in ("x", "mask") else v) for k, v in t.items()}
+        got, want = run(kind, t299, gs, "tile")
+        check(kind, got, want, t299, gs, dtype)
+        assert [(kw["BLOCK_M"], kw["BLOCK_N"]) for kw in seen if "BLOCK_K" in kw] == [(64, 64)]

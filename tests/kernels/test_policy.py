@@ -14,7 +14,10 @@ from wide_export.kernels import policy
 GOOD = {"sm_90": {"measured": True, "device": "NVIDIA H200", "dtype": "bf16",
                   "gemv_max_m": {"n": 2, "gated": 4, "k": 1}, "gemv_max_m_shapes": {"k:4096x4096": 2},
                   "grouped_n_min_m": 512, "grouped_n_min_group_size": 128, "grouped_k_min_m": 4096,
-                  "grouped_k_min_group_size": 512, "large_tile_min_m": 2048, "fallback": "dense"}}
+                  "grouped_k_min_group_size": 512, "fallback": "dense",
+                  "prefill_tiles": {"tile_n": [[0, "small"], [2048, "large"], [8192, "wide"]],
+                                    "tile_gated": [[0, "small"], [2048, "large"]], "tile_k": [[0, "small"]],
+                                    "grouped_n": [[0, "large"]], "grouped_gated": [[0, "small"], [4096, "large"]]}}}
 
 
 def test_repository_policy_table_is_valid():
@@ -29,7 +32,18 @@ def test_repository_policy_table_is_valid():
     (lambda e: e.update(grouped_k_min_m=-1), "grouped_k_min_m"),
     (lambda e: e.update(grouped_n_min_m="512"), "grouped_n_min_m"),
     (lambda e: e.update(fallback="cublas"), "fallback"),
-    (lambda e: e.pop("large_tile_min_m"), "large_tile_min_m"),                     # a record without it
+    (lambda e: e.pop("prefill_tiles"), "prefill_tiles"),                           # a record without it
+    (lambda e: e.update(large_tile_min_m=1024), "prefill_tiles"),                  # the old single switch, alone
+    (lambda e: e["prefill_tiles"].pop("tile_k"), "prefill_tiles"),
+    (lambda e: e["prefill_tiles"].update(tile_gated=[[0, "small"], [2048, "wide"]]), "tile_gated"),  # no such cubin
+    (lambda e: e["prefill_tiles"].update(tile_n=[[1, "small"]]), "tile_n"),        # must start at 0
+    (lambda e: e["prefill_tiles"].update(tile_n=[[0, "small"], [0, "large"]]), "tile_n"),      # not ascending
+    (lambda e: e["prefill_tiles"].update(tile_n=[[0, "small"], [9, "large"], [5, "wide"]]), "tile_n"),
+    (lambda e: e["prefill_tiles"].update(tile_n=[]), "tile_n"),
+    (lambda e: e["prefill_tiles"].update(tile_n=[[0, "small"]] + [[i, "large"] for i in range(1, 5)]), "tile_n"),
+    (lambda e: e["prefill_tiles"].update(tile_n=[[0, "huge"]]), "tile_n"),
+    (lambda e: e["prefill_tiles"].update(tile_n=[[True, "small"]]), "tile_n"),
+    (lambda e: e["prefill_tiles"].update(tile_n=[(0, "small")]), "tile_n"),        # JSON has no tuples: still refused
     (lambda e: e.update(measured="yes"), "measured"),
     (lambda e: e.update(gemv_max_m_shapes={"down:4096x14336": 1}), "gemv_max_m_shapes"),
     (lambda e: e.update(gemv_max_m_shapes={"k:4096": 1}), "gemv_max_m_shapes"),
@@ -147,34 +161,54 @@ def test_measured_fallback_is_tile_only_where_it_beat_cublas_plus_the_mask_pass(
     assert entry["gemv_max_m"]["n"] == 1 and entry["fallback"] == want
 
 
-@pytest.mark.parametrize("large_ms, want", [
-    ({256: 1.2, 4096: 0.9, 16384: 0.8}, 4096),        # loses at 256, wins from 4096 on
-    ({256: 0.9, 4096: 1.1, 16384: 0.8}, 16384),       # a win at 256 does not count below a loss
-    ({256: 0.9, 4096: 0.9, 16384: 1.1}, 2**31 - 1),   # loses at the largest T: never
-])
-def test_measured_large_tile_threshold_is_where_the_128_row_tiles_win_from_there_on(large_ms, want):
-    """large_tile_min_m: the smallest T from which "grouped@large" beat "grouped@small" (1.0 ms) on every
-    row timed with both at T' >= T (n and gated rows alike)."""
-    from wide_export.bench.kernels import Report, measured_policy
-
+def _sized_rows(kind, algo, times):
+    """Rows of `kind` at each T of `times` ({T: {size: ms}}), timed "<algo>@<size>", two shapes a T."""
     rows = []
-    for kind, N in (("n", 4096), ("gated", 14336)):
-        for T, ms in large_ms.items():
+    for T, by_size in times.items():
+        for N in (4096, 14336):
             r = _row(kind, N, 4096, T, 9.0)
-            r.algo_ms.update({"grouped@small": 1.0, "grouped@large": ms if kind == "gated" else 0.5})
+            r.algo_ms.update({f"{algo}@{z}": ms * (2 if N == 14336 else 1) for z, ms in by_size.items()})
             rows.append(r)
-    entry = measured_policy(Report("H200", "sm_90", "bf16", "short", 4300.0, rows))["sm_90"]
-    assert entry["large_tile_min_m"] == want
-    assert policy.validate({"sm_90": entry}) == []
+    return rows
 
 
-def test_measured_large_tile_threshold_keeps_the_table_value_when_nothing_timed_both():
+def test_measured_prefill_tiles_are_the_fastest_size_per_timed_t():
+    """Buckets by hand: [0, small] first, then a bucket wherever the fastest size (summed over the T's rows)
+    changes; a family no row timed keeps the table's buckets."""
     from wide_export.bench.kernels import Report, measured_policy
     from wide_export.kernels.policy import policy_for
 
-    rows = [_row("n", 4096, 4096, T, 0.5) for T in (1, 2)]
+    rows = _sized_rows("n", "tile", {256: {"small": 1.0, "large": 1.1, "wide": 1.2},      # small: no bucket
+                                     4096: {"small": 1.0, "large": 0.8, "wide": 0.9},     # large from 4096
+                                     16384: {"small": 1.0, "large": 0.8, "wide": 0.7}})   # wide from 16384
+    rows += _sized_rows("gated", "grouped", {256: {"small": 1.0, "large": 0.9}, 4096: {"small": 1.0, "large": 0.5}})
+    rows += _sized_rows("k", "tile", {256: {"small": 1.0, "large": 0.9, "wide": 1.5},
+                                      4096: {"small": 0.7, "large": 0.9, "wide": 1.5}})  # back to small
+    # the second shape breaks a tie the first alone would not: summed, large wins (1.0 + 2.0 vs 1.05 + 1.9)
+    tie = _sized_rows("gated", "tile", {512: {"small": 1.0, "large": 1.05}})
+    tie[1].algo_ms.update({"tile@small": 2.0, "tile@large": 1.9})
+    rows += tie
     entry = measured_policy(Report("H200", "sm_90", "bf16", "short", 4300.0, rows))["sm_90"]
-    assert entry["large_tile_min_m"] == policy_for("sm_90")["large_tile_min_m"]
+    tiles = entry["prefill_tiles"]
+    assert tiles["tile_n"] == [[0, "small"], [4096, "large"], [16384, "wide"]]
+    assert tiles["grouped_gated"] == [[0, "small"], [256, "large"]]
+    assert tiles["tile_k"] == [[0, "small"], [256, "large"], [4096, "small"]]
+    assert tiles["tile_gated"] == [[0, "small"], [512, "large"]]
+    assert tiles["grouped_n"] == policy_for("sm_90")["prefill_tiles"]["grouped_n"]  # nothing timed it
+    assert policy.validate({"sm_90": entry}) == []
+
+
+def test_measured_prefill_tiles_need_every_size_of_the_family_and_stop_at_the_table_limit():
+    from wide_export.bench.kernels import measured_prefill_tiles
+    from wide_export.kernels.policy import MAX_TILE_BUCKETS, policy_for
+
+    table = policy_for("sm_90")["prefill_tiles"]
+    partial = _sized_rows("n", "tile", {4096: {"small": 1.0, "large": 0.5}})  # no wide timing: not measured
+    assert measured_prefill_tiles(partial, table)["tile_n"] == table["tile_n"]
+    flip = {T: ({"small": 0.5, "large": 1.0} if i % 2 else {"small": 1.0, "large": 0.5})
+            for i, T in enumerate((256, 512, 1024, 2048, 4096, 8192))}
+    got = measured_prefill_tiles(_sized_rows("n", "grouped", flip), table)["grouped_n"]
+    assert got == [[0, "small"], [256, "large"], [512, "small"], [1024, "large"]] and len(got) == MAX_TILE_BUCKETS
 
 
 def test_roofline_counts_the_union_of_the_masks_by_hand():
@@ -208,24 +242,28 @@ def test_unmeasured_default_runs_k_pruned_prefill_dense_not_the_fp32_scatter_add
         assert choose("gated", 4096, 128, pol, 14336, 4096) == "grouped"
 
 
-def test_bench_times_both_tile_sizes_of_the_n_pruned_grouped_gemm_on_a_gpu_only():
-    """The rows measured_large_tile_min_m reads: on a GPU whose arch has the large tiles, from
-    LARGE_TILE_MIN_T tokens, for the N-pruned kinds (the K-pruned grouped GEMM has one tile size)."""
-    from wide_export.bench.kernels import LARGE_TILE_MIN_T, _algos_for
+def test_bench_times_every_size_class_of_each_family_on_a_gpu_only():
+    """The rows measured_prefill_tiles reads: on a GPU whose arch has the large tiles, from TILE_TUNE_MIN_T
+    tokens at TILE_TUNE_GROUP_SIZE, each prefill GEMM at each size its family has (configs.TILE_FAMILIES)."""
+    from wide_export.bench.kernels import TILE_TUNE_GROUP_SIZE, TILE_TUNE_MIN_T, _algos_for
 
-    T = LARGE_TILE_MIN_T
-    for kind in ("n", "gated"):
-        assert {"grouped@small", "grouped@large"} <= set(_algos_for(kind, T, 128, cuda=True, large_ok=True))
-        assert "grouped@large" not in _algos_for(kind, T - 1, 128, cuda=True, large_ok=True)
-        assert "grouped@large" not in _algos_for(kind, T, 128, cuda=False, large_ok=True)  # interpreter
-        assert "grouped@large" not in _algos_for(kind, T, 128, cuda=True, large_ok=False)  # e.g. sm_80
-    assert "grouped@large" not in _algos_for("k", T, 128, cuda=True, large_ok=True)
+    T, gs = TILE_TUNE_MIN_T, TILE_TUNE_GROUP_SIZE
+    want = {"n": {"grouped@small", "grouped@large", "tile@small", "tile@large", "tile@wide"},
+            "gated": {"grouped@small", "grouped@large", "tile@small", "tile@large"},
+            "k": {"tile@small", "tile@large", "tile@wide"}}
+    for kind, sized in want.items():
+        assert {a for a in _algos_for(kind, T, gs, cuda=True, sizes_ok=True) if "@" in a} == sized, kind
+        for args in ((T - 1, gs, True, True), (T, gs, False, True),  # under the T; the interpreter
+                     (T, gs, True, False), (T, 32, True, True)):     # e.g. sm_80; another group size
+            assert not any("@" in a for a in _algos_for(kind, *args[:3], sizes_ok=args[3])), (kind, args)
 
 
-@pytest.mark.parametrize("name, block_m", [("grouped@large", 128), ("grouped@small", 64), ("grouped", 64)])
-def test_bench_algo_suffix_forces_the_tile_size(name, block_m, monkeypatch):
-    """"<algo>@large" / "@small" reach the kernels as tiles=...; plain "grouped" follows the policy (20 rows:
-    under the interpreter's large_tile_min_m). Runs the kernel in the interpreter and checks its output."""
+@pytest.mark.parametrize("name, block_m, block_n", [("grouped@large", 128, 16), ("grouped@small", 64, 16),
+                                                    ("grouped", 64, 16), ("tile@wide", 128, 256),
+                                                    ("tile@large", 128, 128), ("tile", 64, 64)])
+def test_bench_algo_suffix_forces_the_tile_size(name, block_m, block_n, monkeypatch):
+    """"<algo>@<size>" reach the kernels as tiles=...; plain "grouped" / "tile" follow the policy (20 rows:
+    under the interpreter's large bucket). Runs the kernel in the interpreter and checks its output."""
     import torch
 
     from wide_export.bench.kernels import _call
@@ -234,7 +272,8 @@ def test_bench_algo_suffix_forces_the_tile_size(name, block_m, monkeypatch):
 
     seen = []
     real = launch._launch
-    monkeypatch.setattr(launch, "_launch", lambda k, g, *a, **kw: (seen.append(kw.get("BLOCK_M")), real(k, g, *a, **kw))[1])
+    monkeypatch.setattr(launch, "_launch", lambda k, g, *a, **kw: (seen.append((kw.get("BLOCK_M"), kw.get("BLOCK_N"))),
+                                                                  real(k, g, *a, **kw))[1])
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(20, 32, generator=gen).to(torch.bfloat16)
     w = (torch.randn(64, 32, generator=gen) / 6).to(torch.bfloat16)
@@ -242,13 +281,17 @@ def test_bench_algo_suffix_forces_the_tile_size(name, block_m, monkeypatch):
     got = _call("n", name, x, w, None, m, 16)
     want = ref.masked_gemm_n(x, w, m, 16)
     assert (got.float() - want.float()).abs().max().item() <= 2.5e-2 * max(1.0, want.float().abs().max().item())
-    assert block_m in seen and ({64, 128} - {block_m}).isdisjoint(seen)
+    gemms = [b for b in seen if b[1] is not None and b[0] in (64, 128)]  # not group_rows' launch
+    assert gemms == [(block_m, block_n)], seen
 
 
 # -- the policy's rules at their boundaries, and its refusals word for word (hand-written expectations)
 HAND = {"measured": False, "gemv_max_m": {"n": 2, "gated": 4, "k": 1}, "gemv_max_m_shapes": {"k:4096x14336": 8},
         "grouped_n_min_m": 100, "grouped_n_min_group_size": 64, "grouped_k_min_m": 200,
-        "grouped_k_min_group_size": 128, "large_tile_min_m": 300, "fallback": "tile"}
+        "grouped_k_min_group_size": 128, "fallback": "tile",
+        "prefill_tiles": {"tile_n": [[0, "small"], [300, "large"], [5000, "wide"]], "tile_gated": [[0, "small"]],
+                          "tile_k": [[0, "wide"], [64, "small"]], "grouped_n": [[0, "small"], [300, "large"]],
+                          "grouped_gated": [[0, "small"], [300, "large"]]}}
 
 
 @pytest.mark.parametrize("kind, M, gs, N, K, want", [
@@ -267,8 +310,37 @@ def test_choose_at_each_threshold(kind, M, gs, N, K, want):
     assert policy.choose(kind, M, gs, HAND, N, K) == want
 
 
-def test_large_tiles_from_the_threshold_itself():
-    assert policy.large_tile(300, HAND) and not policy.large_tile(299, HAND)
+@pytest.mark.parametrize("fam, M, want", [
+    ("tile_n", 0, "small"), ("tile_n", 299, "small"), ("tile_n", 300, "large"), ("tile_n", 4999, "large"),
+    ("tile_n", 5000, "wide"), ("tile_n", 1 << 30, "wide"), ("tile_gated", 1 << 30, "small"),
+    ("tile_k", 63, "wide"), ("tile_k", 64, "small"), ("grouped_n", 300, "large"),
+])
+def test_tile_size_is_the_last_bucket_from_its_min_m(fam, M, want):
+    assert policy.tile_size(fam, M, HAND) == want
+    assert policy.validate({"sm_90": HAND}) == []
+
+
+@pytest.mark.parametrize("fam, size, arch, dtype, aligned, want", [
+    ("tile_n", "wide", "sm_90", "bfloat16", True, "wide"),
+    ("tile_n", "wide", "sm_90", "bfloat16", False, "large"),  # wide has no unaligned cubin
+    ("tile_n", "wide", "sm_80", "float16", True, "small"),    # sm_80: neither wide nor large
+    ("tile_n", "wide", "sm_90", "float32", True, "small"),    # float32: the precise path, small only
+    ("tile_n", "large", "sm_90", "float16", False, "large"),
+    ("tile_k", "wide", "interpreter", "float16", False, "large"),
+    ("grouped_gated", "large", "sm_90", "bfloat16", False, "large"),
+    ("tile_gated", "small", "sm_90", "bfloat16", True, "small"),
+])
+def test_size_for_steps_down_to_what_the_call_can_run(fam, size, arch, dtype, aligned, want):
+    from wide_export.kernels import configs
+
+    assert configs.size_for(fam, size, arch, dtype, aligned) == want
+
+
+def test_size_for_refuses_a_size_the_family_lacks():
+    from wide_export.kernels import configs
+
+    with pytest.raises(ValueError, match="tile_gated has no 'wide' tiles"):
+        configs.size_for("tile_gated", "wide", "sm_90", "bfloat16", True)
 
 
 def test_policy_for_names_the_entry_it_took():

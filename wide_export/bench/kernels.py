@@ -255,7 +255,8 @@ def _dense_ms(kind: str, xs, weights, ups, cfg: Preset, cuda: bool) -> float:
 
 
 def _call(kind, algo, x, w, u, m, gs):
-    """`algo` as in wide_export.kernels, or "<algo>@small" / "<algo>@large" to force the prefill tile size."""
+    """`algo` as in wide_export.kernels, or "<algo>@<size>" (configs.SIZES: small, large, wide) to force the
+    prefill GEMM's size class."""
     from wide_export import kernels
 
     algo, _, tiles = algo.partition("@")
@@ -277,21 +278,27 @@ def _reference(kind, x, w, u, m, gs):
     return ref.masked_gemm_n(x, w, m, gs)
 
 
-LARGE_TILE_MIN_T = 256  # from this T a GPU run times the N-pruned grouped GEMM at both tile sizes
+TILE_TUNE_MIN_T = 256  # from this T a GPU run times the prefill GEMMs at every size class (measured_prefill_tiles)
+TILE_TUNE_GROUP_SIZE = 128  # ... at this group size only (the bucket table is per family, not per group size)
 
 
-def _algos_for(kind: str, T: int, gs: int, cuda: bool, large_ok: bool = False) -> list[str]:
-    from wide_export.kernels.configs import grouped_block_n
+def _algos_for(kind: str, T: int, gs: int, cuda: bool, sizes_ok: bool = False) -> list[str]:
+    """The algorithms a case times; `sizes_ok`: the device has the large / wide tiles (configs.large_tiles),
+    so from TILE_TUNE_MIN_T tokens each prefill GEMM is also timed at each of its family's size classes."""
+    from wide_export.kernels.configs import TILE_FAMILIES, family, grouped_block_n
 
+    tune = cuda and sizes_ok and T >= TILE_TUNE_MIN_T and gs == TILE_TUNE_GROUP_SIZE
     out = []
     if T <= 64:
         out.append("gemv")
     if T >= 16 and (kind == "k" or grouped_block_n(gs)):
         out.append("grouped")
-        if cuda and large_ok and kind != "k" and T >= LARGE_TILE_MIN_T:  # measured_policy's large_tile_min_m
-            out += ["grouped@small", "grouped@large"]
+        if tune and kind != "k":  # the K-pruned grouped GEMM has one tile size
+            out += [f"grouped@{z}" for z in TILE_FAMILIES[family("grouped", kind == "gated")]]
     if T >= 16:
         out.append("tile")
+        if tune:
+            out += [f"tile@{z}" for z in TILE_FAMILIES[family("tile", kind == "gated", kind == "k")]]
     if cuda:
         out.append("dense")
     return out
@@ -392,24 +399,39 @@ def measured_policy(report: Report) -> dict:
     entry = {"measured": True, "device": report.device, "dtype": report.dtype, "gemv_max_m": per_kind,
              "grouped_n_min_m": n_t, "grouped_n_min_group_size": n_gs, "grouped_k_min_m": k_t,
              "grouped_k_min_group_size": k_gs,
-             "large_tile_min_m": measured_large_tile_min_m(rows, policy_for(report.arch)["large_tile_min_m"]),
+             "prefill_tiles": measured_prefill_tiles(rows, policy_for(report.arch)["prefill_tiles"]),
              "fallback": measured_fallback(rows, entry_gemv=per_kind, rules=rules)}
     if rules:
         entry["gemv_max_m_shapes"] = rules
     return {report.arch: entry}
 
 
-def measured_large_tile_min_m(rows: list[Row], unmeasured: int) -> int:
-    """The smallest T from which the 128-row tiles ("grouped@large") beat the 64-row ones ("grouped@small")
-    on every row timed with both at T' >= T; 2^31 - 1 (never) when they lose at the largest T; `unmeasured`
-    (the table's value) when no row timed both."""
-    both = [r for r in rows if "grouped@small" in r.algo_ms and "grouped@large" in r.algo_ms]
-    best = (1 << 31) - 1
-    for T in sorted({r.tokens for r in both}, reverse=True):  # down from the largest T: the rows above passed
-        if not all(r.algo_ms["grouped@large"] < r.algo_ms["grouped@small"] for r in both if r.tokens == T):
-            break
-        best = T
-    return best if both else unmeasured
+def measured_prefill_tiles(rows: list[Row], unmeasured: dict) -> dict:
+    """prefill_tiles for policy.json: per GEMM family, at each T timed with every one of the family's size
+    classes ("<algo>@<size>"), the size whose summed time over that T's rows is least; the buckets start
+    with [0, "small"] (below the smallest timed T nothing was measured: the small tiles, the most CTAs)
+    and change where the winner does, at most policy.MAX_TILE_BUCKETS of them (later changes are dropped:
+    the last bucket then holds). A family no row timed keeps `unmeasured` (the table's buckets)."""
+    from wide_export.kernels.configs import TILE_FAMILIES
+    from wide_export.kernels.policy import MAX_TILE_BUCKETS
+
+    kinds = {"tile_n": ("n", "tile"), "tile_gated": ("gated", "tile"), "tile_k": ("k", "tile"),
+             "grouped_n": ("n", "grouped"), "grouped_gated": ("gated", "grouped")}
+    out = {}
+    for fam, sizes in TILE_FAMILIES.items():
+        kind, algo = kinds[fam]
+        timed = [r for r in rows if r.kernel == kind and all(f"{algo}@{z}" in r.algo_ms for z in sizes)]
+        if not timed:
+            out[fam] = [list(b) for b in unmeasured[fam]]
+            continue
+        buckets = [[0, "small"]]
+        for T in sorted({r.tokens for r in timed}):
+            at = [r for r in timed if r.tokens == T]
+            best = min(sizes, key=lambda z: sum(r.algo_ms[f"{algo}@{z}"] for r in at))
+            if best != buckets[-1][1] and len(buckets) < MAX_TILE_BUCKETS:
+                buckets.append([T, best])
+        out[fam] = buckets
+    return out
 
 
 def measured_fallback(rows: list[Row], entry_gemv: dict, rules: dict) -> str:

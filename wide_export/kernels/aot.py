@@ -12,13 +12,16 @@ architecture, no GPU needed, and writes into DIR:
   ``a16``, 1 for ``any``), mask of the hinted parameters), included by
   ``plugins/kernels/src/wide_kernels.cpp``, which embeds the blob with
   ``.incbin`` and launches through the CUDA driver API;
-- ``wide_aot_policy.inc``: the ``policy.json`` thresholds as C++ constants.
+- ``wide_aot_policy.inc``: the ``policy.json`` thresholds and prefill_tiles
+  buckets as C++ constants.
 
 Variants: Triton's JIT specializes every pointer argument whose address and
 every integer argument whose value is a multiple of 16 (``tt.divisibility``;
 ``BaseBackend.get_{int,tensor}_specialization``), and integers equal to 1
-become constants (not done here: one cubin serves every M, up to the one switch
-to the 128-row ``/large`` tiles, built for ``configs.LARGE_ARCHS`` only). Those
+become constants (not done here: one cubin serves every M of its size class;
+the ``/large`` (128-row) and ``/wide`` (128 x 256) classes of the prefill GEMMs
+are built for ``configs.LARGE_ARCHS`` only, and the runtime picks the class from
+the policy's ``prefill_tiles`` buckets). Those
 hints are what let it prove 16-byte vector loads and ``cp.async`` / TMA pipelines. So each specialization is compiled twice where
 its loads depend on integers: ``a16``, hinted like the JIT's call on aligned
 tensors (every pointer, and the model dimensions and strides of
@@ -113,17 +116,25 @@ def _ptrs(dt: str, *names: str, **special: str) -> tuple:
     return tuple((n, special.get(n, f"*{dt}")) for n in names)
 
 
-def _gemm(key: str, kernel: str, ptrs: tuple, flags: tuple, tile_of, large: bool = False) -> list[Spec]:
-    """Both variants of a GEMM, each with its tile (tile_of(aligned, large) -> configs.Tile; same BLOCK_M / N);
-    `large`: also both variants of key + "/large" (the 128-row tiles, for configs.LARGE_ARCHS only)."""
+def _gemm(key: str, kernel: str, ptrs: tuple, flags: tuple, tile_of, sizes: tuple = ("small",)) -> list[Spec]:
+    """Both variants of a GEMM per size class (tile_of(aligned, size) -> configs.Tile; same BLOCK_M / N): the
+    key itself for "small", key + "/large" / "/wide" for the others (configs.LARGE_ARCHS only; "wide": a16
+    only, configs.ALIGNED_ONLY_SIZES)."""
     out = []
-    for big in (False, True) if large else (False,):
+    for size in sizes:
         for variant in VARIANTS:
-            t = tile_of(variant == "a16", big)
-            out.append(Spec(key + ("/large" if big else ""), kernel, ptrs,
+            if variant == "any" and size in cfg.ALIGNED_ONLY_SIZES:
+                continue
+            t = tile_of(variant == "a16", size)
+            out.append(Spec(key + ("" if size == "small" else f"/{size}"), kernel, ptrs,
                             flags + (("BLOCK_M", t.block_m), ("BLOCK_N", t.block_n), ("BLOCK_K", t.block_k)),
-                            t.num_warps, t.num_stages, variant, cfg.LARGE_ARCHS if big else ()))
+                            t.num_warps, t.num_stages, variant, () if size == "small" else cfg.LARGE_ARCHS))
     return out
+
+
+def _sizes(fam: str, dtype: str) -> tuple:
+    """The size classes compiled for a family in `dtype` (float32: "small" only)."""
+    return ("small",) if dtype == "float32" else cfg.TILE_FAMILIES[fam]
 
 
 def specs() -> list[Spec]:
@@ -161,15 +172,17 @@ def specs() -> list[Spec]:
                                cfg.GEMV_WARPS))
             out += _gemm(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
                          flags + (("PRECISE", precise), ("GROUP_M", cfg.TILE_GROUP_M)),
-                         lambda aligned, big, g=gated: cfg.tile_tile(dtype, gated=g, aligned=aligned, large=big),
-                         large=not precise)
+                         lambda aligned, size, g=gated: cfg.tile_tile(dtype, gated=g, aligned=aligned, size=size),
+                         _sizes(cfg.family("tile", gated), dtype))
             if not precise:
                 for bn in cfg.GROUPED_BLOCK_NS:
+                    # gated bn128 has no "/large" (its large tile is bn64's): never launched
+                    sizes = ("small",) if gated and bn > cfg.LARGE_GATED_BLOCK_N else _sizes(
+                        cfg.family("grouped", gated), dtype)
                     out += _gemm(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
                                  flags + (("PRECISE", False),),
-                                 lambda aligned, big, b=bn, g=gated: cfg.grouped_n_tile(b, gated=g, aligned=aligned,
-                                                                                        large=big),
-                                 large=not (gated and bn > cfg.LARGE_GATED_BLOCK_N))  # never launched
+                                 lambda aligned, size, b=bn, g=gated: cfg.grouped_n_tile(b, gated=g, aligned=aligned,
+                                                                                         size=size), sizes)
         # the N-pruned split GEMV's reduction: gated (silu(gate) * up); its bias is in split 0's partial
         out += _twins(Spec(f"splitk_reduce/{dtype}/gated", "wide_splitk_reduce_kernel",
                            (("part_ptr", "*fp32"), ("b_ptr", f"*{dt}"), ("y_ptr", f"*{dt}")),
@@ -186,7 +199,8 @@ def specs() -> list[Spec]:
                                (("HAS_BIAS", has_bias), ("GATED", False), ("BLOCK", cfg.SPLITK_REDUCE_BLOCK)), 4))
             out += _gemm(f"tile_k/{dtype}{suffix}", "wide_tile_gemm_k_kernel", gemm_k_ptrs,
                          (("HAS_BIAS", has_bias), ("PRECISE", precise), ("GROUP_M", cfg.TILE_GROUP_M)),
-                         lambda aligned, big: cfg.tile_tile(dtype, aligned=aligned, large=big), large=not precise)
+                         lambda aligned, size: cfg.tile_tile(dtype, aligned=aligned, size=size),
+                         _sizes("tile_k", dtype))
             if not precise:
                 out += _twins(Spec(f"cast/{dtype}{suffix}", "wide_cast_kernel",
                                    (("src_ptr", "*fp32"), ("dst_ptr", f"*{dt}"), ("b_ptr", f"*{dt}")),
@@ -200,12 +214,12 @@ def specs() -> list[Spec]:
             out += _gemm(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
                          _ptrs(dt, "x_ptr", "w_ptr", "rows_ptr", "counts_ptr", "acc_ptr", rows_ptr="*i32",
                                counts_ptr="*i32", acc_ptr="*fp32"),
-                         (("PRECISE", False),), lambda aligned, big: cfg.grouped_k_tile(aligned=aligned))
+                         (("PRECISE", False),), lambda aligned, size: cfg.grouped_k_tile(aligned=aligned))
     return out
 
 
 def arch_specs(arch: int) -> list[Spec]:
-    """The specializations built for sm_<arch> (the large tiles only for configs.LARGE_ARCHS)."""
+    """The specializations built for sm_<arch> (the large / wide tiles only for configs.LARGE_ARCHS)."""
     return [s for s in specs() if s.for_arch(arch)]
 
 
@@ -278,9 +292,15 @@ def _policy_inc() -> str:
             kind, nk = key.split(":")
             n, k = nk.split("x")
             shapes.append(f"{{'{'g' if kind == 'gated' else kind}', {n}, {k}, {v}}}")
+        # prefill_tiles: per family (configs.TILE_FAMILIES' order) {bucket count, {min_m...}, {size index...}}
+        tiles = []
+        for fam in cfg.TILE_FAMILIES:
+            buckets = p["prefill_tiles"][fam]
+            tiles.append(f"{{{len(buckets)}, {{{', '.join(str(m) for m, _ in buckets)}}}, "
+                         f"{{{', '.join(str(cfg.SIZES.index(z)) for _, z in buckets)}}}}}")
         lines.append(f"{{{num}, {g['n']}, {g['gated']}, {g['k']}, {p['grouped_n_min_m']}, "
                      f"{p['grouped_n_min_group_size']}, {p['grouped_k_min_m']}, {p['grouped_k_min_group_size']}, "
-                     f"{1 if p.get('fallback', 'dense') == 'dense' else 0}, {p['large_tile_min_m']}, "
+                     f"{1 if p.get('fallback', 'dense') == 'dense' else 0}, {{{', '.join(tiles)}}}, "
                      f"{{{', '.join(shapes)}}}}},")
     return "\n".join(lines) + "\n"
 

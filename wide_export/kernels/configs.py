@@ -2,14 +2,17 @@
 (``wide_export.kernels.launch``) and the ahead-of-time build for the plugins
 (``wide_export.kernels.aot``, mirrored in ``plugins/kernels/src/wide_kernels.cpp``).
 
-They depend on the dtype, the group size and the alignment, and on M only
-through one switch: from the policy's ``large_tile_min_m`` rows on (sm_90),
-the prefill GEMMs take 128-row tiles (LARGE_*), a second cubin per key that the
-C runtime picks by the same rule, so every shape a TensorRT profile allows is
-served. None of these was tuned on a GPU yet (see README,
-"Kernels"); what they were chosen for is checked without one:
-``python -m wide_export.kernels.report`` (no cubin spills, GEMM main loops
-pipelined, wgmma on sm_90; tests/kernels/test_cubin_report.py).
+They depend on the dtype, the group size and the alignment, and on M through
+the size classes of the prefill GEMMs (SIZES: "small" 64-row tiles, "large"
+128-row, "wide" 128 x 256). Which class serves which M is data: the policy's
+``prefill_tiles`` buckets per GEMM family (TILE_FAMILIES), measured by
+``bench kernels`` and recorded with ``--record``, as vLLM keeps its fused-MoE
+configs per M. Every class is a cubin per key that the C runtime picks by the
+same buckets, so every shape a TensorRT profile allows is served. None of the
+tiles was tuned on a GPU yet (see README, "Kernels"); what they were chosen for
+is checked without one: ``python -m wide_export.kernels.report`` (no cubin
+spills, GEMM main loops pipelined, wgmma on sm_90;
+tests/kernels/test_cubin_report.py).
 
 Alignment: with pointers and dimensions multiples of 16 (the ``a16`` cubins,
 what Triton's JIT specializes for such calls) the loads are 16-byte vectors
@@ -17,7 +20,10 @@ and cp.async pipelines them. Otherwise (``any``) every fp16 element is its own
 load whose 64-bit address ptxas keeps in registers: a 64-deep K step then
 spills (tile_k: 304 B, gated grouped bn64: 632 B on sm_90), a 16-deep one does
 not. Only BLOCK_K and the warps change with the alignment, never BLOCK_M /
-BLOCK_N, so the launch grid is the same for both.
+BLOCK_N, so the launch grid is the same for both. The one exception is "wide":
+its ``any`` twin spilled (208-224 B on sm_90), so it has no ``any`` cubin and an
+unaligned call steps down to "large" (``size_for``), in the JIT path and the C
+runtime alike.
 """
 
 from __future__ import annotations
@@ -72,17 +78,31 @@ ALIGN = 16  # the divisibility Triton's JIT specializes on (and the C runtime ch
 
 GROUPED_BLOCK_M = 64
 
-# Prefill from policy["large_tile_min_m"] rows on: 128-row tiles (the tile kernels 128 x 128, grouped_n 128 x
-# its group's BLOCK_N; gated: at most 64 wide), 8 warps (two warpgroups of wgmma), 4 stages. sm_90 only: 4
+# "large", where the policy's prefill_tiles buckets say so: 128-row tiles (the tile kernels 128 x 128, grouped_n
+# 128 x its group's BLOCK_N; gated: at most 64 wide), 8 warps (two warpgroups of wgmma), 4 stages. sm_90 only: 4
 # stages of 32 KB are 128 KB, under Hopper's 227 KB but over the 99 KB of sm_86 / sm_89, which run the sm_80
 # cubins. fp16 / bf16 only (float32 is the precise path, not the fast one). Not tuned on a GPU (none lent):
-# `bench kernels` times both sizes and measures policy["large_tile_min_m"].
+# `bench kernels` times every size class and measures policy["prefill_tiles"].
 LARGE_BLOCK_M = 128
 LARGE_TILE_BLOCK_N = 128
 LARGE_GATED_BLOCK_N = 64  # gated (two accumulators): 128 x 128 spilled on sm_90 at 255 registers (8-104 B)
 LARGE_WARPS = 8
 LARGE_STAGES = 4  # 128 x 128 x 64 fp16: 32 KB a stage (gated 128 x 64: 32 KB), 128 KB in all
-LARGE_ARCHS = (90,)  # compute capability majors * 10 whose cubins / JIT calls may take the large tiles
+LARGE_ARCHS = (90,)  # compute capability majors * 10 whose cubins / JIT calls may take the large / wide tiles
+# "wide": 128 x 256 x 64, 8 warps, 3 stages (48 KB a stage, 144 KB; the tile of Triton's Hopper matmul tutorial for
+# large fp16 GEMMs), tile_n (plain, bias) and tile_k only, a16 only: 210-222 registers, no spill on sm_90; its
+# unaligned twin spilled 208 B (plain) / 224 B (bias), the gated one (two 128 x 256 accumulators) cannot fit.
+WIDE_BLOCK_M = 128
+WIDE_BLOCK_N = 256
+WIDE_WARPS = 8
+WIDE_STAGES = 3
+
+SIZES = ("small", "large", "wide")  # the prefill GEMMs' size classes, in order (the C runtime's class index)
+# The GEMM families of the policy's prefill_tiles buckets and the size classes each has cubins for.
+TILE_FAMILIES = {"tile_n": ("small", "large", "wide"), "tile_gated": ("small", "large"),
+                 "tile_k": ("small", "large", "wide"), "grouped_n": ("small", "large"),
+                 "grouped_gated": ("small", "large")}
+ALIGNED_ONLY_SIZES = ("wide",)  # size classes without an `any` cubin: unaligned calls step down
 GROUPED_BLOCK_NS = (128, 64, 32, 16)  # the widest that divides group_size is used
 GROUPED_BLOCK_K = 64
 GROUPED_K_BLOCK_N = 128
@@ -119,11 +139,34 @@ def in_families(arch: int, families: tuple) -> bool:
 
 
 def large_tiles(arch: str, dtype: str) -> bool:
-    """Whether calls on `arch` ('sm_90', 'interpreter', ...) in `dtype` may take the large tiles (the
+    """Whether calls on `arch` ('sm_90', 'interpreter', ...) in `dtype` may take the large / wide tiles (the
     interpreter may: that is how CPU tests run them)."""
     if dtype == "float32":
         return False
     return arch == "interpreter" or (arch.startswith("sm_") and in_families(int(arch[3:]), LARGE_ARCHS))
+
+
+def family(algo: str, gated: bool, kind_k: bool = False) -> str:
+    """The prefill_tiles family of a tile / grouped GEMM (TILE_FAMILIES)."""
+    if algo == "grouped":
+        if kind_k:
+            raise ValueError("the grouped K-pruned GEMM has one tile size")
+        return "grouped_gated" if gated else "grouped_n"
+    return "tile_k" if kind_k else ("tile_gated" if gated else "tile_n")
+
+
+def size_for(fam: str, size: str, arch: str, dtype: str, aligned: bool) -> str:
+    """The size class a call of family `fam` takes when `size` is asked for: `size` itself where this
+    architecture and dtype have it (configs.large_tiles) and the call's alignment allows it
+    (ALIGNED_ONLY_SIZES), else the next smaller class the family has; "small" always exists. The C
+    runtime steps down the same way (wide_kernels.cpp: sized)."""
+    sizes = TILE_FAMILIES[fam]
+    if size not in sizes:
+        raise ValueError(f"{fam} has no {size!r} tiles (it has {list(sizes)})")
+    for s in reversed(sizes[:sizes.index(size) + 1]):
+        if s == "small" or (large_tiles(arch, dtype) and (aligned or s not in ALIGNED_ONLY_SIZES)):
+            return s
+    return "small"
 
 
 def is_aligned(*values: int) -> bool:
@@ -136,13 +179,15 @@ def _unaligned(t: Tile, gated: bool) -> Tile:
                 t.num_stages)
 
 
-def grouped_n_tile(group_size: int, gated: bool = False, aligned: bool = True, large: bool = False) -> Tile:
+def grouped_n_tile(group_size: int, gated: bool = False, aligned: bool = True, size: str = "small") -> Tile:
     bn = grouped_block_n(group_size)
-    if large:
+    if size == "large":
         t = Tile(LARGE_BLOCK_M, min(bn, LARGE_GATED_BLOCK_N) if gated else bn, GROUPED_BLOCK_K, LARGE_WARPS,
                  LARGE_STAGES)
-    else:
+    elif size == "small":
         t = Tile(GROUPED_BLOCK_M, bn, GROUPED_BLOCK_K, 8 if bn == 128 else 4)
+    else:
+        raise ValueError(f"the grouped GEMMs have no {size!r} tiles")
     return t if aligned else _unaligned(t, gated)
 
 
@@ -151,12 +196,18 @@ def grouped_k_tile(aligned: bool = True) -> Tile:
     return t if aligned else _unaligned(t, False)
 
 
-def tile_tile(dtype: str = "float16", gated: bool = False, aligned: bool = True, large: bool = False) -> Tile:
-    """The tile kernels' tile (tile_n, tile_k) for `dtype` ("float16" / "bfloat16" / "float32"); `large`: the
-    128 x 128 one of large prefills (fp16 / bf16 only, see LARGE_ARCHS)."""
-    if large:
-        if dtype == "float32":
-            raise ValueError("float32 has no large tile")
+def tile_tile(dtype: str = "float16", gated: bool = False, aligned: bool = True, size: str = "small") -> Tile:
+    """The tile kernels' tile (tile_n, tile_k) for `dtype` ("float16" / "bfloat16" / "float32") in size class
+    `size` (SIZES; "large" and "wide": fp16 / bf16 only, see LARGE_ARCHS; "wide": aligned, not gated)."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
+    if size != "small" and dtype == "float32":
+        raise ValueError(f"float32 has no {size} tile")
+    if size == "wide":
+        if gated or not aligned:
+            raise ValueError("the wide tile is for aligned, ungated calls only (configs.size_for steps down)")
+        return Tile(WIDE_BLOCK_M, WIDE_BLOCK_N, TILE_BLOCK_K, WIDE_WARPS, WIDE_STAGES)
+    if size == "large":
         t = Tile(LARGE_BLOCK_M, LARGE_GATED_BLOCK_N if gated else LARGE_TILE_BLOCK_N, TILE_BLOCK_K, LARGE_WARPS,
                  LARGE_STAGES)
         return t if aligned else _unaligned(t, gated)

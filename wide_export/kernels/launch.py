@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional
 
 from wide_export.errors import WideError
 from wide_export.kernels import configs as cfg
-from wide_export.kernels.policy import ALGOS, choose, large_tile, policy_for
+from wide_export.kernels.policy import ALGOS, choose, policy_for, tile_size
 
 if TYPE_CHECKING:
     import torch
@@ -187,21 +187,26 @@ def _pick(kind: str, algo: str, M: int, group_size: int, device, N: int, K: int)
     return algo
 
 
-TILES = ("auto", "small", "large")
+TILES = ("auto", *cfg.SIZES)
 
 
-def _large(tiles: str, M: int, x) -> bool:
-    """Whether this prefill takes the 128-row tiles: `tiles` "auto" follows the policy's large_tile_min_m
-    where configs.large_tiles allows them (the C runtime's rule), "small" / "large" force one (benchmarks)."""
+def _size(tiles: str, fam: str, M: int, x, aligned: bool) -> str:
+    """The size class (configs.SIZES) of this prefill GEMM: `tiles` "auto" takes the policy's prefill_tiles
+    bucket for M, a size forces one (benchmarks); either is stepped down by configs.size_for where the
+    architecture, dtype or alignment lacks it (the C runtime's rule; a forced size only for the alignment
+    and the dtype: the interpreter and benchmarks may run the large tiles on any GPU)."""
+    dtype = str(x.dtype)[6:]
+    if tiles == "auto":
+        arch = arch_of(x.device)
+        return cfg.size_for(fam, tile_size(fam, M, policy_for(arch)), arch, dtype, aligned)
+    if tiles != "small" and dtype == "float32":
+        raise ValueError(f"float32 has no {tiles} tile (it is the precise path); use tiles='auto'")
+    return cfg.size_for(fam, tiles, "interpreter", dtype, aligned)
+
+
+def _check_tiles(tiles: str) -> None:
     if tiles not in TILES:
         raise ValueError(f"tiles must be one of {list(TILES)}, got {tiles!r}")
-    dtype = str(x.dtype)[6:]
-    if tiles == "large" and dtype == "float32":
-        raise ValueError("float32 has no large tile (it is the precise path); use tiles='auto'")
-    if tiles != "auto":
-        return tiles == "large"
-    arch = arch_of(x.device)
-    return cfg.large_tiles(arch, dtype) and large_tile(M, policy_for(arch))
 
 
 def _precise(dtype) -> bool:
@@ -373,7 +378,7 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str, tiles: 
     M = x2.shape[0]
     _check_device(x2, w, w2, bias, m2)
     how = _pick(kind, algo, M, group_size, x.device, N, K)
-    large = _large(tiles, M, x)
+    _check_tiles(tiles)
     gated = w2 is not None
     if how == "dense":
         y = _dense_n(x2, w, w2, bias, m2, group_size)
@@ -397,15 +402,16 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str, tiles: 
                     M * N, N, plan.splits, num_warps=4, HAS_BIAS=False, GATED=gated, BLOCK=cfg.SPLITK_REDUCE_BLOCK)
     elif how == "grouped":
         rows, counts = group_rows(m2)
-        t = cfg.grouped_n_tile(group_size, gated, _aligned(x2, w, w2, bias, y, ints=(N, K, group_size)), large)
+        aligned = _aligned(x2, w, w2, bias, y, ints=(N, K, group_size))
+        t = cfg.grouped_n_tile(group_size, gated, aligned, _size(tiles, cfg.family("grouped", gated), M, x, aligned))
         grid = (triton_cdiv(M, t.block_m), N // t.block_n)
         _launch(ks.wide_grouped_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
                 bias if bias is not None else dummy, rows, counts, y, M, N, K, group_size, K,
                 num_warps=t.num_warps, num_stages=t.num_stages, **common, PRECISE=_precise(x.dtype),
                 BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
     else:  # tile
-        t = cfg.tile_tile(str(x.dtype)[6:], gated, _aligned(x2, w, w2, bias, m2, y, ints=(N, K, group_size)),
-                          large)
+        aligned = _aligned(x2, w, w2, bias, m2, y, ints=(N, K, group_size))
+        t = cfg.tile_tile(str(x.dtype)[6:], gated, aligned, _size(tiles, cfg.family("tile", gated), M, x, aligned))
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
         _launch(ks.wide_tile_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
                 bias if bias is not None else dummy, m2, y, M, N, K, G, group_size, K,
@@ -427,7 +433,7 @@ def _dense_n(x2, w, w2, bias, m2, group_size):
 
 def masked_gemm_n(x, w, mask, group_size: int, bias=None, *, algo: str = "auto", tiles: str = "auto"):
     """WideMaskedGemmN: (x W^T + b) * mask per output group; [..., K] -> [..., N]. `tiles`: the prefill
-    GEMMs' tile size, "auto" (the policy's large_tile_min_m), "small" or "large"."""
+    GEMMs' size class, "auto" (the policy's prefill_tiles buckets), "small", "large" or "wide"."""
     return _gemm_n("n", x, w, None, mask, group_size, bias, algo, tiles)
 
 
@@ -461,7 +467,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto",
     M = x2.shape[0]
     _check_device(x2, w, bias, m2)
     how = _pick("k", algo, M, group_size, x.device, N, K)
-    large = _large(tiles, M, x)
+    _check_tiles(tiles)
     if how == "dense":
         keep = m2.bool().repeat_interleave(group_size, dim=1)
         return torch.nn.functional.linear(x2.masked_fill(~keep, 0), w, bias).reshape(*lead, N)
@@ -492,8 +498,9 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto",
         _launch(ks.wide_cast_kernel, (triton_cdiv(M * N, cfg.CAST_BLOCK),), acc, y, b, M * N, N, num_warps=4,
                 HAS_BIAS=has_bias, BLOCK=cfg.CAST_BLOCK)
     else:  # tile
-        t = cfg.tile_tile(str(x.dtype)[6:], aligned=_aligned(x2, w, bias, m2, y, ints=(N, K, group_size)),
-                          large=large)
+        aligned = _aligned(x2, w, bias, m2, y, ints=(N, K, group_size))
+        t = cfg.tile_tile(str(x.dtype)[6:], aligned=aligned,
+                          size=_size(tiles, cfg.family("tile", False, kind_k=True), M, x, aligned))
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
         _launch(ks.wide_tile_gemm_k_kernel, grid, x2, w, b, m2, y, M, N, K, G, group_size, K,
                 num_warps=t.num_warps, num_stages=t.num_stages, HAS_BIAS=has_bias, PRECISE=_precise(x.dtype),

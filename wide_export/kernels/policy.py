@@ -10,8 +10,14 @@ Thresholds come from `wide-export bench kernels` on each architecture (``--recor
 merges a measured ``policy-<arch>.json`` here, checked by ``validate``); until a
 GPU run records them, the "default" entry's starting values are used.
 
-``large_tile_min_m``: from this many rows the prefill GEMMs (grouped_n, tile) take
-128-row tiles on the architectures that have them (configs.LARGE_ARCHS).
+``prefill_tiles``: the prefill GEMMs' tile size per M bucket, per GEMM family
+(configs.TILE_FAMILIES: tile_n, tile_gated, tile_k, grouped_n, grouped_gated),
+as ``[[min_m, size], ...]`` (ascending, the first from 0; size one of the
+family's configs.SIZES): a call of M rows takes the last bucket with
+min_m <= M, where the architecture has that size (configs.size_for steps down
+otherwise). The model is vLLM's fused-MoE config files (a tile config per
+batch size, per device); here the sizes are a fixed set of compiled classes,
+so the TensorRT plugins' cubins serve any bucket table.
 
 ``gemv_max_m`` is per kernel kind (``n``, ``gated``, ``k``): a down projection
 that loses at T = 2 no longer turns the gated GEMV off. ``gemv_max_m_shapes``
@@ -25,15 +31,15 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from wide_export.kernels.configs import grouped_block_n
+from wide_export.kernels.configs import TILE_FAMILIES, grouped_block_n
 
 POLICY_FILE = Path(__file__).with_name("policy.json")
 KINDS = ("n", "gated", "k")
 ALGOS = ("auto", "dense", "gemv", "grouped", "tile")
 FALLBACKS = ("dense", "tile")
-INT_KEYS = ("grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m", "grouped_k_min_group_size",
-            "large_tile_min_m")
+INT_KEYS = ("grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m", "grouped_k_min_group_size")
 MAX_SHAPE_RULES = 8  # what the C runtime's table holds per architecture (plugins/kernels/src/wide_kernels.cpp)
+MAX_TILE_BUCKETS = 4  # prefill_tiles buckets per family the C runtime's table holds
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,9 +80,31 @@ def choose(kind: str, M: int, group_size: int, policy: dict[str, Any], N: Option
     return policy["fallback"]
 
 
-def large_tile(M: int, policy: dict[str, Any]) -> bool:
-    """Whether a prefill of M rows takes the 128-row tiles (configs.LARGE_*; where configs.large_tiles allows)."""
-    return M >= policy["large_tile_min_m"]
+def tile_size(fam: str, M: int, policy: dict[str, Any]) -> str:
+    """The size class the policy's prefill_tiles bucket gives a `fam` GEMM of M rows (before configs.size_for
+    steps it down to what the architecture, dtype and alignment have)."""
+    size = "small"
+    for min_m, s in policy["prefill_tiles"][fam]:
+        if M >= min_m:
+            size = s
+    return size
+
+
+def _tile_errors(arch: str, tiles: Any) -> list[str]:
+    if not isinstance(tiles, dict) or set(tiles) != set(TILE_FAMILIES):
+        return [f"{arch}: 'prefill_tiles' must map each of {list(TILE_FAMILIES)} to its buckets"]
+    errs = []
+    for fam, buckets in tiles.items():
+        sizes = TILE_FAMILIES[fam]
+        shape = (f"{arch}: prefill_tiles[{fam!r}] must be 1 to {MAX_TILE_BUCKETS} [min_m, size] buckets, "
+                 f"min_m ascending from 0, size one of {list(sizes)}")
+        if (not isinstance(buckets, list) or not 1 <= len(buckets) <= MAX_TILE_BUCKETS
+                or not all(isinstance(b, list) and len(b) == 2 and _is_count(b[0]) and b[1] in sizes
+                           for b in buckets)):
+            errs.append(f"{shape}, got {buckets!r}")
+        elif buckets[0][0] != 0 or any(a[0] >= b[0] for a, b in zip(buckets, buckets[1:])):
+            errs.append(f"{shape}, got {buckets!r}")
+    return errs
 
 
 def _is_count(v) -> bool:
@@ -96,6 +124,7 @@ def validate_entry(arch: str, entry: Any) -> list[str]:
     for k in INT_KEYS:
         if not _is_count(entry.get(k)):
             errs.append(f"{arch}: {k!r} must be an int >= 0, got {entry.get(k)!r}")
+    errs += _tile_errors(arch, entry.get("prefill_tiles"))
     if entry.get("fallback") not in FALLBACKS:
         errs.append(f"{arch}: 'fallback' must be one of {list(FALLBACKS)}, got {entry.get('fallback')!r}")
     shapes = entry.get("gemv_max_m_shapes", {})
@@ -107,8 +136,12 @@ def validate_entry(arch: str, entry: Any) -> list[str]:
             n, _, k = nk.partition("x")
             if kind not in KINDS or not (n.isdigit() and k.isdigit()) or not _is_count(v):
                 errs.append(f"{arch}: gemv_max_m_shapes[{key!r}] must be '<kind>:<N>x<K>' -> int >= 0")
-    known = {"measured", "gemv_max_m", "gemv_max_m_shapes", "fallback", "device", "dtype", *INT_KEYS}
-    extra = sorted(set(entry) - known)
+    known = {"measured", "gemv_max_m", "gemv_max_m_shapes", "prefill_tiles", "fallback", "device", "dtype",
+             *INT_KEYS}
+    if "large_tile_min_m" in entry:  # the one switch before the buckets (no measured record ever held it)
+        errs.append(f"{arch}: 'large_tile_min_m' is now 'prefill_tiles': per family, [[0, \"small\"], "
+                    f"[<that M>, \"large\"]]")
+    extra = sorted(set(entry) - known - {"large_tile_min_m"})
     if extra:
         errs.append(f"{arch}: unknown keys {extra}")
     return errs

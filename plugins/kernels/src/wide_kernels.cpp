@@ -68,13 +68,30 @@ struct ShapeRule
     char kind;
     int64_t N, K, gemvMaxM;
 };
+//! One GEMM family's prefill_tiles buckets (policy.json): from minM[i] rows, size class cls[i] (configs.SIZES).
+constexpr int kMaxTileBuckets = 4; // policy.MAX_TILE_BUCKETS
+struct TileBuckets
+{
+    int n;
+    int64_t minM[kMaxTileBuckets];
+    int cls[kMaxTileBuckets];
+};
+//! The families of prefill_tiles, in configs.TILE_FAMILIES' order.
+enum Family
+{
+    kFamTileN = 0,
+    kFamTileGated = 1,
+    kFamTileK = 2,
+    kFamGroupedN = 3,
+    kFamGroupedGated = 4,
+};
 struct Policy
 {
     int arch; // 0 = default
     int64_t gemvMaxMN, gemvMaxMGated, gemvMaxMK; // gemv_max_m per kernel kind
     int64_t groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
     int fallbackDense; // 1: "fallback": "dense" (cuBLASLt when this build has it, else tile); 0: "tile"
-    int64_t largeTileMinM; // from this M the prefill GEMMs take the "/large" cubins, where the arch has them
+    TileBuckets tiles[5]; // per Family: which size class a prefill of M rows takes, where the arch has it
     ShapeRule shapes[8];
 };
 Policy const kPolicies[] = {
@@ -103,6 +120,9 @@ constexpr int kTileBlockN = 64;
 constexpr int kLargeBlockM = 128;     // the "/large" cubins (configs.LARGE_*): tile_n / tile_k 128 x 128,
 constexpr int kLargeTileBlockN = 128; // grouped_n 128 x its group's BLOCK_N;
 constexpr int kLargeGatedBlockN = 64; // gated: at most 64 wide (two accumulators)
+constexpr int kWideBlockM = 128;      // the "/wide" cubins (configs.WIDE_*): tile_n (plain, bias) / tile_k,
+constexpr int kWideBlockN = 256;      // a16 only (sized() steps an unaligned call down to "/large")
+char const* const kSizeSuffix[] = {"", "/large", "/wide"}; // configs.SIZES: small, large, wide
 constexpr int kGroupedBlockM = 64;
 constexpr int kGroupedBlockNs[] = {128, 64, 32, 16};
 constexpr int kGroupedKBlockN = 128;
@@ -802,12 +822,31 @@ Step groupRows(int32_t const* mask, int64_t M, int64_t G, void* ws)
     return kernel("group_rows", static_cast<unsigned>(G), 1, 1, std::move(a));
 }
 
-//! `key` + "/large" when a prefill of M rows takes the 128-row tiles on `arch`: from the policy's
-//! large_tile_min_m, where this build has those cubins (fp16 / bf16 on sm_90: configs.large_tiles).
-std::string sized(std::string const& key, int64_t M, int arch, bool& large)
+//! The size class (configs.SIZES index) the policy's prefill_tiles buckets give a `family` GEMM of M rows.
+int bucketSize(Policy const& pol, int family, int64_t M)
 {
-    large = M >= policyFor(arch).largeTileMinM && cubinArch(key + "/large", arch) >= 0;
-    return large ? key + "/large" : key;
+    TileBuckets const& t = pol.tiles[family];
+    int size = 0;
+    for (int i = 0; i < t.n && i < kMaxTileBuckets; ++i)
+    {
+        if (M >= t.minM[i])
+            size = t.cls[i];
+    }
+    return size;
+}
+
+//! `key` + the suffix of the size class a prefill of M rows takes on `arch` (size: its index): the policy's
+//! bucket, stepped down to the largest class with a cubin these arguments can launch (the "/large" and
+//! "/wide" ones exist for fp16 / bf16 on sm_90 only, "/wide" in the a16 variant only), as
+//! configs.size_for does for the JIT path; "small" (the key itself) always exists.
+std::string sized(std::string const& key, int family, int64_t M, int arch, Args const& args, int& size)
+{
+    for (size = bucketSize(policyFor(arch), family, M); size > 0; --size)
+    {
+        if (pickCubin(key + kSizeSuffix[size], arch, args) >= 0)
+            return key + kSizeSuffix[size];
+    }
+    return key;
 }
 
 //! The launches of wide_gemm_n / _gated for a validated, non-empty problem on `arch`.
@@ -846,18 +885,19 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
         int bn = groupedBlockN(p->group_size);
         std::string const base = "grouped_n/" + dt + "/" + var + "/bn";
         int const largeBn = gated && bn > kLargeGatedBlockN ? kLargeGatedBlockN : bn;
-        bool large = false;
-        std::string key = sized(base + std::to_string(largeBn), p->M, arch, large);
-        if (large)
-            bn = largeBn;
-        else
-            key = base + std::to_string(bn);
         auto* rows = static_cast<int32_t*>(ws);
         auto* counts = reinterpret_cast<int32_t*>(static_cast<char*>(ws) + align256(static_cast<size_t>(G) * p->M * 4));
         a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(rows).ptr(counts).ptr(p->y);
         a.i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
-        plan.push_back(kernel(key, cdiv(p->M, large ? kLargeBlockM : kGroupedBlockM), static_cast<unsigned>(p->N / bn),
-            1, std::move(a)));
+        int size = 0; // grouped_n: small or large (the large gated tile is at most 64 wide: bn64's cubin)
+        std::string key = sized(base + std::to_string(largeBn), gated ? kFamGroupedGated : kFamGroupedN, p->M, arch,
+            a, size);
+        if (size > 0)
+            bn = largeBn;
+        else
+            key = base + std::to_string(bn);
+        plan.push_back(kernel(key, cdiv(p->M, size > 0 ? kLargeBlockM : kGroupedBlockM),
+            static_cast<unsigned>(p->N / bn), 1, std::move(a)));
         return WIDE_OK;
     }
     if (algo == WIDE_ALGO_DENSE)
@@ -896,10 +936,11 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
     }
     a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    bool large = false;
-    std::string const key = sized("tile_n/" + dt + "/" + var, p->M, arch, large);
-    int const blockN = large ? (gated ? kLargeGatedBlockN : kLargeTileBlockN) : kTileBlockN;
-    plan.push_back(kernel(key, cdiv(p->M, large ? kLargeBlockM : kTileBlockM), cdiv(p->N, blockN), 1, std::move(a)));
+    int size = 0;
+    std::string const key = sized("tile_n/" + dt + "/" + var, gated ? kFamTileGated : kFamTileN, p->M, arch, a, size);
+    int const blockM[] = {kTileBlockM, kLargeBlockM, kWideBlockM};
+    int const blockN[] = {kTileBlockN, gated ? kLargeGatedBlockN : kLargeTileBlockN, kWideBlockN};
+    plan.push_back(kernel(key, cdiv(p->M, blockM[size]), cdiv(p->N, blockN[size]), 1, std::move(a)));
     return WIDE_OK;
 }
 
@@ -980,10 +1021,11 @@ int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, in
     }
     a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
-    bool large = false;
-    std::string const key = sized("tile_k/" + dt + var, p->M, arch, large);
-    plan.push_back(kernel(key, cdiv(p->M, large ? kLargeBlockM : kTileBlockM),
-        cdiv(p->N, large ? kLargeTileBlockN : kTileBlockN), 1, std::move(a)));
+    int size = 0;
+    std::string const key = sized("tile_k/" + dt + var, kFamTileK, p->M, arch, a, size);
+    int const blockM[] = {kTileBlockM, kLargeBlockM, kWideBlockM};
+    int const blockN[] = {kTileBlockN, kLargeTileBlockN, kWideBlockN};
+    plan.push_back(kernel(key, cdiv(p->M, blockM[size]), cdiv(p->N, blockN[size]), 1, std::move(a)));
     return WIDE_OK;
 }
 
