@@ -143,7 +143,12 @@ if js.exists():
     for t in data.get("targets") or []:
         rows.append(("  target", "met" if t["met"] else "MISSED", f"{t['target']}: {t['evidence']}"))
     pol = data.get("measured_policy") or {}
-    rows.append(("  policy", "measured" if pol else "none", json.dumps(next(iter(pol.values()), {}))[:300]))
+    entry = next(iter(pol.values()), {})
+    rows.append(("  policy", "measured" if pol else "none",
+                 json.dumps({k: v for k, v in entry.items() if k != "prefill_tiles"})[:300]))
+    if entry.get("prefill_tiles"):  # the measured tile size per M bucket, per GEMM family
+        rows.append(("  tiles", "measured", " ".join(f"{fam}=" + ",".join(f"{m}:{z}" for m, z in b)
+                                                     for fam, b in entry["prefill_tiles"].items())))
     for T in (1, 4, 256, 4096, 16384):
         for r in data["rows"]:
             if r["tokens"] == T and r["mask"] == "random" and r["sparsity"] == 0.5 and r["group_size"] == 128:

@@ -54,3 +54,21 @@ def test_summary_of_a_timed_out_run_rebuilds_junit_and_prints_the_table(tmp_path
     assert any("1 cases (INCOMPLETE)" in line for line in lines)
     assert any(line.startswith("  T=1") and "81% of roofline" in line for line in lines)
     assert "MISSING" in lines[-1] and "e2e.json" in lines[-1] and "policy-sm_XX.json" in lines[-1]
+
+
+def test_summary_prints_the_measured_policy_and_its_tile_buckets(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "tests.log").write_text("")
+    tiles = {"tile_n": [[0, "small"], [4096, "wide"]], "grouped_n": [[0, "large"]]}
+    pol = {"sm_90": {"measured": True, "fallback": "tile", "prefill_tiles": tiles}}
+    (out / "kernels.json").write_text(json.dumps({"rows": [], "complete": True, "copy_bandwidth_gbs": 4300.0,
+                                                  "tensor_tflops": 790.0, "measured_policy": pol, "targets": []}))
+    res = subprocess.run([sys.executable, "-", str(out), str(tmp_path / "tests.log"), "ok", "ok", "ok", "ok"],
+                         input=_summary_program(), capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    policy = next(line for line in lines if line.startswith("  policy"))
+    assert '"fallback": "tile"' in policy and "prefill_tiles" not in policy
+    assert any(line.startswith("  tiles") and line.endswith("tile_n=0:small,4096:wide grouped_n=0:large")
+               for line in lines), lines
