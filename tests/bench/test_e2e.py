@@ -166,12 +166,12 @@ def test_e2e_algorithm_choice_follows_per_shape_policy_rules(monkeypatch):
     # A per-shape rule for the 8B down projection [4096, 14336] alone: at M = 4 only down is a GEMV; o has the
     # same kind ('k') and group count but another shape, so it keeps the kind's threshold (2).
     from wide_export.bench import e2e
-    from wide_export.kernels import policy
+    from wide_export.kernels import launch
 
     pol = {"measured": True, "gemv_max_m": {"n": 2, "gated": 2, "k": 2}, "gemv_max_m_shapes": {"k:4096x14336": 8},
            "grouped_n_min_m": 1024, "grouped_n_min_group_size": 64, "grouped_k_min_m": 1024,
            "grouped_k_min_group_size": 512, "fallback": "dense", "arch": "sm_90"}
-    monkeypatch.setattr(policy, "policy_for", lambda arch: pol)
+    monkeypatch.setattr(launch, "policy_of", lambda device: pol)
     got = e2e._algos(st.LLAMA_8B, 4, "auto", torch.device("cpu"))
     assert got == {"q": "dense", "o": "dense", "gate_up": "dense", "down": "gemv"}
     assert e2e._algos(st.LLAMA_8B, 2, "auto", torch.device("cpu")) == dict.fromkeys(("q", "o", "gate_up", "down"),

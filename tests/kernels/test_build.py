@@ -72,7 +72,7 @@ def test_sm90_cubins_use_wgmma_and_sm80_mma_sync(kernels_build):
 
 
 def test_library_reports_its_api(kernels_lib):
-    assert kernels_lib.wide_kernels_api_version() == 3
+    assert kernels_lib.wide_kernels_api_version() == 4
     assert kernels_lib.wide_gemm_params_sizeof() == ctypes.sizeof(GemmParams)
     assert kernels_lib.wide_status_string(0) == b"ok"
     assert b"workspace" in kernels_lib.wide_status_string(3)
@@ -487,3 +487,77 @@ def test_jit_tile_follows_the_runtime_variant_choice(kernels_lib, offset, K):
     assert jit == (offset == 0 and K % 16 == 0)
     t = configs.tile_tile("float16", aligned=jit)
     assert t.block_k == (configs.TILE_BLOCK_K if jit else configs.UNALIGNED_BLOCK_K)
+
+
+# ---------------------------------------------------------------------------
+# One GPU model's own policy entry ("sm_90@NVIDIA H200"), in the C runtime: wide_kernels.cpp compiled again here
+# against a hand-written policy table (the build's cubins and table, only wide_aot_policy.inc replaced).
+def _lib_with_policy(kernels_build, table: dict, tmp_path):
+    import shlex
+    import subprocess
+
+    build = kernels_build.build_dir
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "wide_aot_policy.inc").write_text(aot._policy_inc(table))
+    cmds = subprocess.run(["ninja", "-C", str(build), "-t", "commands", "wide_kernels"], capture_output=True,
+                          text=True, check=True).stdout.splitlines()
+    compile_cmd = shlex.split(next(c for c in cmds if "-c " in c and "wide_kernels.cpp" in c))
+    link_cmd = next(c for c in cmds if "-shared" in c).removeprefix(": && ").removesuffix(" && :")
+    obj = tmp_path / "wide_kernels.o"
+    out, skip = [], False
+    for a in compile_cmd:
+        if skip:
+            skip = False
+        elif a in ("-MT", "-MF", "-o"):
+            skip = True
+        elif a != "-MD":
+            out.append({"-O3": "-O0"}.get(a, a))
+    aot_dir = next(a for a in out if a.startswith("-I") and a.endswith("/aot"))
+    out.insert(out.index(aot_dir), f"-I{inc}")  # searched first: the hand policy, the build's cubin table
+    subprocess.run(out + ["-o", str(obj)], cwd=build, check=True, capture_output=True)
+    link = shlex.split(link_cmd)
+    so = tmp_path / "libwide_kernels_policy.so"
+    link[link.index("-o") + 1] = str(so)
+    link = [str(obj) if a.endswith("wide_kernels.cpp.o") else a for a in link]
+    subprocess.run(link, cwd=build, check=True, capture_output=True)
+    return ctypes.CDLL(str(so))
+
+
+def test_c_runtime_takes_a_gpu_models_own_policy_entry(kernels_build, tmp_path, monkeypatch):
+    """Hand table: the default, an sm_90 entry (GEMV up to 4 rows) and an H200 one (up to 8 rows, 128-row tiles
+    from row 0). The H200 entry serves a device of that name only; another sm_90 (an H100) and a call that
+    names no device take sm_90's; sm_80 takes the default; policy.policy_for picks the same entries."""
+    from wide_export.kernels import policy
+
+    base = json.loads(policy.POLICY_FILE.read_text())
+    default = base["default"]
+    table = {"default": default,
+             "sm_90": dict(default, measured=True, gemv_max_m={"n": 4, "gated": 4, "k": 4}),
+             "sm_90@NVIDIA H200": dict(default, measured=True, device="NVIDIA H200",
+                                       gemv_max_m={"n": 8, "gated": 8, "k": 8}, fallback="tile",
+                                       prefill_tiles={**default["prefill_tiles"], "tile_n": [[0, "large"]]})}
+    assert policy.validate(table) == []
+    lib = _lib_with_policy(kernels_build, table, tmp_path)
+
+    def first(M, arch, device, algo=0):
+        p = _params(M=M, N=512, K=256, group_size=128, dtype=2, algo=algo)
+        buf = ctypes.create_string_buffer(512)
+        status = lib.wide_gemm_describe_device(ctypes.byref(p), 0, arch, device, None, ctypes.c_size_t(1 << 30),
+                                               buf, ctypes.c_size_t(len(buf)))
+        assert status == 0, (M, arch, device, buf.value)
+        return buf.value.decode().split(" grid=")[0]
+
+    h200, h100 = b"NVIDIA H200", b"NVIDIA H100 80GB HBM3"
+    assert first(8, 90, h200) == "gemv_n/bfloat16/plain@a16"           # the H200's GEMV range
+    assert first(9, 90, h200) == "tile_n/bfloat16/plain/large@a16"      # its fallback, its tiles from row 0
+    assert first(4, 90, h100) == "gemv_n/bfloat16/plain@a16"            # sm_90's range ...
+    assert first(5, 90, h100) != "gemv_n/bfloat16/plain@a16"            # ... ends at 4
+    assert first(5, 90, None) == first(5, 90, h100) == first(5, 90, b"")  # no name: the architecture's entry
+    assert first(3, 80, h200) == first(3, 80, None) != "gemv_n/bfloat16/plain@a16"  # sm_80: the default (2)
+    assert first(100, 90, h100, algo=3) == "tile_n/bfloat16/plain@a16"  # sm_90's tiles: small under 1024 rows
+    monkeypatch.setattr(policy, "_table", lambda: table)
+    for arch, device, gemv, key in ((90, h200, 8, "sm_90@NVIDIA H200"), (90, h100, 4, "sm_90"),
+                                    (90, None, 4, "sm_90"), (80, h200, 2, "default")):
+        got = policy.policy_for(f"sm_{arch}", device.decode() if device else None)
+        assert (got["gemv_max_m"]["n"], got["arch"]) == (gemv, key)

@@ -322,7 +322,7 @@ def test_wide_tiles_cpu_interpreter(kind, dtype, aligned, how, monkeypatch):
         table = policy_for("interpreter")
         tiles = {**table["prefill_tiles"], "tile_n": [[0, "small"], [300, "wide"]], "tile_k": [[0, "small"],
                                                                                               [300, "wide"]]}
-        monkeypatch.setattr(launch, "policy_for", lambda arch: {**table, "prefill_tiles": tiles})
+        monkeypatch.setattr(launch, "policy_for", lambda arch, device=None: {**table, "prefill_tiles": tiles})
     gs, G = 128, 4
     t = make_inputs(kind, (300,), gs, G, 0.5, dtype, "cpu", _case_seed("wide", kind, dtype, aligned, how),
                     other=256 if aligned else 200, edge_tokens=True)

@@ -89,10 +89,18 @@ def test_record_merges_a_measured_policy(policy_copy, tmp_path):
     res = _record(rec)
     assert res.exit_code == 0, res.output
     after = json.loads(policy_copy.read_text())
-    assert after["sm_90"] == GOOD["sm_90"]
-    assert {k: v for k, v in after.items() if k != "sm_90"} == before  # the rest untouched
+    assert after["sm_90"] == after["sm_90@NVIDIA H200"] == GOOD["sm_90"]
+    assert {k: v for k, v in after.items() if k not in ("sm_90", "sm_90@NVIDIA H200")} == before  # the rest untouched
     assert policy.validate(after) == []
     assert policy.policy_for("sm_90")["gemv_max_m"] == {"n": 2, "gated": 4, "k": 1}
+    # a second GPU model of the architecture: its own entry, and the architecture's now; the first keeps its own
+    h100 = dict(GOOD["sm_90"], device="NVIDIA H100 80GB HBM3", gemv_max_m={"n": 1, "gated": 1, "k": 1})
+    rec.write_text(json.dumps({"sm_90": h100}))
+    assert _record(rec).exit_code == 0
+    assert policy.policy_for("sm_90", "NVIDIA H200")["gemv_max_m"] == {"n": 2, "gated": 4, "k": 1}
+    assert policy.policy_for("sm_90", "NVIDIA H100 80GB HBM3")["gemv_max_m"] == {"n": 1, "gated": 1, "k": 1}
+    assert policy.policy_for("sm_90", "NVIDIA GH200 480GB")["arch"] == "sm_90"  # no entry of its own
+    assert policy.policy_for("sm_90")["gemv_max_m"] == {"n": 1, "gated": 1, "k": 1}
 
 
 @pytest.mark.parametrize("content", [
@@ -345,6 +353,7 @@ def test_size_for_refuses_a_size_the_family_lacks():
 
 def test_policy_for_names_the_entry_it_took():
     assert policy.policy_for("interpreter")["arch"] == "interpreter"
+    assert policy.policy_for("sm_75", "NVIDIA T4")["arch"] == "default"
     assert policy.policy_for("sm_75")["arch"] == "default"  # no entry of its own: the default one
     assert policy.policy_for("sm_75")["fallback"] == json.loads(policy.POLICY_FILE.read_text())["default"]["fallback"]
 
@@ -352,9 +361,12 @@ def test_policy_for_names_the_entry_it_took():
 def test_validate_words_each_refusal():
     entry = GOOD["sm_90"]
     assert policy.validate([]) == ["the policy must be a JSON object keyed by architecture"]
-    assert policy.validate({"_doc": "x", "sm_x0": entry}) == [
-        "'sm_x0': architecture keys are 'default', 'interpreter' or 'sm_<NN>'"]
-    assert policy.validate({"smx90": entry}) == ["'smx90': architecture keys are 'default', 'interpreter' or 'sm_<NN>'"]
+    keys = "'default', 'interpreter', 'sm_<NN>' or 'sm_<NN>@<GPU name>' (letters, digits, spaces, ._()-)"
+    assert policy.validate({"_doc": "x", "sm_x0": entry}) == [f"'sm_x0': architecture keys are {keys}"]
+    assert policy.validate({"smx90": entry}) == [f"'smx90': architecture keys are {keys}"]
+    assert policy.validate({"sm_90@NVIDIA H200": entry, "sm_90@NVIDIA H100 80GB HBM3": entry}) == []
+    for bad in ('sm_90@', 'sm_90@"H200"', 'sm_9x@H200', 'default@H200', 'sm_90@' + 'x' * 65, 'sm_90@H200\\n'):
+        assert policy.validate({bad: entry}) == [f"{bad!r}: architecture keys are {keys}"], bad
     assert policy.validate({"_doc": "x", "sm_90": "fast"}) == ["sm_90: must be an object, got str"]  # checked after _
     assert policy.validate({"sm_90": dict(entry, grouped_n_min_m=2**31)}) == [
         "sm_90: 'grouped_n_min_m' must be an int >= 0, got 2147483648"]
@@ -370,7 +382,7 @@ def test_validate_words_each_refusal():
     # every entry is checked and every error kept, past a bad key and from each entry
     assert policy.validate({"sm_x0": entry, "sm_80": dict(entry, fallback="cublas"),
                             "sm_90": dict(entry, grouped_k_min_m=-1)}) == [
-        "'sm_x0': architecture keys are 'default', 'interpreter' or 'sm_<NN>'",
+        f"'sm_x0': architecture keys are {keys}",
         "sm_80: 'fallback' must be one of ['dense', 'tile'], got 'cublas'",
         "sm_90: 'grouped_k_min_m' must be an int >= 0, got -1"]
 
@@ -387,4 +399,11 @@ def test_merge_recorded_words_each_refusal_and_keeps_the_tables_own_notes():
     assert policy.merge_recorded({"_doc": "x", "sm_90": dict(good, measured=False)}, table) == (
         table, ['sm_90: a record must be measured ("measured": true)'])  # checked past a note
     merged, errs = policy.merge_recorded({"_doc": "the record's", "sm_90": good}, table)
-    assert errs == [] and merged == {"_doc": "the table's", "default": GOOD["sm_90"], "sm_90": good}
+    assert errs == [] and merged == {"_doc": "the table's", "default": GOOD["sm_90"], "sm_90": good,
+                                     "sm_90@NVIDIA H200": good}  # also the entry of the GPU it was measured on
+    for device in (None, 'H200 "SXM"', 7):  # no name, or one that cannot be a key: the architecture's entry only
+        rec = {k: v for k, v in good.items() if k != "device"} | ({} if device is None else {"device": device})
+        merged, errs = policy.merge_recorded({"sm_90": rec}, table)
+        assert errs == [] and set(merged) == {"_doc", "default", "sm_90"}, device
+    assert policy.merge_recorded({"sm_90@NVIDIA H200": good}, table) == (
+        table, ["'sm_90@NVIDIA H200': a record sets measured GPU architectures (sm_<NN>) only"])

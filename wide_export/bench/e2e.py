@@ -143,12 +143,12 @@ def _check_first_layer(shape, layer, h, ops) -> dict:
 
 
 def _algos(shape, M: int, algo: str, device) -> dict:
-    from wide_export.kernels.launch import arch_of
-    from wide_export.kernels.policy import choose, policy_for
+    from wide_export.kernels.launch import policy_of
+    from wide_export.kernels.policy import choose
 
     if algo != "auto":
         return dict.fromkeys(("q", "o", "gate_up", "down"), algo)
-    pol = policy_for(arch_of(device))
+    pol = policy_of(device)
     qd, H, I = shape.heads * shape.head_dim, shape.hidden, shape.intermediate  # [N, K] of each, for per-shape rules
     return {"q": choose("n", M, shape.attn_group_size, pol, qd, H),
             "o": choose("k", M, shape.attn_group_size, pol, H, qd),

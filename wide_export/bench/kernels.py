@@ -306,14 +306,14 @@ def _algos_for(kind: str, T: int, gs: int, cuda: bool, sizes_ok: bool = False) -
 
 def _measure(kind, shape, N, K, gs, s, mk, T, xs, weights, ups, dense_ms, cfg, gen, report, cuda) -> Row:
     from wide_export.kernels.configs import large_tiles
-    from wide_export.kernels.launch import arch_of
-    from wide_export.kernels.policy import choose, policy_for
+    from wide_export.kernels.launch import arch_of, policy_of
+    from wide_export.kernels.policy import choose
 
     G = (K if kind == "k" else N) // gs
     device = xs[0].device
     masks = [make_mask(T, G, s, mk, gen, device) for _ in range(2)]
     n = max(len(weights), len(xs))
-    auto = choose(kind, T, gs, policy_for(arch_of(device)), N, K)
+    auto = choose(kind, T, gs, policy_of(device), N, K)
     algos = _algos_for(kind, T, gs, cuda, large_tiles(arch_of(device), str(xs[0].dtype)[6:]))
     if auto not in algos:
         algos.append(auto)
@@ -375,7 +375,7 @@ def measured_policy(report: Report) -> dict:
     for kind in KINDS:
         sel = [r for r in rows if r.kernel == kind]
         # a kind this run did not time keeps the value the table has for this architecture
-        per_kind[kind] = gemv_max(sel) if sel else policy_for(report.arch)["gemv_max_m"][kind]
+        per_kind[kind] = gemv_max(sel) if sel else policy_for(report.arch, report.device)["gemv_max_m"][kind]
         for N, K in sorted({(r.N, r.K) for r in sel}):
             own = gemv_max([r for r in sel if (r.N, r.K) == (N, K)])
             if own != per_kind[kind] and len(rules) < MAX_SHAPE_RULES:
@@ -399,7 +399,7 @@ def measured_policy(report: Report) -> dict:
     entry = {"measured": True, "device": report.device, "dtype": report.dtype, "gemv_max_m": per_kind,
              "grouped_n_min_m": n_t, "grouped_n_min_group_size": n_gs, "grouped_k_min_m": k_t,
              "grouped_k_min_group_size": k_gs,
-             "prefill_tiles": measured_prefill_tiles(rows, policy_for(report.arch)["prefill_tiles"]),
+             "prefill_tiles": measured_prefill_tiles(rows, policy_for(report.arch, report.device)["prefill_tiles"]),
              "fallback": measured_fallback(rows, entry_gemv=per_kind, rules=rules)}
     if rules:
         entry["gemv_max_m_shapes"] = rules

@@ -103,6 +103,16 @@ def arch_of(device) -> str:
     return f"sm_{major}{minor}"
 
 
+def device_name(device) -> Optional[str]:
+    """The GPU model's name (its own policy entry's key, policy.device_key); None off CUDA."""
+    return _torch().cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def policy_of(device) -> dict:
+    """The policy `auto` follows on `device`: its GPU model's entry, else its architecture's (policy_for)."""
+    return policy_for(arch_of(device), device_name(device))
+
+
 def _check_device(*tensors) -> None:
     devices = {t.device for t in tensors if t is not None}
     if len(devices) > 1:
@@ -180,7 +190,7 @@ def _pick(kind: str, algo: str, M: int, group_size: int, device, N: int, K: int)
     if algo not in ALGOS:
         raise ValueError(f"algo must be one of {list(ALGOS)}, got {algo!r}")
     if algo == "auto":
-        return choose(kind, M, group_size, policy_for(arch_of(device)), N, K)
+        return choose(kind, M, group_size, policy_of(device), N, K)
     if algo == "grouped" and kind != "k" and not cfg.grouped_block_n(group_size):
         raise ValueError(f"the grouped algorithm needs group_size % {cfg.GROUPED_BLOCK_NS[-1]} == 0, "
                          f"got {group_size}; use algo='tile'")
@@ -197,8 +207,7 @@ def _size(tiles: str, fam: str, M: int, x, aligned: bool) -> str:
     and the dtype: the interpreter and benchmarks may run the large tiles on any GPU)."""
     dtype = str(x.dtype)[6:]
     if tiles == "auto":
-        arch = arch_of(x.device)
-        return cfg.size_for(fam, tile_size(fam, M, policy_for(arch)), arch, dtype, aligned)
+        return cfg.size_for(fam, tile_size(fam, M, policy_of(x.device)), arch_of(x.device), dtype, aligned)
     if tiles != "small" and dtype == "float32":
         raise ValueError(f"float32 has no {tiles} tile (it is the precise path); use tiles='auto'")
     return cfg.size_for(fam, tiles, "interpreter", dtype, aligned)

@@ -8,7 +8,12 @@ The masked GEMMs have four algorithms (docs/kernels.md):
   model by more than the mask pass, so it is the floor the others must beat.
 Thresholds come from `wide-export bench kernels` on each architecture (``--record``
 merges a measured ``policy-<arch>.json`` here, checked by ``validate``); until a
-GPU run records them, the "default" entry's starting values are used.
+GPU run records them, the "default" entry's starting values are used. A record
+is kept twice: as its architecture's entry (``sm_90``, what every GPU of that
+architecture without its own entry takes) and as the entry of the GPU model it
+was measured on (``sm_90@NVIDIA H200``: an H100 and an H200 keep their own
+tuning, as vLLM keeps a config file per device name); ``policy_for(arch,
+device)`` takes the device's entry first.
 
 ``prefill_tiles``: the prefill GEMMs' tile size per M bucket, per GEMM family
 (configs.TILE_FAMILIES: tile_n, tile_gated, tile_k, grouped_n, grouped_gated),
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,6 +46,7 @@ FALLBACKS = ("dense", "tile")
 INT_KEYS = ("grouped_n_min_m", "grouped_n_min_group_size", "grouped_k_min_m", "grouped_k_min_group_size")
 MAX_SHAPE_RULES = 8  # what the C runtime's table holds per architecture (plugins/kernels/src/wide_kernels.cpp)
 MAX_TILE_BUCKETS = 4  # prefill_tiles buckets per family the C runtime's table holds
+DEVICE_NAME = re.compile(r"[A-Za-z0-9 ._()-]{1,64}")  # a GPU model name a device entry may carry (a C string)
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,10 +54,19 @@ def _table() -> dict[str, Any]:
     return json.loads(POLICY_FILE.read_text())
 
 
-def policy_for(arch: str) -> dict[str, Any]:
-    """The policy of an architecture ('sm_90', 'interpreter', ...), else the default one."""
+def device_key(arch: str, device: str) -> str:
+    """The table key of one GPU model's entry: 'sm_90@NVIDIA H200'."""
+    return f"{arch}@{device}"
+
+
+def policy_for(arch: str, device: Optional[str] = None) -> dict[str, Any]:
+    """The policy of a GPU model `device` (torch.cuda.get_device_name's name) of architecture `arch` ('sm_90',
+    'interpreter', ...): its own entry, else the architecture's, else the default one ("arch": the key taken)."""
     table = _table()
-    return {**table["default"], **table.get(arch, {}), "arch": arch if arch in table else "default"}
+    for key in ((device_key(arch, device),) if device else ()) + (arch,):
+        if key in table:
+            return {**table["default"], **table[key], "arch": key}
+    return {**table["default"], "arch": "default"}
 
 
 def shape_key(kind: str, N: int, K: int) -> str:
@@ -148,6 +164,9 @@ def validate_entry(arch: str, entry: Any) -> list[str]:
 
 
 def _arch_ok(arch: str) -> bool:
+    base, at, device = arch.partition("@")
+    if at:
+        return bool(re.fullmatch(r"sm_\d+", base)) and bool(DEVICE_NAME.fullmatch(device))
     return arch in ("default", "interpreter") or (arch.startswith("sm_") and arch[3:].isdigit())
 
 
@@ -160,7 +179,8 @@ def validate(table: Any) -> list[str]:
         if arch.startswith("_"):
             continue
         if not _arch_ok(arch):
-            errs.append(f"{arch!r}: architecture keys are 'default', 'interpreter' or 'sm_<NN>'")
+            errs.append(f"{arch!r}: architecture keys are 'default', 'interpreter', 'sm_<NN>' or "
+                        f"'sm_<NN>@<GPU name>' (letters, digits, spaces, ._()-)")
             continue
         errs += validate_entry(arch, entry)
     return errs
@@ -177,7 +197,8 @@ def dump(table: dict[str, Any]) -> str:
 
 def merge_recorded(recorded: Any, table: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """(table with the recorded architectures replaced, what is wrong with the record); the table is unchanged
-    when the record is refused. A record is `bench kernels`' policy-<arch>.json: measured sm_<NN> entries only."""
+    when the record is refused. A record is `bench kernels`' policy-<arch>.json: measured sm_<NN> entries only;
+    each also becomes the entry of the GPU model it names ("device"), when that name can be a key."""
     errs = validate(recorded)
     if not errs:
         if not recorded or all(k.startswith("_") for k in recorded):
@@ -185,7 +206,7 @@ def merge_recorded(recorded: Any, table: dict[str, Any]) -> tuple[dict[str, Any]
         for arch, entry in recorded.items():
             if arch.startswith("_"):
                 continue
-            if not arch.startswith("sm_"):
+            if not re.fullmatch(r"sm_\d+", arch):
                 errs.append(f"{arch!r}: a record sets measured GPU architectures (sm_<NN>) only")
             elif entry.get("measured") is not True:
                 errs.append(f"{arch}: a record must be measured (\"measured\": true)")
@@ -195,4 +216,7 @@ def merge_recorded(recorded: Any, table: dict[str, Any]) -> tuple[dict[str, Any]
     for arch, entry in recorded.items():
         if not arch.startswith("_"):
             out[arch] = entry
+            device = entry.get("device")
+            if isinstance(device, str) and DEVICE_NAME.fullmatch(device):
+                out[device_key(arch, device)] = entry
     return out, []

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define WIDE_KERNELS_API_VERSION 3
+#define WIDE_KERNELS_API_VERSION 4
 
 typedef enum {
   WIDE_FLOAT32 = 0,
@@ -115,6 +115,11 @@ typedef enum {
 // when `out_size` is too small).
 int wide_gemm_describe(const wide_gemm_params_t* p, int op, int arch, void* workspace, size_t workspace_size,
                        char* out, size_t out_size);
+// As wide_gemm_describe, on a device named `device` (cuDeviceGetName's name, e.g. "NVIDIA H200", which the
+// launches read from the current device): policy.json's "sm_<arch>@<device>" entry where the build has one,
+// else the architecture's. NULL or "": as wide_gemm_describe (API version 4).
+int wide_gemm_describe_device(const wide_gemm_params_t* p, int op, int arch, const char* device, void* workspace,
+                              size_t workspace_size, char* out, size_t out_size);
 
 // y[m, n] = (x[m] . w[n] + bias[n]) * mask[m, n / group_size]; skipped outputs are 0.
 int wide_gemm_n(const wide_gemm_params_t* p, void* workspace, size_t workspace_size, cudaStream_t stream);

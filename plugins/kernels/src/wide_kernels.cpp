@@ -88,6 +88,7 @@ enum Family
 struct Policy
 {
     int arch; // 0 = default
+    char const* device; // "": the architecture's entry; else the entry of devices of this name ("sm_90@NVIDIA H200")
     int64_t gemvMaxMN, gemvMaxMGated, gemvMaxMK; // gemv_max_m per kernel kind
     int64_t groupedNMinM, groupedNMinGs, groupedKMinM, groupedKMinGs;
     int fallbackDense; // 1: "fallback": "dense" (cuBLASLt when this build has it, else tile); 0: "tile"
@@ -144,6 +145,7 @@ struct Driver
     decltype(&::cuCtxGetDevice) ctxGetDevice = nullptr;
     decltype(&::cuCtxGetCurrent) ctxGetCurrent = nullptr;
     decltype(&::cuDeviceGetAttribute) deviceGetAttribute = nullptr;
+    decltype(&::cuDeviceGetName) deviceGetName = nullptr;
     decltype(&::cuModuleLoadData) moduleLoadData = nullptr;
     decltype(&::cuModuleGetFunction) moduleGetFunction = nullptr;
     decltype(&::cuFuncSetAttribute) funcSetAttribute = nullptr;
@@ -170,6 +172,7 @@ Driver const& driver()
             && resolveSym(lib, r.ctxGetDevice, WIDE_STR(cuCtxGetDevice))
             && resolveSym(lib, r.ctxGetCurrent, WIDE_STR(cuCtxGetCurrent))
             && resolveSym(lib, r.deviceGetAttribute, WIDE_STR(cuDeviceGetAttribute))
+            && resolveSym(lib, r.deviceGetName, WIDE_STR(cuDeviceGetName))
             && resolveSym(lib, r.moduleLoadData, WIDE_STR(cuModuleLoadData))
             && resolveSym(lib, r.moduleGetFunction, WIDE_STR(cuModuleGetFunction))
             && resolveSym(lib, r.funcSetAttribute, WIDE_STR(cuFuncSetAttribute))
@@ -265,7 +268,9 @@ char const* dtypeName(wide_dtype_t d)
     return nullptr;
 }
 
-int deviceArch(int& arch)
+//! The current device's compute capability (major * 10 + minor) and, when `name` is given, its name
+//! (cuDeviceGetName, e.g. "NVIDIA H200"; read once per device).
+int deviceArch(int& arch, std::string* name = nullptr)
 {
     if (!driver().ok)
     {
@@ -287,6 +292,20 @@ int deviceArch(int& arch)
         || (r = driver().deviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) != CUDA_SUCCESS)
         return cudaFail(r, "cuDeviceGetAttribute");
     arch = major * 10 + minor;
+    if (!name)
+        return WIDE_OK;
+    static std::mutex namesMutex;
+    static std::map<CUdevice, std::string> names;
+    std::lock_guard<std::mutex> lock(namesMutex);
+    auto it = names.find(dev);
+    if (it == names.end())
+    {
+        char buf[256] = {};
+        if ((r = driver().deviceGetName(buf, static_cast<int>(sizeof(buf) - 1), dev)) != CUDA_SUCCESS)
+            return cudaFail(r, "cuDeviceGetName");
+        it = names.emplace(dev, buf).first;
+    }
+    *name = it->second;
     return WIDE_OK;
 }
 
@@ -671,7 +690,9 @@ size_t align256(size_t v)
     return (v + 255) / 256 * 256;
 }
 
-Policy policyFor(int arch)
+//! The policy of a device of `arch` named `device`: policy.json's "sm_<arch>@<device>" entry (a measurement
+//! on that very GPU model), else "sm_<arch>", else "default" (policy.policy_for).
+Policy policyFor(int arch, std::string const& device)
 {
     Policy p = kPolicies[0];
     for (Policy const& q : kPolicies)
@@ -679,10 +700,18 @@ Policy policyFor(int arch)
         if (q.arch == 0)
             p = q;
     }
+    bool archEntry = false;
     for (Policy const& q : kPolicies)
     {
-        if (q.arch == arch)
+        if (q.arch != arch)
+            continue;
+        if (!device.empty() && device == q.device)
             return q;
+        if (!q.device[0] && !archEntry)
+        {
+            p = q;
+            archEntry = true;
+        }
     }
     return p;
 }
@@ -708,12 +737,11 @@ int64_t gemvMaxM(Policy const& pol, wide_gemm_params_t const* p, bool kindK, boo
     return kindK ? pol.gemvMaxMK : (gated ? pol.gemvMaxMGated : pol.gemvMaxMN);
 }
 
-int resolve(wide_gemm_params_t const* p, bool kindK, bool gated, int arch)
+int resolve(wide_gemm_params_t const* p, bool kindK, bool gated, Policy const& pol)
 {
     bool const fp32 = p->dtype == WIDE_FLOAT32; // no grouped cubins for float32 (aot.specs)
     if (p->algo != WIDE_ALGO_AUTO)
         return p->algo;
-    Policy const pol = policyFor(arch);
     if (p->M <= gemvMaxM(pol, p, kindK, gated))
         return WIDE_ALGO_GEMV;
     int const fallback = pol.fallbackDense && haveLt() ? WIDE_ALGO_DENSE : WIDE_ALGO_TILE;
@@ -839,9 +867,10 @@ int bucketSize(Policy const& pol, int family, int64_t M)
 //! bucket, stepped down to the largest class with a cubin these arguments can launch (the "/large" and
 //! "/wide" ones exist for fp16 / bf16 on sm_90 only, "/wide" in the a16 variant only), as
 //! configs.size_for does for the JIT path; "small" (the key itself) always exists.
-std::string sized(std::string const& key, int family, int64_t M, int arch, Args const& args, int& size)
+std::string sized(std::string const& key, int family, int64_t M, int arch, Policy const& pol, Args const& args,
+    int& size)
 {
-    for (size = bucketSize(policyFor(arch), family, M); size > 0; --size)
+    for (size = bucketSize(pol, family, M); size > 0; --size)
     {
         if (pickCubin(key + kSizeSuffix[size], arch, args) >= 0)
             return key + kSizeSuffix[size];
@@ -850,14 +879,14 @@ std::string sized(std::string const& key, int family, int64_t M, int arch, Args 
 }
 
 //! The launches of wide_gemm_n / _gated for a validated, non-empty problem on `arch`.
-int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int arch, Plan& plan)
+int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int arch, Policy const& pol, Plan& plan)
 {
     std::string const dt = dtypeName(p->dtype);
     std::string const var = gated ? "gated" : (p->bias ? "bias" : "plain");
     int64_t const G = p->N / p->group_size;
     void const* w2 = gated ? p->w2 : p->w; // never read when the variant does not use it
     void const* b = p->bias ? p->bias : p->w;
-    int const algo = resolve(p, false, gated, arch);
+    int const algo = resolve(p, false, gated, pol);
     Args a;
     if (algo == WIDE_ALGO_GEMV)
     {
@@ -891,7 +920,7 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
         a.i32(p->M).i32(p->N).i32(p->K).i32(p->group_size).i32(p->K);
         int size = 0; // grouped_n: small or large (the large gated tile is at most 64 wide: bn64's cubin)
         std::string key = sized(base + std::to_string(largeBn), gated ? kFamGroupedGated : kFamGroupedN, p->M, arch,
-            a, size);
+            pol, a, size);
         if (size > 0)
             bn = largeBn;
         else
@@ -937,7 +966,8 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
     a.ptr(p->x).ptr(p->w).ptr(w2).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
     int size = 0;
-    std::string const key = sized("tile_n/" + dt + "/" + var, gated ? kFamTileGated : kFamTileN, p->M, arch, a, size);
+    std::string const key
+        = sized("tile_n/" + dt + "/" + var, gated ? kFamTileGated : kFamTileN, p->M, arch, pol, a, size);
     int const blockM[] = {kTileBlockM, kLargeBlockM, kWideBlockM};
     int const blockN[] = {kTileBlockN, gated ? kLargeGatedBlockN : kLargeTileBlockN, kWideBlockN};
     plan.push_back(kernel(key, cdiv(p->M, blockM[size]), cdiv(p->N, blockN[size]), 1, std::move(a)));
@@ -945,13 +975,13 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
 }
 
 //! The launches of wide_gemm_k for a validated, non-empty problem on `arch`.
-int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, int arch, Plan& plan)
+int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, int arch, Policy const& pol, Plan& plan)
 {
     std::string const dt = dtypeName(p->dtype);
     std::string const var = p->bias ? "/bias" : ""; // the bias [N] is added to every output (outputs are not grouped)
     void const* b = p->bias ? p->bias : p->w;       // never read by the plain variants
     int64_t const G = p->K / p->group_size;
-    int const algo = resolve(p, true, false, arch);
+    int const algo = resolve(p, true, false, pol);
     Args a;
     if (algo == WIDE_ALGO_GEMV)
     {
@@ -1022,15 +1052,16 @@ int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, in
     a.ptr(p->x).ptr(p->w).ptr(b).ptr(p->mask).ptr(p->y);
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
     int size = 0;
-    std::string const key = sized("tile_k/" + dt + var, kFamTileK, p->M, arch, a, size);
+    std::string const key = sized("tile_k/" + dt + var, kFamTileK, p->M, arch, pol, a, size);
     int const blockM[] = {kTileBlockM, kLargeBlockM, kWideBlockM};
     int const blockN[] = {kTileBlockN, kLargeTileBlockN, kWideBlockN};
     plan.push_back(kernel(key, cdiv(p->M, blockM[size]), cdiv(p->N, blockN[size]), 1, std::move(a)));
     return WIDE_OK;
 }
 
-//! Validation, then the plan of operation `op` (WIDE_OP_*) on `arch`; an empty plan for M == 0.
-int plan(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, int arch, Plan& out)
+//! Validation, then the plan of operation `op` (WIDE_OP_*) on a device of `arch` named `device` ("": any); an
+//! empty plan for M == 0.
+int plan(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, int arch, std::string const& device, Plan& out)
 {
     bool const kindK = op == WIDE_OP_GEMM_K;
     bool const gated = op == WIDE_OP_GEMM_N_GATED;
@@ -1046,7 +1077,8 @@ int plan(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, int arch,
                                       : "this build has no cuBLASLt dense path (cublasLt.h not found at configure time)";
         return WIDE_ERR_NO_KERNEL;
     }
-    return kindK ? planK(p, ws, wsSize, arch, out) : planN(p, gated, ws, wsSize, arch, out);
+    Policy const pol = policyFor(arch, device);
+    return kindK ? planK(p, ws, wsSize, arch, pol, out) : planN(p, gated, ws, wsSize, arch, pol, out);
 }
 
 int gemm(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, cudaStream_t stream)
@@ -1056,10 +1088,11 @@ int gemm(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, cudaStrea
     if (p->M == 0)
         return WIDE_OK;
     int arch = 0;
-    if (int s = deviceArch(arch))
+    std::string device;
+    if (int s = deviceArch(arch, &device))
         return s;
     Plan steps;
-    if (int s = plan(op, p, ws, wsSize, arch, steps))
+    if (int s = plan(op, p, ws, wsSize, arch, device, steps))
         return s;
     return run(steps, arch, stream);
 }
@@ -1196,14 +1229,20 @@ size_t wide_gemm_workspace_size(wide_gemm_params_t const* p)
 
 int wide_gemm_resolve_algo(wide_gemm_params_t const* p, int kind_k, int arch)
 {
-    return p ? resolve(p, kind_k == 1, kind_k == 2, arch) : -1; // kind_k: 0 gemm_n, 1 gemm_k, 2 gated
+    return p ? resolve(p, kind_k == 1, kind_k == 2, policyFor(arch, "")) : -1; // kind_k: 0 gemm_n, 1 gemm_k, 2 gated
 }
 
 int wide_gemm_describe(wide_gemm_params_t const* p, int op, int arch, void* workspace, size_t workspace_size,
     char* out, size_t out_size)
 {
+    return wide_gemm_describe_device(p, op, arch, nullptr, workspace, workspace_size, out, out_size);
+}
+
+int wide_gemm_describe_device(wide_gemm_params_t const* p, int op, int arch, char const* device, void* workspace,
+    size_t workspace_size, char* out, size_t out_size)
+{
     Plan steps;
-    if (int s = plan(op, p, workspace, workspace_size, arch, steps))
+    if (int s = plan(op, p, workspace, workspace_size, arch, device ? device : "", steps))
         return s;
     std::string const text = describe(steps, arch);
     if (!out || out_size <= text.size())
