@@ -242,8 +242,9 @@ HAND_TILES = {"tile_n": {"small": (64, 64), "large": (128, 128), "wide": (128, 2
 def test_c_runtime_takes_each_size_class_from_the_policy_buckets(kernels_lib, arch, dtype, dtype_name, aligned):
     """At each prefill_tiles bucket boundary of policy.json (M = min_m - 1, min_m, min_m + 1) the prefill GEMMs
     launch the bucket's size class where this build has it (large / wide: fp16 / bf16 on sm_90; wide: a16
-    only, so an unaligned call (an ungrouped dimension of 264 / 520) steps down to large), with the grid counted by hand from HAND_TILES;
-    the JIT path (configs.size_for over policy.tile_size) makes the same choice."""
+    only, so an unaligned call (an ungrouped dimension of 264 / 520) steps down to large), with the grid
+    counted by hand from HAND_TILES; the JIT path (configs.size_for over policy.tile_size) makes the same
+    choice."""
     from wide_export.kernels.policy import policy_for, tile_size
 
     pol = policy_for(f"sm_{arch}")
@@ -494,9 +495,8 @@ def test_jit_tile_follows_the_runtime_variant_choice(kernels_lib, offset, K):
 # against a hand-written policy table (the build's cubins and table, only wide_aot_policy.inc replaced).
 def _lib_with_policy(kernels_build, table: dict, tmp_path):
     import shlex
-    import subprocess
-
     import shutil
+    import subprocess
 
     build = kernels_build.build_dir
     if not (build / "build.ninja").is_file() or not shutil.which("ninja"):
