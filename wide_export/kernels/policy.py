@@ -114,11 +114,10 @@ def _tile_errors(arch: str, tiles: Any) -> list[str]:
         sizes = TILE_FAMILIES[fam]
         shape = (f"{arch}: prefill_tiles[{fam!r}] must be 1 to {MAX_TILE_BUCKETS} [min_m, size] buckets, "
                  f"min_m ascending from 0, size one of {list(sizes)}")
-        if (not isinstance(buckets, list) or not 1 <= len(buckets) <= MAX_TILE_BUCKETS
-                or not all(isinstance(b, list) and len(b) == 2 and _is_count(b[0]) and b[1] in sizes
-                           for b in buckets)):
-            errs.append(f"{shape}, got {buckets!r}")
-        elif buckets[0][0] != 0 or any(a[0] >= b[0] for a, b in zip(buckets, buckets[1:])):
+        well_formed = (isinstance(buckets, list) and 1 <= len(buckets) <= MAX_TILE_BUCKETS
+                       and all(isinstance(b, list) and len(b) == 2 and _is_count(b[0]) and b[1] in sizes
+                               for b in buckets))
+        if not well_formed or buckets[0][0] != 0 or any(a[0] >= b[0] for a, b in zip(buckets, buckets[1:])):
             errs.append(f"{shape}, got {buckets!r}")
     return errs
 
