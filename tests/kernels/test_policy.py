@@ -379,6 +379,12 @@ def test_validate_words_each_refusal():
     assert policy.validate({"sm_90": dict(entry, gemv_max_m_shapes=eight)}) == []
     assert policy.validate({"sm_90": dict(entry, gemv_max_m_shapes={**eight, "k:9x9": 1})}) == [
         "sm_90: 'gemv_max_m_shapes' must be an object of at most 8 rules"]
+    tiles = dict(entry["prefill_tiles"], tile_gated=[[0, "small"], [64, "wide"]])
+    assert policy.validate({"sm_90": dict(entry, prefill_tiles=tiles)}) == [
+        "sm_90: prefill_tiles['tile_gated'] must be 1 to 4 [min_m, size] buckets, min_m ascending from 0, size one "
+        "of ['small', 'large'], got [[0, 'small'], [64, 'wide']]"]
+    assert policy.validate({"sm_90": dict(entry, large_tile_min_m=1024)}) == [
+        "sm_90: 'large_tile_min_m' is now 'prefill_tiles': per family, [[0, \"small\"], [<that M>, \"large\"]]"]
     # every entry is checked and every error kept, past a bad key and from each entry
     assert policy.validate({"sm_x0": entry, "sm_80": dict(entry, fallback="cublas"),
                             "sm_90": dict(entry, grouped_k_min_m=-1)}) == [
