@@ -89,13 +89,14 @@ LARGE_GATED_BLOCK_N = 64  # gated (two accumulators): 128 x 128 spilled on sm_90
 LARGE_WARPS = 8
 LARGE_STAGES = 4  # 128 x 128 x 64 fp16: 32 KB a stage (gated 128 x 64: 32 KB), 128 KB in all
 LARGE_ARCHS = (90,)  # compute capability majors * 10 whose cubins / JIT calls may take the large / wide tiles
-# "wide": 128 x 256 x 64, 8 warps, 3 stages (48 KB a stage, 144 KB; the tile of Triton's Hopper matmul tutorial for
-# large fp16 GEMMs), tile_n (plain, bias) and tile_k only, a16 only: 210-222 registers, no spill on sm_90; its
-# unaligned twin spilled 208 B (plain) / 224 B (bias), the gated one (two 128 x 256 accumulators) cannot fit.
+# "wide": 128 x 256 x 64 (the tile of Triton's Hopper matmul tutorial for large fp16 GEMMs), 8 warps, 4 stages (48 KB
+# a stage, 192 KB of Hopper's 227 KB: one CTA an SM, as at 3), tile_n (plain, bias) and tile_k only, a16 only:
+# 210-222 registers, no spill on sm_90; its unaligned twin spilled 208 B (plain) / 224 B (bias), and a gated one
+# (two 128 x 256 accumulators) cannot fit.
 WIDE_BLOCK_M = 128
 WIDE_BLOCK_N = 256
 WIDE_WARPS = 8
-WIDE_STAGES = 3
+WIDE_STAGES = 4
 
 SIZES = ("small", "large", "wide")  # the prefill GEMMs' size classes, in order (the C runtime's class index)
 # The GEMM families of the policy's prefill_tiles buckets and the size classes each has cubins for.
