@@ -351,9 +351,13 @@ def test_size_for_refuses_a_size_the_family_lacks():
         configs.size_for("tile_gated", "wide", "sm_90", "bfloat16", True)
 
 
-def test_policy_for_names_the_entry_it_took():
+def test_policy_for_names_the_entry_it_took(monkeypatch):
     assert policy.policy_for("interpreter")["arch"] == "interpreter"
     assert policy.policy_for("sm_75", "NVIDIA T4")["arch"] == "default"
+    table = {"default": GOOD["sm_90"], "sm_90": GOOD["sm_90"], "sm_90@None": GOOD["sm_90"]}  # "None" is a name
+    monkeypatch.setattr(policy, "_table", lambda: table)
+    assert policy.policy_for("sm_90")["arch"] == "sm_90"  # no device given: never a device's entry
+    assert policy.policy_for("sm_90", "None")["arch"] == "sm_90@None"
     assert policy.policy_for("sm_75")["arch"] == "default"  # no entry of its own: the default one
     assert policy.policy_for("sm_75")["fallback"] == json.loads(policy.POLICY_FILE.read_text())["default"]["fallback"]
 
@@ -383,6 +387,8 @@ def test_validate_words_each_refusal():
     assert policy.validate({"sm_90": dict(entry, prefill_tiles=tiles)}) == [
         "sm_90: prefill_tiles['tile_gated'] must be 1 to 4 [min_m, size] buckets, min_m ascending from 0, size one "
         "of ['small', 'large'], got [[0, 'small'], [64, 'wide']]"]
+    four = dict(entry["prefill_tiles"], tile_n=[[0, "small"], [1, "large"], [2, "wide"], [3, "small"]])
+    assert policy.validate({"sm_90": dict(entry, prefill_tiles=four)}) == []  # the C table holds 4: 4 are fine
     assert policy.validate({"sm_90": dict(entry, large_tile_min_m=1024)}) == [
         "sm_90: 'large_tile_min_m' is now 'prefill_tiles': per family, [[0, \"small\"], [<that M>, \"large\"]]"]
     # every entry is checked and every error kept, past a bad key and from each entry
