@@ -20,7 +20,7 @@ def _int_class(v: int) -> str:
 def recording():
     """Within: kernel launches are recorded (set of JIT keys yielded), not run; device checks are off, and
     the tensors (on the CPU) are taken for an sm_90 GPU's (the H200 of gpu-check.sh): its policy decides
-    `auto` and the tile sizes (large_tile_min_m), not the interpreter's."""
+    `auto` and the tile sizes (prefill_tiles), not the interpreter's."""
     import torch
 
     from wide_export.kernels import launch

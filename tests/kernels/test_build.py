@@ -403,6 +403,14 @@ def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_co
         pytest.skip("1100 rows: for the 128-row '/large' prefill cubins (grouped, tile; fp16 / bf16)")
     if M == 4100 and (algo != 3 or dtype_code == 0 or kind == "gated"):
         pytest.skip("4100 rows: for the 128 x 256 '/wide' tile cubins (default policy; tile_n / tile_k)")
+    if M == 4100:  # the size class this GPU's policy entry gives (its own, its architecture's, the default)
+        from wide_export.kernels.policy import policy_for, tile_size
+
+        major, minor = torch.cuda.get_device_capability()
+        name = torch.cuda.get_device_name()
+        fam = "tile_k" if kind == "k" else "tile_n"
+        size = configs.size_for(fam, tile_size(fam, M, policy_for(f"sm_{major}{minor}", name)),
+                                f"sm_{major}{minor}", dtype_name, True)
     if algo == 2 and dtype_code == 0:
         pytest.skip("no grouped cubins for float32 (tile runs float32 prefill)")
     if algo == 4 and not kernels_lib.wide_kernels_has_cublaslt():
@@ -421,6 +429,15 @@ def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_co
                    y=_ptr(y), dtype=dtype_code, algo=algo)
     ws = torch.empty(kernels_lib.wide_gemm_workspace_size(ctypes.byref(p)), dtype=torch.uint8, device="cuda")
     fn = {"n": "wide_gemm_n", "n_bias": "wide_gemm_n", "gated": "wide_gemm_n_gated", "k": "wide_gemm_k"}[kind]
+    if M == 4100:  # what the launch below runs: that size class's cubin
+        buf = ctypes.create_string_buffer(512)
+        op = {"n": 0, "n_bias": 0, "k": 2}[kind]
+        assert kernels_lib.wide_gemm_describe_device(ctypes.byref(p), op, major * 10 + minor, name.encode(),
+                                                     ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()),
+                                                     buf, ctypes.c_size_t(len(buf))) == 0
+        key = buf.value.decode().split("@")[0]
+        assert key.endswith(("/large", "/wide")) == (size != "small") and key.endswith(
+            "" if size == "small" else f"/{size}"), (key, size)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     status = getattr(kernels_lib, fn)(ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()),
                                       stream)
@@ -529,28 +546,35 @@ def _lib_with_policy(kernels_build, table: dict, tmp_path):
 
 
 def test_c_runtime_takes_a_gpu_models_own_policy_entry(kernels_build, tmp_path, monkeypatch):
-    """Hand table: the default, an sm_90 entry (GEMV up to 4 rows) and an H200 one (up to 8 rows, 128-row tiles
-    from row 0). The H200 entry serves a device of that name only; another sm_90 (an H100) and a call that
-    names no device take sm_90's; sm_80 takes the default; policy.policy_for picks the same entries."""
+    """Hand table: the default, an sm_90 entry (GEMV up to 4 / 5 / 6 rows for n / gated / k) and an H200 one
+    (8 / 9 / 10 rows; 128-row tiles from row 0 for tile_n and the grouped gated GEMM, not for grouped_n). The
+    H200 entry serves a device of that name only; another sm_90 (an H100) and a call that names no device
+    take sm_90's; sm_80 takes the default; policy.policy_for picks the same entries. Distinct values per
+    kind and family: a field of wide_aot_policy.inc written into its neighbour's place fails here."""
     from wide_export.kernels import policy
 
     base = json.loads(policy.POLICY_FILE.read_text())
     default = base["default"]
     table = {"default": default,
-             "sm_90": dict(default, measured=True, gemv_max_m={"n": 4, "gated": 4, "k": 4}),
+             "sm_90": dict(default, measured=True, gemv_max_m={"n": 4, "gated": 5, "k": 6}),
              "sm_90@NVIDIA H200": dict(default, measured=True, device="NVIDIA H200",
-                                       gemv_max_m={"n": 8, "gated": 8, "k": 8}, fallback="tile",
-                                       prefill_tiles={**default["prefill_tiles"], "tile_n": [[0, "large"]]})}
+                                       gemv_max_m={"n": 8, "gated": 9, "k": 10}, fallback="tile",
+                                       prefill_tiles={**default["prefill_tiles"], "tile_n": [[0, "large"]],
+                                                      "grouped_gated": [[0, "large"]]})}
     assert policy.validate(table) == []
     lib = _lib_with_policy(kernels_build, table, tmp_path)
 
-    def first(M, arch, device, algo=0):
-        p = _params(M=M, N=512, K=256, group_size=128, dtype=2, algo=algo)
+    def launches(M, arch, device, algo=0, op=0):
+        p = _params(M=M, N=512, K=256 if op != 2 else 512, group_size=128, dtype=2, algo=algo,
+                    w2=0x6000 if op == 1 else None)
         buf = ctypes.create_string_buffer(512)
-        status = lib.wide_gemm_describe_device(ctypes.byref(p), 0, arch, device, None, ctypes.c_size_t(1 << 30),
-                                               buf, ctypes.c_size_t(len(buf)))
+        status = lib.wide_gemm_describe_device(ctypes.byref(p), op, arch, device, ctypes.c_void_p(0x10000),
+                                               ctypes.c_size_t(1 << 30), buf, ctypes.c_size_t(len(buf)))
         assert status == 0, (M, arch, device, buf.value)
-        return buf.value.decode().split(" grid=")[0]
+        return [w for w in buf.value.decode().split(" ") if "@" in w]
+
+    def first(M, arch, device, algo=0):
+        return launches(M, arch, device, algo)[0]
 
     h200, h100 = b"NVIDIA H200", b"NVIDIA H100 80GB HBM3"
     assert first(8, 90, h200) == "gemv_n/bfloat16/plain@a16"           # the H200's GEMV range
@@ -560,6 +584,15 @@ def test_c_runtime_takes_a_gpu_models_own_policy_entry(kernels_build, tmp_path, 
     assert first(5, 90, None) == first(5, 90, h100) == first(5, 90, b"")  # no name: the architecture's entry
     assert first(3, 80, h200) == first(3, 80, None) != "gemv_n/bfloat16/plain@a16"  # sm_80: the default (2)
     assert first(100, 90, h100, algo=3) == "tile_n/bfloat16/plain@a16"  # sm_90's tiles: small under 1024 rows
+    for device, gated_max, k_max in ((h200, 9, 10), (h100, 5, 6)):  # per kind, per entry
+        assert launches(gated_max, 90, device, op=1)[0] == "gemv_n/bfloat16/gated@a16"
+        assert launches(gated_max + 1, 90, device, op=1)[0] != "gemv_n/bfloat16/gated@a16"
+        assert launches(k_max, 90, device, op=2)[0] == "gemv_k/bfloat16@a16"
+        assert launches(k_max + 1, 90, device, op=2)[0] != "gemv_k/bfloat16@a16"
+    # grouped at 300 rows: the H200's gated buckets say large from row 0, its grouped_n ones small until 1024
+    assert launches(300, 90, h200, algo=2, op=1)[1] == "grouped_n/bfloat16/gated/bn64/large@a16"
+    assert launches(300, 90, h200, algo=2, op=0)[1] == "grouped_n/bfloat16/plain/bn128@a16"
+    assert launches(300, 90, h100, algo=2, op=1)[1] == "grouped_n/bfloat16/gated/bn128@a16"
     monkeypatch.setattr(policy, "_table", lambda: table)
     for arch, device, gemv, key in ((90, h200, 8, "sm_90@NVIDIA H200"), (90, h100, 4, "sm_90"),
                                     (90, None, 4, "sm_90"), (80, h200, 2, "default")):

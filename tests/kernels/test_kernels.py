@@ -330,6 +330,15 @@ def test_wide_tiles_cpu_interpreter(kind, dtype, aligned, how, monkeypatch):
     check(kind, got, want, t, gs, dtype)
     gemm = [(kw["BLOCK_M"], kw["BLOCK_N"], kw.get("num_warps")) for kw in seen if "BLOCK_K" in kw]
     assert gemm == [(128, 256, 8) if aligned else (128, 128, 8)], gemm
+    if how == "forced" and kind == "n":  # the gated and grouped families have no wide tile: their largest
+        for other, algo, want in (("gated", "tile", (128, 64)), ("gated", "grouped", (128, 64)),
+                                  ("n", "grouped", (128, 128))):
+            seen.clear()
+            o = make_inputs(other, (300,), gs, G, 0.5, dtype, "cpu", _case_seed("wide", other, algo, dtype, aligned),
+                            other=256 if aligned else 200)
+            got, want_y = run(other, o, gs, algo, tiles="wide")
+            check(other, got, want_y, o, gs, dtype)
+            assert [(kw["BLOCK_M"], kw["BLOCK_N"]) for kw in seen if "BLOCK_K" in kw] == [want], (other, algo)
     if how == "auto":  # one row fewer: under the wide bucket, the small tile
         seen.clear()
         t299 = {k: (v[:299] if k in ("x", "mask") else v) for k, v in t.items()}

@@ -96,11 +96,15 @@ def test_record_merges_a_measured_policy(policy_copy, tmp_path):
     # a second GPU model of the architecture: its own entry, and the architecture's now; the first keeps its own
     h100 = dict(GOOD["sm_90"], device="NVIDIA H100 80GB HBM3", gemv_max_m={"n": 1, "gated": 1, "k": 1})
     rec.write_text(json.dumps({"sm_90": h100}))
-    assert _record(rec).exit_code == 0
+    from wide_export.bench.kernels import record_policy
+
+    assert record_policy(rec) == "sm_90, sm_90@NVIDIA H100 80GB HBM3"  # the entries it wrote
     assert policy.policy_for("sm_90", "NVIDIA H200")["gemv_max_m"] == {"n": 2, "gated": 4, "k": 1}
     assert policy.policy_for("sm_90", "NVIDIA H100 80GB HBM3")["gemv_max_m"] == {"n": 1, "gated": 1, "k": 1}
     assert policy.policy_for("sm_90", "NVIDIA GH200 480GB")["arch"] == "sm_90"  # no entry of its own
     assert policy.policy_for("sm_90")["gemv_max_m"] == {"n": 1, "gated": 1, "k": 1}
+    rec.write_text(json.dumps({"sm_90": dict(h100, device="NVIDIA H100/PCIe")}))  # a name that cannot be a key
+    assert record_policy(rec) == "sm_90"
 
 
 @pytest.mark.parametrize("content", [

@@ -448,7 +448,8 @@ def measured_fallback(rows: list[Row], entry_gemv: dict, rules: dict) -> str:
 
 
 def record_policy(src: Path, dest: Optional[Path] = None) -> str:
-    """Merge a measured policy-<arch>.json into policy.json (dest); returns the architectures recorded.
+    """Merge a measured policy-<arch>.json into policy.json (dest); returns the entries written (the
+    architectures, and each one's GPU model where its name can be a key: policy.merge_recorded).
     A malformed record is refused with one WideError line and dest is left untouched."""
     from wide_export.kernels import policy as pol
 
@@ -472,7 +473,7 @@ def record_policy(src: Path, dest: Optional[Path] = None) -> str:
     tmp.write_text(pol.dump(merged))
     tmp.replace(dest)
     pol._table.cache_clear()
-    return ", ".join(k for k in recorded if not k.startswith("_"))
+    return ", ".join(k for k in merged if not k.startswith("_") and merged[k] is not table.get(k))  # the new ones
 
 
 # ---------------------------------------------------------------------------

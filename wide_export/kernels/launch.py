@@ -105,7 +105,14 @@ def arch_of(device) -> str:
 
 def device_name(device) -> Optional[str]:
     """The GPU model's name (its own policy entry's key, policy.device_key); None off CUDA."""
-    return _torch().cuda.get_device_name(device) if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    return _device_name(device.index if device.index is not None else _torch().cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(index: int) -> str:
+    return _torch().cuda.get_device_name(index)
 
 
 def policy_of(device) -> dict:
@@ -202,15 +209,17 @@ TILES = ("auto", *cfg.SIZES)
 
 def _size(tiles: str, fam: str, M: int, x, aligned: bool) -> str:
     """The size class (configs.SIZES) of this prefill GEMM: `tiles` "auto" takes the policy's prefill_tiles
-    bucket for M, a size forces one (benchmarks); either is stepped down by configs.size_for where the
-    architecture, dtype or alignment lacks it (the C runtime's rule; a forced size only for the alignment
-    and the dtype: the interpreter and benchmarks may run the large tiles on any GPU)."""
+    bucket for M, a size forces one (benchmarks; "wide" on a family without it: its largest, "large");
+    either is stepped down by configs.size_for where the architecture, dtype or alignment lacks it (the C
+    runtime's rule; a forced size only for the alignment and the dtype: the interpreter and benchmarks may
+    run the large tiles on any GPU)."""
     dtype = str(x.dtype)[6:]
     if tiles == "auto":
         return cfg.size_for(fam, tile_size(fam, M, policy_of(x.device)), arch_of(x.device), dtype, aligned)
     if tiles != "small" and dtype == "float32":
         raise ValueError(f"float32 has no {tiles} tile (it is the precise path); use tiles='auto'")
-    return cfg.size_for(fam, tiles, "interpreter", dtype, aligned)
+    sizes = cfg.TILE_FAMILIES[fam]
+    return cfg.size_for(fam, tiles if tiles in sizes else sizes[-1], "interpreter", dtype, aligned)
 
 
 def _check_tiles(tiles: str) -> None:

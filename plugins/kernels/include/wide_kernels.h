@@ -95,7 +95,8 @@ size_t wide_gemm_params_sizeof(void);
 // Workspace for the GEMM on these sizes (row lists of the grouped algorithm, float32 accumulator of
 // the K-pruned scatter-add). Non-decreasing in M.
 size_t wide_gemm_workspace_size(const wide_gemm_params_t* p);
-// The algorithm AUTO resolves to on the current device (for reports and tests); kind_k: 0 gemm_n, 1 gemm_k, 2 gated.
+// The algorithm AUTO resolves to on a device of compute capability `arch` by the architecture's policy entry
+// (a GPU model's own entry: wide_gemm_describe_device); kind_k: 0 gemm_n, 1 gemm_k, 2 gated.
 int wide_gemm_resolve_algo(const wide_gemm_params_t* p, int kind_k, int arch);
 
 // The operations, for wide_gemm_describe.

@@ -269,7 +269,7 @@ char const* dtypeName(wide_dtype_t d)
 }
 
 //! The current device's compute capability (major * 10 + minor) and, when `name` is given, its name
-//! (cuDeviceGetName, e.g. "NVIDIA H200"; read once per device).
+//! (cuDeviceGetName, e.g. "NVIDIA H200"; kept per thread for the device it last named: no lock per launch).
 int deviceArch(int& arch, std::string* name = nullptr)
 {
     if (!driver().ok)
@@ -294,18 +294,19 @@ int deviceArch(int& arch, std::string* name = nullptr)
     arch = major * 10 + minor;
     if (!name)
         return WIDE_OK;
-    static std::mutex namesMutex;
-    static std::map<CUdevice, std::string> names;
-    std::lock_guard<std::mutex> lock(namesMutex);
-    auto it = names.find(dev);
-    if (it == names.end())
+    thread_local bool named = false;
+    thread_local CUdevice namedDev = 0;
+    thread_local std::string devName;
+    if (!named || namedDev != dev)
     {
         char buf[256] = {};
         if ((r = driver().deviceGetName(buf, static_cast<int>(sizeof(buf) - 1), dev)) != CUDA_SUCCESS)
             return cudaFail(r, "cuDeviceGetName");
-        it = names.emplace(dev, buf).first;
+        devName = buf;
+        namedDev = dev;
+        named = true;
     }
-    *name = it->second;
+    *name = devName;
     return WIDE_OK;
 }
 
