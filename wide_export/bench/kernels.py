@@ -294,11 +294,11 @@ def _algos_for(kind: str, T: int, gs: int, cuda: bool, sizes_ok: bool = False) -
     if T >= 16 and (kind == "k" or grouped_block_n(gs)):
         out.append("grouped")
         if tune and kind != "k":  # the K-pruned grouped GEMM has one tile size
-            out += [f"grouped@{z}" for z in TILE_FAMILIES[family("grouped", kind == "gated")]]
+            out += [f"grouped@{z}" for z in TILE_FAMILIES[family(kind, "grouped")]]
     if T >= 16:
         out.append("tile")
         if tune:
-            out += [f"tile@{z}" for z in TILE_FAMILIES[family("tile", kind == "gated", kind == "k")]]
+            out += [f"tile@{z}" for z in TILE_FAMILIES[family(kind, "tile")]]
     if cuda:
         out.append("dense")
     return out
@@ -412,14 +412,13 @@ def measured_prefill_tiles(rows: list[Row], unmeasured: dict) -> dict:
     with [0, "small"] (below the smallest timed T nothing was measured: the small tiles, the most CTAs)
     and change where the winner does, at most policy.MAX_TILE_BUCKETS of them (later changes are dropped:
     the last bucket then holds). A family no row timed keeps `unmeasured` (the table's buckets)."""
-    from wide_export.kernels.configs import TILE_FAMILIES
+    from wide_export.kernels.configs import FAMILY_OF, TILE_FAMILIES
     from wide_export.kernels.policy import MAX_TILE_BUCKETS
 
-    kinds = {"tile_n": ("n", "tile"), "tile_gated": ("gated", "tile"), "tile_k": ("k", "tile"),
-             "grouped_n": ("n", "grouped"), "grouped_gated": ("gated", "grouped")}
+    kind_algo = {fam: ka for ka, fam in FAMILY_OF.items()}
     out = {}
     for fam, sizes in TILE_FAMILIES.items():
-        kind, algo = kinds[fam]
+        kind, algo = kind_algo[fam]
         timed = [r for r in rows if r.kernel == kind and all(f"{algo}@{z}" in r.algo_ms for z in sizes)]
         if not timed:
             out[fam] = [list(b) for b in unmeasured[fam]]

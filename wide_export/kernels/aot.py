@@ -173,12 +173,12 @@ def specs() -> list[Spec]:
             out += _gemm(f"tile_n/{dtype}/{var}", "wide_tile_gemm_n_kernel", gemm_n_ptrs,
                          flags + (("PRECISE", precise), ("GROUP_M", cfg.TILE_GROUP_M)),
                          lambda aligned, size, g=gated: cfg.tile_tile(dtype, gated=g, aligned=aligned, size=size),
-                         _sizes(cfg.family("tile", gated), dtype))
+                         _sizes(cfg.family("gated" if gated else "n", "tile"), dtype))
             if not precise:
                 for bn in cfg.GROUPED_BLOCK_NS:
                     # gated bn128 has no "/large" (its large tile is bn64's): never launched
                     sizes = ("small",) if gated and bn > cfg.LARGE_GATED_BLOCK_N else _sizes(
-                        cfg.family("grouped", gated), dtype)
+                        cfg.family("gated" if gated else "n", "grouped"), dtype)
                     out += _gemm(f"grouped_n/{dtype}/{var}/bn{bn}", "wide_grouped_gemm_n_kernel", grouped_ptrs,
                                  flags + (("PRECISE", False),),
                                  lambda aligned, size, b=bn, g=gated: cfg.grouped_n_tile(b, gated=g, aligned=aligned,

@@ -103,6 +103,9 @@ SIZES = ("small", "large", "wide")  # the prefill GEMMs' size classes, in order 
 TILE_FAMILIES = {"tile_n": ("small", "large", "wide"), "tile_gated": ("small", "large"),
                  "tile_k": ("small", "large", "wide"), "grouped_n": ("small", "large"),
                  "grouped_gated": ("small", "large")}
+# The family of each (kernel kind, algorithm) with size classes (the grouped K-pruned GEMM has one tile size).
+FAMILY_OF = {("n", "tile"): "tile_n", ("gated", "tile"): "tile_gated", ("k", "tile"): "tile_k",
+             ("n", "grouped"): "grouped_n", ("gated", "grouped"): "grouped_gated"}
 ALIGNED_ONLY_SIZES = ("wide",)  # size classes without an `any` cubin: unaligned calls step down
 GROUPED_BLOCK_NS = (128, 64, 32, 16)  # the widest that divides group_size is used
 GROUPED_BLOCK_K = 64
@@ -147,13 +150,11 @@ def large_tiles(arch: str, dtype: str) -> bool:
     return arch == "interpreter" or (arch.startswith("sm_") and in_families(int(arch[3:]), LARGE_ARCHS))
 
 
-def family(algo: str, gated: bool, kind_k: bool = False) -> str:
-    """The prefill_tiles family of a tile / grouped GEMM (TILE_FAMILIES)."""
-    if algo == "grouped":
-        if kind_k:
-            raise ValueError("the grouped K-pruned GEMM has one tile size")
-        return "grouped_gated" if gated else "grouped_n"
-    return "tile_k" if kind_k else ("tile_gated" if gated else "tile_n")
+def family(kind: str, algo: str) -> str:
+    """The prefill_tiles family (TILE_FAMILIES) of a `kind` ('n', 'gated', 'k') GEMM run by `algo`."""
+    if (kind, algo) not in FAMILY_OF:
+        raise ValueError(f"no size classes for {algo} {kind} GEMMs (the grouped K-pruned GEMM has one tile size)")
+    return FAMILY_OF[kind, algo]
 
 
 def size_for(fam: str, size: str, arch: str, dtype: str, aligned: bool) -> str:

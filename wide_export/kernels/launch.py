@@ -421,7 +421,7 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str, tiles: 
     elif how == "grouped":
         rows, counts = group_rows(m2)
         aligned = _aligned(x2, w, w2, bias, y, ints=(N, K, group_size))
-        t = cfg.grouped_n_tile(group_size, gated, aligned, _size(tiles, cfg.family("grouped", gated), M, x, aligned))
+        t = cfg.grouped_n_tile(group_size, gated, aligned, _size(tiles, cfg.family(kind, "grouped"), M, x, aligned))
         grid = (triton_cdiv(M, t.block_m), N // t.block_n)
         _launch(ks.wide_grouped_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
                 bias if bias is not None else dummy, rows, counts, y, M, N, K, group_size, K,
@@ -429,7 +429,7 @@ def _gemm_n(kind: str, x, w, w2, mask, group_size: int, bias, algo: str, tiles: 
                 BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
     else:  # tile
         aligned = _aligned(x2, w, w2, bias, m2, y, ints=(N, K, group_size))
-        t = cfg.tile_tile(str(x.dtype)[6:], gated, aligned, _size(tiles, cfg.family("tile", gated), M, x, aligned))
+        t = cfg.tile_tile(str(x.dtype)[6:], gated, aligned, _size(tiles, cfg.family(kind, "tile"), M, x, aligned))
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
         _launch(ks.wide_tile_gemm_n_kernel, grid, x2, w, w2 if gated else dummy,
                 bias if bias is not None else dummy, m2, y, M, N, K, G, group_size, K,
@@ -518,7 +518,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, *, algo: str = "auto",
     else:  # tile
         aligned = _aligned(x2, w, bias, m2, y, ints=(N, K, group_size))
         t = cfg.tile_tile(str(x.dtype)[6:], aligned=aligned,
-                          size=_size(tiles, cfg.family("tile", False, kind_k=True), M, x, aligned))
+                          size=_size(tiles, cfg.family("k", "tile"), M, x, aligned))
         grid = (triton_cdiv(M, t.block_m), triton_cdiv(N, t.block_n))
         _launch(ks.wide_tile_gemm_k_kernel, grid, x2, w, b, m2, y, M, N, K, G, group_size, K,
                 num_warps=t.num_warps, num_stages=t.num_stages, HAS_BIAS=has_bias, PRECISE=_precise(x.dtype),

@@ -162,11 +162,16 @@ def validate_entry(arch: str, entry: Any) -> list[str]:
     return errs
 
 
+def _gpu_arch(key: str) -> bool:
+    """Whether `key` names a GPU architecture ('sm_90'), not a GPU model's entry, 'default' or 'interpreter'."""
+    return key.startswith("sm_") and key[3:].isdigit()
+
+
 def _arch_ok(arch: str) -> bool:
     base, at, device = arch.partition("@")
     if at:
-        return bool(re.fullmatch(r"sm_\d+", base)) and bool(DEVICE_NAME.fullmatch(device))
-    return arch in ("default", "interpreter") or (arch.startswith("sm_") and arch[3:].isdigit())
+        return _gpu_arch(base) and bool(DEVICE_NAME.fullmatch(device))
+    return arch in ("default", "interpreter") or _gpu_arch(arch)
 
 
 def validate(table: Any) -> list[str]:
@@ -205,7 +210,7 @@ def merge_recorded(recorded: Any, table: dict[str, Any]) -> tuple[dict[str, Any]
         for arch, entry in recorded.items():
             if arch.startswith("_"):
                 continue
-            if not re.fullmatch(r"sm_\d+", arch):
+            if not _gpu_arch(arch):
                 errs.append(f"{arch!r}: a record sets measured GPU architectures (sm_<NN>) only")
             elif entry.get("measured") is not True:
                 errs.append(f"{arch}: a record must be measured (\"measured\": true)")

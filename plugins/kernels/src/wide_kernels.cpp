@@ -124,6 +124,14 @@ constexpr int kLargeGatedBlockN = 64; // gated: at most 64 wide (two accumulator
 constexpr int kWideBlockM = 128;      // the "/wide" cubins (configs.WIDE_*): tile_n (plain, bias) / tile_k,
 constexpr int kWideBlockN = 256;      // a16 only (sized() steps an unaligned call down to "/large")
 char const* const kSizeSuffix[] = {"", "/large", "/wide"}; // configs.SIZES: small, large, wide
+int const kTileSizeBlockM[] = {kTileBlockM, kLargeBlockM, kWideBlockM}; // tile_n / tile_k per size class
+
+//! BLOCK_N of the tile kernels (tile_n, tile_k) in size class `size` (gated: the large tile is 64 wide, no wide).
+int tileBlockN(int size, bool gated)
+{
+    int const blockN[] = {kTileBlockN, gated ? kLargeGatedBlockN : kLargeTileBlockN, kWideBlockN};
+    return blockN[size];
+}
 constexpr int kGroupedBlockM = 64;
 constexpr int kGroupedBlockNs[] = {128, 64, 32, 16};
 constexpr int kGroupedKBlockN = 128;
@@ -969,9 +977,8 @@ int planN(wide_gemm_params_t const* p, bool gated, void* ws, size_t wsSize, int 
     int size = 0;
     std::string const key
         = sized("tile_n/" + dt + "/" + var, gated ? kFamTileGated : kFamTileN, p->M, arch, pol, a, size);
-    int const blockM[] = {kTileBlockM, kLargeBlockM, kWideBlockM};
-    int const blockN[] = {kTileBlockN, gated ? kLargeGatedBlockN : kLargeTileBlockN, kWideBlockN};
-    plan.push_back(kernel(key, cdiv(p->M, blockM[size]), cdiv(p->N, blockN[size]), 1, std::move(a)));
+    plan.push_back(
+        kernel(key, cdiv(p->M, kTileSizeBlockM[size]), cdiv(p->N, tileBlockN(size, gated)), 1, std::move(a)));
     return WIDE_OK;
 }
 
@@ -1054,9 +1061,8 @@ int planK(wide_gemm_params_t const* p, void* workspace, size_t workspaceSize, in
     a.i32(p->M).i32(p->N).i32(p->K).i32(G).i32(p->group_size).i32(p->K);
     int size = 0;
     std::string const key = sized("tile_k/" + dt + var, kFamTileK, p->M, arch, pol, a, size);
-    int const blockM[] = {kTileBlockM, kLargeBlockM, kWideBlockM};
-    int const blockN[] = {kTileBlockN, kLargeTileBlockN, kWideBlockN};
-    plan.push_back(kernel(key, cdiv(p->M, blockM[size]), cdiv(p->N, blockN[size]), 1, std::move(a)));
+    plan.push_back(
+        kernel(key, cdiv(p->M, kTileSizeBlockM[size]), cdiv(p->N, tileBlockN(size, false)), 1, std::move(a)));
     return WIDE_OK;
 }
 
