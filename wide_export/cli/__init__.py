@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "wide_export.cli.build_cmd",
     "wide_export.cli.trt_cmd",
     "wide_export.cli.triton_cmd",  # triton + serve
+    "wide_export.cli.vllm_cmd",
     "wide_export.cli.bench_cmd",
     "wide_export.cli.bench_kernels_cmd",
     "wide_export.cli.bench_e2e_cmd",

@@ -36,6 +36,11 @@ class ArchSpec:
         return f"{self.hf_prefix}ForCausalLM"
 
     @property
+    def vllm_architecture(self) -> str:
+        """The architecture name a `wide-export vllm` folder declares and the vLLM plugin registers."""
+        return f"Wide{self.hf_prefix}ForCausalLM"
+
+    @property
     def hf_rotary_class(self) -> str:
         """The family's own rotary embedding (inv_freq and attention scaling exactly as transformers computes)."""
         return f"{self.hf_prefix}RotaryEmbedding"

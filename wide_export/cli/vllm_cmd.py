@@ -1,0 +1,88 @@
+"""`wide-export vllm`: a folder vLLM serves as it is (`vllm serve OUT`), through the wide-export plugin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from wide_export.cli.common import (
+    AttnGroupOpt, FfnGroupOpt, LoraOpt, LoraScaleOpt, ModelOpt, RouterOpt, user_errors,
+)
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("vllm")(vllm)
+
+
+@user_errors
+def vllm(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to create (config.json with a `wide` "
+                                                                "section, safetensors, tokenizer files).")],
+    model: ModelOpt = None,
+    router: RouterOpt = None,
+    lora: LoraOpt = None,
+    lora_scale: LoraScaleOpt = 2.0,
+    attn_group_size: AttnGroupOpt = None,
+    ffn_group_size: FfnGroupOpt = None,
+    dtype: Annotated[Optional[str], typer.Option(
+        help="Weights dtype: float32, float16, bfloat16, or auto (the checkpoint's own; float32 for the demo). "
+             "Routers are always float32.")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+) -> None:
+    """Write a WIDE model as a Hugging Face-style folder that vLLM runs with the wide-export plugin.
+
+    The LoRA is merged, the routers are included (float32), the tokenizer files,
+    chat template and generation_config are copied: the folder is shareable as
+    it is. Serve it with `vllm serve OUTPUT` where wide-export is installed
+    (docs/vllm.md).
+
+    Exit codes: 0 written; 2 bad input, nothing written; 130 Ctrl-C, 143
+    SIGTERM: nothing written, an OUTPUT that --force was replacing left as it was.
+    """
+    from wide_export.errors import WideError
+    from wide_export.outdir import check_output_dir
+
+    if dtype not in DTYPES:
+        raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
+    check_output_dir(output, force, protect=(model, router, lora))
+    _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, force)
+
+
+def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, force) -> None:
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.outdir import atomic_output_dir
+    from wide_export.progress import Stages
+    from wide_export.vllm.export import export_vllm, source_dtype
+
+    stages = Stages()
+    if model is None:
+        from wide_export.model.demo import DEMO_NAME
+
+        stages.note(f"no --model given: writing the embedded demo model, {DEMO_NAME}")
+    if dtype == "auto":
+        dtype = source_dtype(model)
+    with stages.stage("load"):
+        loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale,
+                                 attn_group_size=attn_group_size, ffn_group_size=ffn_group_size, dtype=dtype,
+                                 progress=stages.update, lazy=True, checksums=False)
+    if loaded.model_dir is not None:
+        from wide_export.export.genai_config import check_genai_sources
+
+        check_genai_sources(loaded)  # an escaping tokenizer file is refused before the weights are written
+    with atomic_output_dir(output, force) as staging, stages.stage("write"):
+        summary = export_vllm(loaded, staging, dtype, stages)
+    from wide_export.vllm.spec import tp_sizes
+
+    cfg = loaded.config
+    stages.note(f"wrote {output}: {', '.join(summary['weights'])} ({dtype}, {summary['routers']} router tensors, "
+                f"LoRA pairs merged: {loaded.lora_pairs}), {len(summary['text'])} tokenizer file(s)")
+    stages.note(f"serve it: vllm serve {output}   (tensor_parallel_size: {', '.join(map(str, tp_sizes(cfg)))})")
+    from wide_export.vllm.compat import cpu_head_dim_note
+
+    note = cpu_head_dim_note(cfg.head_dim)
+    if note:
+        stages.note(note)
