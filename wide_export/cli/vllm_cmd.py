@@ -59,16 +59,16 @@ def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_
     from wide_export.vllm.export import export_vllm, source_dtype
 
     stages = Stages()
-    if model is None:
-        from wide_export.model.demo import DEMO_NAME
-
-        stages.note(f"no --model given: writing the embedded demo model, {DEMO_NAME}")
     if dtype == "auto":
         dtype = source_dtype(model)
     with stages.stage("load"):
         loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale,
                                  attn_group_size=attn_group_size, ffn_group_size=ffn_group_size, dtype=dtype,
                                  progress=stages.update, lazy=True, checksums=False)
+    if model is None:  # after the checks: a bad flag stays the only line
+        from wide_export.model.demo import DEMO_NAME
+
+        stages.note(f"no --model given: writing the embedded demo model, {DEMO_NAME}")
     if loaded.model_dir is not None:
         from wide_export.export.genai_config import check_genai_sources
 

@@ -26,8 +26,10 @@ def source_dtype(model_dir: Path | None) -> str:
     """The checkpoint's own dtype (config.json `dtype` / `torch_dtype`), float32 when it names none we write."""
     if model_dir is None:
         return "float32"
+    from wide_export.checkpoint.hf import read_hf_config
     from wide_export.paths import read_json
 
+    read_hf_config(Path(model_dir))  # the loader's checks and one-line errors first (no folder, no config, ...)
     raw = read_json(Path(model_dir) / CONFIG, hint="the model folder looks damaged")
     value = raw.get("dtype") or raw.get("torch_dtype") if isinstance(raw, dict) else None
     return value if value in ("float32", "float16", "bfloat16") else "float32"

@@ -72,8 +72,11 @@ def _fail(err: WideError) -> ValueError:
 
 
 def _plain(layer: nn.Module, cls: type) -> bool:
-    """`layer` is vLLM's own `cls`, unquantised (not wrapped by LoRA): our kernels can read its weight."""
-    return type(layer) is cls and isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
+    """`layer` is vLLM's own `cls`, unquantised, not wrapped by LoRA, and keeps its [N, K] weight (vLLM's CPU
+    backend repacks it for its own GEMM and empties `weight`): our kernels can read that weight."""
+    weight = getattr(layer, "weight", None)
+    return (type(layer) is cls and isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
+            and isinstance(weight, torch.Tensor) and weight.dim() == 2)
 
 
 class _Affine(nn.Module):
