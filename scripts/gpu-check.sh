@@ -97,6 +97,34 @@ tp_check
 echo "tp (run-tp over NCCL, >= 2 GPUs): $tp_status" | tee -a "$LOG"   # and a row of summary.txt
 # --- end of the tensor-parallelism stage --------------------------------------------------------------
 
+# --- vLLM (issue 33), only where vllm is importable: a stage of its own, outside the 460 s above -------------
+# `wide-export bench vllm`: the WIDE folder and its dense twin through vLLM's engine (the plugin's Triton
+# kernels on CUDA), prefill / decode tokens/s, TTFT and ITL at batch 1 and 16, and the WIDE side's greedy
+# tokens against the PyTorch reference (float32). The device image has no vLLM and its wheel is far over
+# carry's 64 MiB: there the stage says so in one line (T_VLLM adds up to 300 s where vLLM is installed).
+vllm_status=skipped
+vllm_check() {
+  if ! "$PYTHON" -c "import vllm" >/dev/null 2>&1; then
+    echo "vllm: skipped (vllm is not importable by $PYTHON; pip install -e '.[vllm]')" | tee -a "$LOG"
+    return
+  fi
+  run vllm "${T_VLLM:-300}" "$PYTHON" -c "from wide_export.cli import main; main()" bench vllm --dtype float32 \
+      --batch 1 --batch 16 --output "$BUILD/vllm"   # not in $OUT: the device returns at most 8 files
+  if [ -f "$BUILD/vllm/vllm.json" ]; then
+    "$PYTHON" -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = d['ratios']
+print('vllm:', d['hardware'], '| tokens = reference:', d['tokens_equal_reference'], '|',
+      ' '.join(f\"b{b} prefill {v['prefill_tok_s']:.2f}x decode {v['decode_tok_s']:.2f}x\" for b, v in r.items()))
+" "$BUILD/vllm/vllm.json" | tee -a "$LOG"
+  fi
+}
+step "vLLM (WIDE vs its dense twin, where vllm is installed)"
+vllm_check
+echo "vllm (bench vllm): $vllm_status" | tee -a "$LOG"
+# --- end of the vLLM stage ---------------------------------------------------------------------------------
+
 step "summary"
 "$PYTHON" - "$OUT" "$TESTS_LOG" "$build_status" "$tests_status" "$bench_status" "$e2e_status" <<'PY' | tee "$OUT/summary.txt"
 import json, re, sys, xml.etree.ElementTree as ET
@@ -178,4 +206,5 @@ for a, b, c in rows:
     print(f"{a:<{w}}  {b:<8}  {c}")
 PY
 echo "tp (>= 2 GPUs)  $tp_status" | tee -a "$OUT/summary.txt"
+echo "vllm            $vllm_status$(grep -m1 '^vllm: ' "$LOG" | sed 's/^vllm:/ /')" | tee -a "$OUT/summary.txt"
 [ "$build_status" = ok ] && [ "$tests_status" = ok ] && [ "$bench_status" = ok ] && [ "$e2e_status" = ok ]

