@@ -23,7 +23,9 @@ COMMON = dict(num_heads=4, num_kv_heads=2, head_dim=32, hidden_size=128, interme
 SPECS = {  # one per family, each with a different mix of what the table varies
     "llama": dict(arch="llama", attention_bias=True, seed=3),  # q, k, v and o_proj biases
     "mistral": dict(arch="mistral", sparse_target="attention", seed=4),
-    "qwen2": dict(arch="qwen2", sparse_target="ffn", tie_word_embeddings=True, seed=5),  # q/k/v biases, tied
+    # q/k/v biases. (Not tied: random weights with tied embeddings repeat the last token whatever the routers
+    # decide, so the test could not tell WIDE from dense; the tied folder is checked in test_folder.py.)
+    "qwen2": dict(arch="qwen2", sparse_target="ffn", seed=5),
     "qwen3": dict(arch="qwen3", hidden_size=96, seed=6),  # q/k norm, head_dim 32 != 96 / 4
 }
 # A shared prefix longer than two 32-token blocks (vLLM's CPU attention takes multiples of 32): the prompts
