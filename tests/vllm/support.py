@@ -46,9 +46,10 @@ def checkpoint(folder: Path, family: str) -> Path:
 
 
 def export(ckpt: Path, out: Path, *extra: str) -> Path:
-    """`wide-export vllm` as a user runs it (a child process), LoRA included."""
+    """`wide-export vllm` as a user runs it (a child process), the checkpoint's LoRA included."""
+    lora = ["--lora", str(ckpt / "lora.pth")] if (ckpt / "lora.pth").is_file() else []
     cmd = [sys.executable, "-c", "from wide_export.cli import main; main()", "vllm", "--model", str(ckpt),
-           "--lora", str(ckpt / "lora.pth"), "--output", str(out), *extra]
+           *lora, "--output", str(out), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return out

@@ -92,8 +92,9 @@ class _Affine(nn.Module):
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor) -> None:
         if tuple(tensor.shape) != tuple(param.shape):
-            raise ValueError(f"WIDE: {self.name} has shape {list(tensor.shape)} in the folder, its config.json "
-                             f"`wide` section implies {list(param.shape)} (hint: {HINT})")
+            leaf = "weight" if param is self.weight else "bias"
+            raise ValueError(f"WIDE: {self.name}.{leaf} has shape {list(tensor.shape)} in the folder, its "
+                             f"config.json `wide` section implies {list(param.shape)} (hint: {HINT})")
         param.data.copy_(tensor.to(torch.float32))
 
 
