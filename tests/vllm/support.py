@@ -42,7 +42,27 @@ def checkpoint(folder: Path, family: str) -> Path:
 
     ckpt = make_checkpoint(folder, **{**COMMON, **SPECS[family]})
     write_demo_tokenizer(ckpt)
+    _apart(ckpt)
     return ckpt
+
+
+def _apart(ckpt: Path) -> None:
+    """Make the residual stream and its normed copy decide differently: embeddings 4x larger (the stream's RMS
+    about 4, the normed stream's about 1) and router biases 8x larger (comparable with the logits' spread), so a
+    router fed the normed stream instead of the stream flips many decisions (the synthetic model's stream
+    has an RMS near 1, where the two inputs decide alike); o_proj / down_proj 4x larger, so the sublayers
+    still move the stream as much as before and the flipped decisions change tokens."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(ckpt / "model.safetensors"))
+    weights["model.embed_tokens.weight"] *= 4
+    for name in weights:  # and the sublayers' outputs to scale with the stream, so a flipped decision shows
+        if name.endswith(("o_proj.weight", "o_proj.bias", "down_proj.weight")):
+            weights[name] *= 4
+    save_file(weights, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    routers = torch.load(ckpt / "router.pth", weights_only=True)
+    torch.save({k: v * 8 if k.endswith(".router.bias") else v for k, v in routers.items()}, ckpt / "router.pth")
 
 
 def export(ckpt: Path, out: Path, *extra: str) -> Path:
