@@ -146,3 +146,21 @@ def test_rank_model_in_a_world_of_one_is_the_reference(ckpts):
         a, b = ref(*args)[0], rank(*args)[0]
     assert torch.equal(a, b)
     assert not np.isnan(a.numpy()).any()
+
+
+@pytest.mark.parametrize("model,kv", [("llama", 4), (None, 2)])
+def test_a_world_size_config_json_refuses_is_refused_before_torch_is_imported(ckpts, tmp_path, model, kv):
+    """Issue 35, cheap refusals first: `--tp 3` against config.json's KV heads needs no torch, no router file
+    and no weights (it took 11.6 s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom wide_export.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    print('torch imported:', 'torch' in sys.modules, 'exit:', e.code)\n"
+            "    raise")
+    args = ["onnx", "--tp", "3", "--output", str(tmp_path / "out")] + (["--model", str(ckpts[model])] if model else [])
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "torch imported: False exit: 2", done.stdout + done.stderr
+    line = assert_one_line_error(done)
+    assert f"--tp 3 does not divide num_key_value_heads={kv}" in line
+    assert not (tmp_path / "out").exists()

@@ -64,8 +64,10 @@ def onnx(
         raise WideError("--balance-text places FFN groups across tensor-parallel ranks", "add --tp N")
     if balance_text is not None and model is None:
         raise WideError("--balance-text needs the model's tokenizer", "pass --model DIR (with tokenizer.json)")
-    if tp is not None and tp < 1:
-        raise WideError(f"--tp {tp} is not a world size", "pass --tp N with N >= 1")
+    if tp is not None:  # what config.json decides, before anything heavy is imported or read (check_tp: the rest)
+        from wide_export.tp.plan import check_tp_early
+
+        check_tp_early(model, tp)
     if tp is not None and dtype == "bfloat16" and verify:
         raise WideError("a bfloat16 --tp export cannot be verified on CPU", "add --no-verify, or export float32")
     check_output_dir(output, force, protect=(model, router, lora))  # fail before minutes of loading

@@ -34,9 +34,51 @@ class TPPlan:
         return order[rank * k:(rank + 1) * k]
 
 
+HINT = "choose --tp dividing num_key_value_heads, the attention groups and the FFN groups"
+
+
+def check_tp_sizes(tp: int, num_key_value_heads: int, intermediate_size: int) -> None:
+    """The part of check_tp that config.json alone decides: refused before any router or weight is read."""
+    if tp < 1:
+        raise WideError(f"--tp {tp} is not a world size", "pass --tp N with N >= 1")
+    if num_key_value_heads % tp:
+        raise WideError(f"--tp {tp} does not divide num_key_value_heads={num_key_value_heads}", HINT)
+    if intermediate_size % tp:
+        raise WideError(f"--tp {tp} does not divide intermediate_size={intermediate_size}", HINT)
+
+
+def check_tp_early(model_dir, tp: int) -> None:
+    """check_tp_sizes from config.json (or the demo's spec) without torch or transformers: `--tp 3` on a
+    model with 8 KV heads is refused in the time it takes to read a JSON file. A config.json that cannot be
+    read is left to the loader, which reports it."""
+    from pathlib import Path
+
+    if model_dir is None:
+        from wide_export.model.demo import DEMO_SPEC
+
+        check_tp_sizes(tp, DEMO_SPEC.num_kv_heads, DEMO_SPEC.intermediate_size)
+        return
+    from wide_export.paths import read_json
+
+    path = Path(model_dir) / "config.json"
+    try:
+        from wide_export.paths import confined
+
+        confined(path, Path(model_dir), "config file")
+        raw = read_json(path)
+    except (WideError, OSError):
+        return
+    if not isinstance(raw, dict):
+        return
+    heads, kv, inter = (raw.get(k) for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size"))
+    kv = kv if kv is not None else heads
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (kv, inter)):
+        check_tp_sizes(tp, kv, inter)
+
+
 def check_tp(cfg, tp: int) -> None:
     """Refuse (one line) a world size the model's heads or groups do not divide by."""
-    hint = "choose --tp dividing num_key_value_heads, the attention groups and the FFN groups"
+    hint = HINT
     if tp < 1:
         raise WideError(f"--tp {tp} is not a world size", "pass --tp N with N >= 1")
     if cfg.num_key_value_heads % tp:
