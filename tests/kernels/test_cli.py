@@ -176,3 +176,33 @@ def test_measured_policy_reads_the_crossovers():
     assert (pol["grouped_n_min_m"], pol["grouped_n_min_group_size"]) == (256, 128)
     assert pol["grouped_k_min_m"] > 4096  # never wins: never chosen
     assert pol["measured"] is True
+
+
+@pytest.mark.parametrize("tokens,groups,sparsity,kind,skipped", [
+    (1, 2, 0.5, "random", 1), (1, 12, 0.5, "random", 6), (7, 4, 0.9, "random", 3),  # round(3.6) = 4: one kept
+    (5, 4, 0.1, "correlated", 1),  # round(0.4) = 0: one skipped
+    (3, 8, 0.0, "random", 0), (3, 8, 1.0, "correlated", 8), (9, 32, 0.25, "correlated", 8),
+])
+def test_bench_masks_have_exactly_the_labelled_sparsity_per_token(tokens, groups, sparsity, kind, skipped):
+    """Issue 35: the tiny preset's `T=1 gs16` row, labelled 0.5, had skipped every group. Counts by hand."""
+    import torch
+
+    from wide_export.bench.kernels import make_mask
+
+    for seed in range(5):
+        m = make_mask(tokens, groups, sparsity, kind, torch.Generator().manual_seed(seed), "cpu")
+        assert m.shape == (tokens, groups) and m.dtype == torch.int32
+        assert (m == 0).sum(dim=1).tolist() == [skipped] * tokens
+
+
+def test_bench_random_masks_skip_different_groups():
+    import torch
+
+    from wide_export.bench.kernels import make_mask
+
+    m = make_mask(400, 12, 0.5, "random", torch.Generator().manual_seed(0), "cpu")
+    per_group = (m == 0).float().mean(dim=0)
+    assert ((per_group > 0.35) & (per_group < 0.65)).all(), per_group  # not the same six groups every time
+    c = make_mask(400, 12, 0.5, "correlated", torch.Generator().manual_seed(0), "cpu")
+    agree = (c == c[0]).float().mean()
+    assert agree > 0.75  # tokens share most decisions

@@ -117,20 +117,30 @@ class Report:
     complete: bool = False
 
 
+def skipped_per_token(groups: int, sparsity: float) -> int:
+    """The groups each token skips: round(G * sparsity), but at least one kept and one skipped whenever the
+    label is strictly between 0 and 1 (a 0.5 row must not run everything, or nothing, at a small G)."""
+    k = round(groups * sparsity)
+    if 0.0 < sparsity < 1.0 and groups >= 2:
+        k = min(max(k, 1), groups - 1)
+    return k
+
+
 def make_mask(tokens: int, groups: int, sparsity: float, kind: str, generator, device):
-    """int32 [tokens, G] with P(on) = 1 - sparsity; 'correlated' tokens share most decisions."""
+    """int32 [tokens, G]: every token skips exactly skipped_per_token(G, sparsity) groups, which ones drawn at
+    random ('random'), or mostly shared between tokens ('correlated': a common ranking of the groups, 15 % of
+    each token's places re-drawn)."""
     import torch
 
-    keep = 1.0 - sparsity
+    if kind not in ("random", "correlated"):
+        raise ValueError(f"unknown mask kind {kind!r}")
     rand = lambda *shape: torch.rand(*shape, generator=generator, device=device)  # noqa: E731
-    if kind == "random":
-        return (rand(tokens, groups) < keep).to(torch.int32)
-    if kind == "correlated":  # a shared base mask, each token re-draws 15% of its decisions
-        base = rand(1, groups) < keep
-        fresh = rand(tokens, groups) < keep
-        redraw = rand(tokens, groups) < 0.15
-        return torch.where(redraw, fresh, base).to(torch.int32)
-    raise ValueError(f"unknown mask kind {kind!r}")
+    score = rand(tokens, groups)  # a token skips the groups of its k lowest scores
+    if kind == "correlated":
+        score = torch.where(rand(tokens, groups) < 0.15, score, rand(1, groups).expand(tokens, groups))
+    k = skipped_per_token(groups, sparsity)
+    rank = score.argsort(dim=1).argsort(dim=1)  # each group's place in its token's order
+    return (rank >= k).to(torch.int32)
 
 
 def copy_bandwidth_gbs(cuda: bool, nbytes: int = 1 << 30) -> float:
@@ -569,7 +579,7 @@ def speedup_table(report: Report):
              if report.arch != "interpreter" else
              f"speedup vs torch's CPU matmul ({report.device}, {report.dtype}): INTERPRETER TIMINGS, MEANINGLESS")
     table = Table(title=title)
-    for col in ("kernel", "shape", "gs", "s", "mask"):
+    for col in ("kernel", "shape", "gs", "s (realised)", "mask"):
         table.add_column(col)
     for t in tokens:
         table.add_column(str(t), justify="right")
@@ -581,7 +591,8 @@ def speedup_table(report: Report):
             r = cells.get(t)
             txt = "" if r is None else f"{r.speedup:.2f} {r.auto_algo[:2]}"
             vals.append(f"[red]{txt}[/]" if r is not None and r.speedup < 0.95 else txt)
-        table.add_row(key[0], key[1], str(key[2]), f"{key[3]:.1f}", key[4], *vals)
+        realised = 1.0 - sum(r.active_weight_fraction for r in cells.values()) / len(cells)
+        table.add_row(key[0], key[1], str(key[2]), f"{key[3]:.2g} ({realised:.2f})", key[4], *vals)
     return table
 
 
@@ -614,8 +625,9 @@ def roofline_table(report: Report):
         table.add_column(col, justify="right", no_wrap=True)
     for r in sorted(rows, key=lambda r: (r.kernel, r.shape, r.group_size, r.sparsity, r.mask, r.tokens)):
         case = f"{r.kernel} {r.shape} gs{r.group_size} T={r.tokens}"
-        if r.mask != "random" or abs(r.sparsity - 0.5) > 1e-9:
-            case += f" s={r.sparsity:g} {r.mask}"
+        case += f" s={r.sparsity:g} ({1.0 - r.active_weight_fraction:.2f} realised)"
+        if r.mask != "random":
+            case += f" {r.mask}"
         pct = "n/m" if r.pct_of_roofline is None else f"{r.pct_of_roofline:.0f}%"
         table.add_row(case, _si(r.bytes_needed, "B"), _si(r.flops, ""), _time(r.roofline_ms),
                       f"{r.auto_algo} {_time(r.wide_ms)}", pct)
