@@ -269,7 +269,7 @@ def _plot_bars(plt, fig, ax_t, ax_m, rows: list[dict[str, Any]], path: Path) -> 
     ax_t.bar(names, [r["seconds"] for r in rows], color=colors)
     ax_m.bar(names, [r["peak_rss_mb"] / 1024 for r in rows], color=colors)
     weights = rows[0]["weights_mb"] / 1024
-    ax_m.axhline(weights, ls=":", color="grey", label=f"weights {weights:.2f} GiB")
+    ax_m.axhline(weights, ls=":", color="grey", label=f"weights {_size(rows[0]['weights_mb'])}")  # tiny: MiB
     ax_m.legend()
     ax_t.set(ylabel="time (s)", title=f"time, {rows[0]['layers']} layers")
     ax_m.set(ylabel="peak RSS (GiB)", title="memory")
