@@ -65,3 +65,27 @@ def test_config_carries_our_profiles_and_target():
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["type"] == "CreateConfigRTX" and got["cc"] == [[8, 9]]
     assert got["profiles"] == [{"x": [[1, 1], [2, 4], [4, 8]]}, {"x": [[1, 1], [2, 1], [4, 1]]}]
+
+
+def test_the_logger_drops_the_int64_binding_reminder_and_keeps_other_warnings(capsys):
+    """Issue 35: TensorRT-RTX printed `Make sure input input_ids has Int64 binding` three times per build."""
+    import enum
+    import types
+
+    from wide_export.trt.loaders import quiet_logger
+
+    class ILogger:
+        class Severity(enum.IntEnum):  # ordered and printed as tensorrt's (`Severity.WARNING`)
+            INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = range(5)
+            __str__ = enum.Enum.__str__
+
+        def __init__(self):
+            pass
+
+    logger = quiet_logger(types.SimpleNamespace(ILogger=ILogger))
+    w = ILogger.Severity.WARNING
+    for name in ("input_ids", "attention_mask", "position_ids"):
+        logger.log(w, f"ModelImporter.cpp:1071: Make sure input {name} has Int64 binding.")
+    logger.log(w, "onnxOpImporters.cpp: some other warning")
+    logger.log(ILogger.Severity.INFO, "an info line")
+    assert capsys.readouterr().err.splitlines() == ["[TRT] [W] onnxOpImporters.cpp: some other warning"]

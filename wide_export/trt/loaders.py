@@ -11,8 +11,8 @@ imported; `use_flavour` makes that choice match ours before anything imports it.
 What is still ours, and why:
   * the TensorRT logger: Polygraphy's forwards every parser warning, and an
     inlined `wide` function body repeats node names hundreds of times; ours
-    drops that one message (set as Polygraphy's global TRT_LOGGER, so its
-    loaders use it);
+    drops that message and the Int64-binding reminder (_NOISE says why; set as
+    Polygraphy's global TRT_LOGGER, so its loaders use it);
   * the compute capability names (`SM89`): CreateConfigRTX takes (major, minor)
     pairs, converted here, with our error for an unknown name;
   * the timing cache goes through a private temp file (Polygraphy's file-like
@@ -31,9 +31,17 @@ from typing import Any, Optional
 from wide_export.errors import WideError
 from wide_export.signals import check_interrupted, interrupted
 
-# The parser names inlined function-body nodes after their outputs, which repeat in every
-# instance of a `wide` op; it warns once per node. Those warnings say nothing to the user.
-_NOISE = "already exists, the output tensors of this new instance will not be queryable"
+# Parser warnings that say nothing to the user, each dropped for its reason:
+_NOISE = (
+    # it names inlined function-body nodes after their outputs, which repeat in every instance of a `wide`
+    # op, and warns once per node
+    "already exists, the output tensors of this new instance will not be queryable",
+    # "Make sure input input_ids has Int64 binding", once per int64 input on every build: TensorRT 10+ keeps
+    # int64 inputs int64 (no cast to int32 as TensorRT 8 did) and reminds the caller to bind int64 buffers;
+    # every runner of ours binds input_ids / attention_mask / position_ids as int64 (Polygraphy's TrtRunner
+    # with the graph's int64 arrays, Triton's TYPE_INT64), and no declaration of the input silences it
+    "has Int64 binding",
+)
 
 
 def use_flavour(be) -> None:
@@ -61,7 +69,7 @@ def chain_record(be) -> dict[str, Any]:
 
 
 def quiet_logger(trt):
-    """A WARNING-level TensorRT logger that drops the duplicate-node-name noise of inlined bodies."""
+    """A WARNING-level TensorRT logger that drops the parser warnings of _NOISE."""
 
     class Logger(trt.ILogger):
         def __init__(self):
@@ -70,7 +78,7 @@ def quiet_logger(trt):
         def log(self, severity, msg):
             if interrupted():  # a cancelled build's "[E] ... BuildCanceled" lines would bury our one line
                 return
-            if severity <= trt.ILogger.Severity.WARNING and _NOISE not in msg:
+            if severity <= trt.ILogger.Severity.WARNING and not any(noise in msg for noise in _NOISE):
                 print(f"[TRT] [{str(severity).rsplit('.', 1)[-1][0]}] {msg}", file=sys.stderr)
 
     return Logger()
