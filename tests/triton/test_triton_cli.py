@@ -55,7 +55,9 @@ def test_serve_without_any_server_binary_is_a_clear_error(tiny_repo, monkeypatch
     assert "no tritonserver binary" in assert_one_line_error(result)
 
 
-def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo, rng):
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo, rng, sig, code):
+    """Issue 35: once ready, Ctrl-C / SIGTERM exit 130 / 143 as for every command (they exited 0)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
     from wide_export.triton.server import free_port
 
@@ -77,10 +79,10 @@ def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo, rng):
         prompt = rng.integers(0, tiny_llm.VOCAB, size=6)
         with GenerationClient(grpc, "grpc") as client:
             np.testing.assert_array_equal(client.generate(prompt, 5), tiny_llm.reference_greedy(tiny[1], prompt, 5))
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=40)
-        assert proc.returncode == 0, rest
-        assert "stopped" in rest
+        assert proc.returncode == code, rest  # 128 + the signal once ready, as for every command (README)
+        assert f"stopped ({sig.name})" in rest and "Traceback" not in rest
     finally:
         if proc.poll() is None:
             proc.kill()

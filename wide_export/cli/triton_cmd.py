@@ -113,6 +113,9 @@ def serve(
     With --openai-port, an OpenAI-compatible HTTP API runs in front of it (talking to it over gRPC) and
     Triton's own HTTP endpoint is off unless --http-port asks for it. A tritonserver that dies, or whose
     model process dies or hangs, is restarted (at most 5 times in 10 minutes).
+
+    Exit codes, as every command's: 130 Ctrl-C (SIGINT), 143 SIGTERM, once the server is stopped, also after
+    it was ready; 2 bad input or a server that cannot start or keeps dying.
     """
     from rich.console import Console
 
@@ -160,10 +163,13 @@ def serve(
     if frontend is not None:
         console.print(f"models: {', '.join(m.name for m in frontend.models)}", markup=False)
     console.print("Ctrl-C to stop")
-    server.serve_until_signal(report=lambda line: console.print(line, markup=False),  # restarts a dead or hung server
-                              check=frontend.check if frontend is not None else None,
-                              before_stop=frontend.stop if frontend is not None else None)
-    console.print("stopped")
+    signum = server.serve_until_signal(report=lambda line: console.print(line, markup=False),  # restarts a dead
+                                       check=frontend.check if frontend is not None else None,  # or hung server
+                                       before_stop=frontend.stop if frontend is not None else None)
+    import signal as signals
+
+    console.print(f"stopped ({signals.Signals(signum).name}); tritonserver and its models are down")
+    raise typer.Exit(128 + signum)  # 130 Ctrl-C, 143 SIGTERM: the rule of every command (README)
 
 
 def bench_serving(

@@ -432,8 +432,9 @@ class TritonServer:
 
     def serve_until_signal(self, poll: float = 0.5, report: Callable[[str], None] = print,
                            check: Optional[Callable[[], None]] = None,
-                           before_stop: Optional[Callable[[], None]] = None) -> None:
-        """Block until SIGINT/SIGTERM (then stop cleanly) or until the server dies (WideError).
+                           before_stop: Optional[Callable[[], None]] = None) -> int:
+        """Block until SIGINT/SIGTERM (then stop cleanly; returns that signal's number) or until the server
+        dies (WideError).
 
         Every `poll` seconds the server is supervised (watch_models): a dead tritonserver, a dead or
         hung stub restarts it; one that cannot come back stops with a WideError. `check`
@@ -441,7 +442,13 @@ class TritonServer:
         runs before the server is stopped (e.g. stopping a frontend in front of it).
         """
         stop = threading.Event()
-        handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        got: list[int] = []
+
+        def on_signal(signum, _frame) -> None:
+            got.append(signum)
+            stop.set()
+
+        handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             while not stop.wait(poll):
                 self.watch_models(report)
@@ -457,6 +464,7 @@ class TritonServer:
                 finally:
                     for sig, handler in handlers.items():
                         signal.signal(sig, handler)
+        return int(got[0])
 
     def __enter__(self) -> "TritonServer":
         if self.process is not None and self.process.poll() is None:
