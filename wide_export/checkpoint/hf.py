@@ -36,11 +36,18 @@ def read_hf_config(model_dir: Path) -> Any:
         raise WideError(f"model folder not found: {model_dir}", "pass --model DIR, a Hugging Face model folder")
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
-        raise WideError(f"{model_dir} has no config.json",
-                        "pass a Hugging Face causal-LM folder (config.json + *.safetensors)")
+        from wide_export.folders import elsewhere
+
+        raise WideError(f"{model_dir} has no config.json", elsewhere(model_dir, "model")
+                        or "pass a Hugging Face causal-LM folder (config.json + *.safetensors)")
     confined(cfg_path, model_dir, "config file")
     raw = read_json(cfg_path, hint="the model folder looks damaged")
     check_config_values(raw, cfg_path)
+    if isinstance(raw.get("wide"), dict):  # written by `wide-export vllm`: LoRA merged, routers inside
+        from wide_export.folders import elsewhere
+
+        raise WideError(f"--model {model_dir} is not a checkpoint of the WIDE trainer",
+                        elsewhere(model_dir, "model") or "pass the Hugging Face folder with its router.pth")
     arch_for(raw.get("model_type"))  # refuse unknown architectures before transformers sees them
     from transformers import AutoConfig
 

@@ -252,13 +252,16 @@ def wide_config(loaded, opset: int, external: bool, counts: dict[str, int]) -> d
     }
 
 
-def read_wide_config(folder: Path) -> dict[str, Any]:
-    """Load OUT/wide_config.json with a clear error when the folder is not an export."""
+def read_wide_config(folder: Path, uses: dict[str, str] | None = None) -> dict[str, Any]:
+    """Load OUT/wide_config.json with a clear error when the folder is not an export (naming what it is and
+    where it goes when it is another of our folders; `uses`: the command's own way per kind, folders.py)."""
     folder = Path(folder)
     path = folder / CONFIG_NAME
     if not (folder / MODEL_NAME).is_file() or not path.is_file():
+        from wide_export.folders import elsewhere
+
         raise WideError(f"{folder} is not a wide-export ONNX folder (no {MODEL_NAME} / {CONFIG_NAME})",
-                        "create one with `wide-export onnx --output DIR`")
+                        elsewhere(folder, "onnx", uses) or "create one with `wide-export onnx --output DIR`")
     from wide_export.paths import confined, read_json
 
     hint = "re-run `wide-export onnx`"

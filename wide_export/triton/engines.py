@@ -134,7 +134,10 @@ def read_engine_folder(folder: Path) -> EngineSource:
     folder = Path(folder)
     manifest = folder / MANIFEST
     if not manifest.is_file():
-        raise WideError(f"{manifest} not found", hint="point --engines at the folder written by `wide-export trt`")
+        from wide_export.folders import elsewhere
+
+        raise WideError(f"{manifest} not found", hint=elsewhere(folder, "engines", {"onnx": "pass it as --onnx DIR"})
+                        or "point --engines at the folder written by `wide-export trt`")
     confined(manifest, folder, "engine manifest")
     raw = read_json(manifest, hint="rebuild the engines with `wide-export trt`")
     if not isinstance(raw, dict):

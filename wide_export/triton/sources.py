@@ -162,7 +162,10 @@ def read_onnx_folder(folder: Path) -> OnnxSource:
     folder = Path(folder)
     onnx_file = folder / ONNX_FILE
     if not onnx_file.is_file():
-        raise WideError(f"{onnx_file} not found", hint="point --onnx at the folder written by `wide-export onnx`")
+        from wide_export.folders import elsewhere
+
+        raise WideError(f"{onnx_file} not found", hint=elsewhere(folder, "onnx", {"engines": "pass it as --engines DIR"})
+                        or "point --onnx at the folder written by `wide-export onnx`")
     confined(onnx_file, folder, "model file")
     cfg = _read_config(folder / WIDE_CONFIG)
     shape = parse_model_shape(cfg, folder / WIDE_CONFIG)

@@ -48,6 +48,16 @@ def trt_dtype_name(trt, dtype) -> str:
     return str(dtype).split(".")[-1].lower()
 
 
+def _no_onnx(onnx_dir: Path) -> WideError:
+    """--onnx without model.onnx: what the folder is, if it is another of ours, else how to make one."""
+    from wide_export.folders import elsewhere
+
+    return WideError(f"{onnx_dir / ONNX_FILE} not found",
+                     hint=elsewhere(onnx_dir, "onnx", {"engines": "it is built already; serve it with "
+                                                                 "`wide-export triton --engines DIR`"})
+                     or "export first: wide-export onnx --output DIR")
+
+
 def _read_onnx_folder(onnx_dir: Path):
     """(onnx ModelProto without weights, wide_config dict or {}); model.onnx, its external-data
     locations and wide_config.json must lie inside onnx_dir (checked before TensorRT opens any)."""
@@ -55,7 +65,7 @@ def _read_onnx_folder(onnx_dir: Path):
 
     path = onnx_dir / ONNX_FILE
     if not path.is_file():
-        raise WideError(f"{path} not found", hint="export first: wide-export onnx --output DIR")
+        raise _no_onnx(onnx_dir)
     confined(path, onnx_dir, "model file")
     model = load_graph(path)
     external_data_files(model, path)
@@ -295,7 +305,7 @@ def build_engine(onnx_dir: Path, output_dir: Path, *, backend: Optional[str] = N
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()}}
     # Cheap checks first, so user errors do not wait for TensorRT (or a child process).
     if not (Path(onnx_dir) / ONNX_FILE).is_file():
-        raise WideError(f"{Path(onnx_dir) / ONNX_FILE} not found", hint="export first: wide-export onnx --output DIR")
+        raise _no_onnx(Path(onnx_dir))
     check_engine_output(Path(onnx_dir), Path(output_dir), bool(kwargs.get("force")))
     _read_onnx_folder(Path(onnx_dir))  # its files lie inside onnx_dir before TensorRT (or a child) opens them
     base = load_recipe(args["recipe"]).limits if args.get("recipe") else ProfileLimits()

@@ -29,8 +29,10 @@ def read_manifest(engine_dir: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise WideError(f"{path} not found", hint="build the engine first: wide-export trt --onnx DIR --output DIR") \
-            from None
+        from wide_export.folders import elsewhere
+
+        raise WideError(f"{path} not found", hint=elsewhere(Path(engine_dir), "engines", {"onnx": "pass it as --onnx DIR"})
+                        or "build the engine first: wide-export trt --onnx DIR --output DIR") from None
     except json.JSONDecodeError as err:
         raise WideError(f"{path} is not valid JSON: {err}") from None
     if not manifest.get("engines"):

@@ -135,7 +135,7 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
     stages = stages or Stages(quiet=True)
     settings = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     onnx_dir = Path(onnx_dir)
-    config = read_wide_config(onnx_dir)  # its files.* lie inside onnx_dir
+    config = read_wide_config(onnx_dir, {"engines": "pass it as --engine DIR"})  # its files.* lie inside onnx_dir
     check_graph_files(onnx_dir, config)
     dtype = config["dtype"]
     tol = tolerance_for(dtype)
