@@ -125,3 +125,32 @@ def test_an_unknown_backend_is_one_line(sharded):
     folder, _ = sharded
     line = assert_one_line_error(_run_tp(folder, "--backend", "mpi"))
     assert "--backend 'mpi' is not a collective backend" in line
+
+
+def test_port_puts_the_rendezvous_on_loopback_at_that_port(sharded, monkeypatch):
+    """Issue 35: run-tp opened random ports; --port names the ranks' rendezvous port, on 127.0.0.1, and gloo's
+    sockets stay on the loopback interface. The ranks still generate the reference's tokens."""
+    import socket
+
+    import wide_export.childproc as childproc
+
+    folder, want = sharded
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seen = []
+    real = childproc.run_group
+
+    def spy(cmd, **kw):
+        seen.append((list(cmd), dict(kw.get("env") or {})))
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(childproc, "run_group", spy)
+    result = _run_tp(folder, "--port", str(port))
+    assert result.exit_code == 0, result.output
+    assert [int(v) for v in result.output.strip().splitlines()[-1].split(",")] == want
+    (cmd, env), = seen
+    assert f"--rdzv-endpoint=127.0.0.1:{port}" in cmd and "--standalone" not in cmd
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"
+    line = assert_one_line_error(_run_tp(folder, "--port", "70000"))
+    assert "--port 70000 is not a TCP port" in line

@@ -89,12 +89,52 @@ def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo, rng, sig, c
             proc.wait(10)
 
 
-def test_bench_serving_reports_both_paths(tiny, tmp_path):
+def _free_range(n: int) -> int:
+    """A port p with p..p+n-1 all free on 127.0.0.1 right now."""
+    import socket
+
+    from wide_export.triton.server import free_port
+
+    while True:
+        base = free_port()
+        if base + n > 65535:
+            continue
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_bench_serving_reports_both_paths(tiny, tmp_path, monkeypatch):
+    """Also issue 35: --base-port puts tritonserver's ports at base..base+2 (it opened random ones)."""
+    import wide_export.triton.server as server_mod
+
     out = tmp_path / "serving.json"
+    base = _free_range(4)
+    ports = []
+    real_start = server_mod.TritonServer.start
+
+    def spy(self, *a, **k):
+        started = real_start(self, *a, **k)
+        ports.append((self.endpoints.http, self.endpoints.grpc, self.endpoints.metrics))
+        return started
+
+    monkeypatch.setattr(server_mod.TritonServer, "start", spy)
     result = CliRunner().invoke(_app(), [
         "bench", "serving", "--onnx", str(tiny[0]), "--requests", "2", "--prompt-len", "4", "--new-tokens", "3",
-        "--protocol", "http", "--output", str(out), "--staggered", "4", "--arrival-ms", "5", "--rounds", "2"])
+        "--protocol", "http", "--output", str(out), "--staggered", "4", "--arrival-ms", "5", "--rounds", "2",
+        "--base-port", str(base)])
     assert result.exit_code == 0, result.output
+    assert len(ports) == 3  # the measured server, then static and in-flight batching
+    assert set(ports) == {(f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}", f"http://127.0.0.1:{base + 2}/metrics")}
     import json
 
     from wide_export.bench.serving import ServingBenchConfig, staggered_plan

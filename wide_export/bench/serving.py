@@ -68,6 +68,18 @@ class ServingBenchConfig:
     rounds: int = 3  # interleaved rounds of every path per client count (pooled; each round's tokens/s kept)
     openai: bool = False  # measure the OpenAI frontend (streaming /v1/completions) instead
     repository: Optional[Path] = None  # openai: serve this repository (default: a streaming one from `onnx`)
+    base_port: Optional[int] = None  # tritonserver's HTTP / gRPC / metrics on base..base+2, the OpenAI API
+    # on base+3 (all on 127.0.0.1); None: free ports the OS picks
+
+    def server_ports(self) -> dict:
+        """TritonServer's port arguments: the base port's range, or nothing (free ports)."""
+        if self.base_port is None:
+            return {}
+        return {"http_port": self.base_port, "grpc_port": self.base_port + 1, "metrics_port": self.base_port + 2}
+
+    @property
+    def openai_port(self) -> int:
+        return 0 if self.base_port is None else self.base_port + 3
 
 
 @dataclass
@@ -201,7 +213,7 @@ def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
     settings = gm.Settings.load(str(version))
     step = gm.ort_step(str(version), settings, threads=direct_threads())  # IOBinding, as the server's
     results = []
-    with TritonServer(repo) as server:
+    with TritonServer(repo, **cfg.server_ports()) as server:
         url = server.endpoints.grpc if cfg.protocol == "grpc" else server.endpoints.http
         for clients in cfg.clients:
             prompts = _prompts(cfg, settings.vocab_size, clients)
@@ -292,7 +304,7 @@ def _measure_staggered(cfg: ServingBenchConfig, onnx: Path, tmp: Path) -> list[S
                                    options=RepoOptions(streaming=True, batching=batching))
         settings = gm.Settings.load(str(repo / "wide_llm" / "1"))
         plan = staggered_plan(cfg, settings.vocab_size, settings.max_total_tokens)
-        with TritonServer(repo) as server:
+        with TritonServer(repo, **cfg.server_ports()) as server:
             url = server.endpoints.http
             for _ in range(2):  # warm-up
                 _stream_request(url, plan[0][1], plan[0][2])
@@ -399,7 +411,7 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path) -> tuple[list[dict], st
     from wide_export.frontend.runner import prepare_frontend
     from wide_export.triton.server import TritonServer
 
-    frontend = prepare_frontend(repo)
+    frontend = prepare_frontend(repo, port=cfg.openai_port)
     model = frontend.models[0]
     try:
         settings = json.loads((model.folder / "generation.json").read_text())
@@ -410,7 +422,7 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path) -> tuple[list[dict], st
     decoupled = re.search(r"decoupled\s*:\s*true", (repo / model.triton_name / "config.pbtxt").read_text()) is not None
     rows = []
     try:
-        with TritonServer(repo) as server:
+        with TritonServer(repo, **cfg.server_ports()) as server:
             frontend.start(server.endpoints.grpc)
             for clients in cfg.clients:
                 prompts = _prompts(cfg, vocab, clients)
@@ -483,6 +495,9 @@ def run_serving_bench(cfg: ServingBenchConfig) -> dict:
         raise WideError(f"--clients must be >= 1, got {list(cfg.clients)}")
     if min(cfg.requests, cfg.prompt_len, cfg.new_tokens, cfg.rounds) < 1:
         raise WideError("--requests, --prompt-len, --new-tokens and --rounds must be >= 1")
+    if cfg.base_port is not None and not 1 <= cfg.base_port <= 65535 - 3:
+        raise WideError(f"--base-port {cfg.base_port} leaves no room for its 4 ports",
+                        "pass a port from 1 to 65532: the bench uses it and the next three")
     if cfg.repository is not None and not cfg.openai:
         raise WideError("--repository is for --openai", hint="add --openai, or give --onnx")
     console = Console(highlight=False)

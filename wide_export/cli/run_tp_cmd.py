@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -16,13 +16,18 @@ def run_tp(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate (greedy).")] = 16,
     backend: Annotated[str, typer.Option("--backend", help="All-reduces over gloo (CPU) or nccl (one GPU per "
                                          "rank).")] = "gloo",
+    port: Annotated[Optional[int], typer.Option(
+        "--port", help="The rendezvous port of the ranks (torchrun's c10d store) on 127.0.0.1. Default: a free "
+                       "port the system picks. gloo's own rank-to-rank connections use ephemeral ports on the "
+                       "loopback interface (gloo has no port setting).", show_default=False)] = None,
 ) -> None:
     """Generate greedily from a tensor-parallel export: one process per rank on this machine, each running
     only its rank's graph in ONNX Runtime, the all-reduces done by torch.distributed between them (gloo on the
     CPU, or NCCL on one GPU per rank with --backend nccl).
 
-    The launch is PyTorch's torchrun (`python -m torch.distributed.run --standalone --nproc-per-node N -m
-    wide_export.tp.run ...`); for several nodes run that module under torchrun yourself (docs/distributed.md).
+    The launch is PyTorch's torchrun (`python -m torch.distributed.run --nnodes 1 --rdzv-backend c10d
+    --rdzv-endpoint 127.0.0.1:PORT --nproc-per-node N -m wide_export.tp.run ...`), everything on loopback; for
+    several nodes run that module under torchrun yourself (docs/distributed.md).
     """
     import sys
 
@@ -36,14 +41,27 @@ def run_tp(
     _parse_ids(prompt_ids)
     if backend not in BACKENDS:
         raise WideError(f"--backend {backend!r} is not a collective backend", "use --backend gloo or nccl")
+    if port is not None and not 1 <= port <= 65535:
+        raise WideError(f"--port {port} is not a TCP port", "pass a port from 1 to 65535")
     if not onnx.is_dir():
         raise WideError(f"--onnx {onnx} is not a folder", "pass the output folder of `wide-export onnx --tp N`")
     manifest = read_manifest(onnx)
     world = manifest["world_size"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m", "wide_export.tp.run", "--onnx", str(onnx),
+    if port is None:
+        from wide_export.triton.server import free_port
+
+        port = free_port()
+    # One node, everything on loopback: the c10d rendezvous (and the process group's store) on 127.0.0.1:PORT,
+    # gloo's pair sockets on `lo` (GLOO_SOCKET_IFNAME; by default gloo takes the host name's interface).
+    rendezvous = ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=wide-run-tp"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={world}",
+           "-m", "wide_export.tp.run", "--onnx", str(onnx),
            "--prompt-ids", prompt_ids, "--max-new-tokens", str(max_new_tokens), "--backend", backend]
+    import os
+
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
     lines: list[str] = []
-    code = run_group(cmd, on_line=lines.append)
+    code = run_group(cmd, on_line=lines.append, env=env)
     errors = [ln for ln in lines if ln.startswith("error: ")]
     if code != 0:
         if errors:

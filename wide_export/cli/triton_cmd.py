@@ -199,6 +199,10 @@ def bench_serving(
     repository: Annotated[Optional[Path], typer.Option(
         "--repository", help="--openai: serve this repository (default: a streaming one from --onnx or the demo "
                              "model).", show_default=False)] = None,
+    base_port: Annotated[Optional[int], typer.Option(
+        "--base-port", help="Ports to use, all on 127.0.0.1: tritonserver's HTTP, gRPC and metrics on BASE, "
+                            "BASE+1, BASE+2, the OpenAI API (--openai) on BASE+3. Default: free ports the system "
+                            "picks.", show_default=False)] = None,
 ) -> None:
     """Tokens/s and p50/p99 latency of the served onnxruntime flavour, 1 and 8 clients,
     next to direct ONNX Runtime calls in the same run; then staggered streaming requests,
@@ -210,6 +214,7 @@ def bench_serving(
         onnx=onnx, requests=requests, prompt_len=prompt_len, new_tokens=new_tokens, protocol=protocol,
         seed=seed, output=output, staggered=staggered, arrival_ms=arrival_ms, rounds=rounds,
         clients=tuple(clients) if clients else CLIENT_COUNTS, openai=openai, repository=repository,
+        base_port=base_port,
     ))
 
 
