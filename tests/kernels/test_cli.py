@@ -206,3 +206,24 @@ def test_bench_random_masks_skip_different_groups():
     c = make_mask(400, 12, 0.5, "correlated", torch.Generator().manual_seed(0), "cpu")
     agree = (c == c[0]).float().mean()
     assert agree > 0.75  # tokens share most decisions
+
+
+def test_readme_build_figures_match_the_default_build():
+    """Issue 35: the README's progress example said 17/272 while the default build compiles 840."""
+    import re
+    from pathlib import Path
+
+    from wide_export.kernels import aot
+    from wide_export.native.build import DEFAULT_CUDA_ARCHS
+
+    def count(archs):
+        return sum(len(aot.arch_specs(a)) for a in archs)
+
+    default = [int(a) for a in DEFAULT_CUDA_ARCHS.split(";")]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = re.search(r"`aot: Triton kernels \d+/(\d+)`", readme)
+    assert example and int(example.group(1)) == count(default)
+    assert f"{count(default)} for the four default" in readme
+    assert f"192 each for sm_80 / sm_86 / sm_89 and {count([90])} for sm_90" in readme
+    assert all(count([a]) == 192 for a in (80, 86, 89))
+    assert f'`--cuda-arch "80;90"` is {count([80, 90])}' in readme
