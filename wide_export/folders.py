@@ -49,7 +49,8 @@ USE = {  # where each kind goes, whatever was asked for
                "--onnx DIR`); Triton and TensorRT take an export without --tp",
     "onnx": "pass it as --onnx DIR (wide-export trt, triton, verify)",
     "engines": "pass it as --engines DIR (triton) or --engine DIR (verify)",
-    "vllm": "serve it with `vllm serve DIR` (docs/vllm.md); --model takes the Hugging Face folder it was written from",
+    "vllm": "serve it with `vllm serve DIR` (`wide-vllm serve DIR` with the CPU wheel, docs/vllm.md); --model "
+            "takes the Hugging Face folder it was written from",
     "repository": "serve it with `wide-export serve --repository DIR`",
     "model": "export it first: `wide-export onnx --model DIR --output OUT`",
 }

@@ -157,3 +157,74 @@ def _all_initializers(model):
             if attr.HasField("g"):
                 graphs.append(attr.g)
             graphs.extend(attr.graphs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Copies that cannot race: the file is opened once, the open file is checked, and the copy reads that file.
+# Checking a path and then copying it by path lets a swap in between (the name turned into a symlink to a
+# private file elsewhere) copy the other file (issue 34: 7 of 25 runs).
+def _opened_path(fd: int) -> Path | None:
+    """What an open descriptor is, as the kernel names it (Linux /proc); None where there is no /proc."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return None
+
+
+def open_confined(path: Path | str, folder: Path, what: str) -> tuple[int, os.stat_result]:
+    """(descriptor, its fstat) of `folder`'s file `path`, opened once and checked open: a regular file, owned by
+    us or by the folder's owner, that the kernel says lies inside `folder` (or its Hugging Face blob store).
+    The last component is opened with O_NOFOLLOW (a name swapped for a symlink fails), O_NONBLOCK (a FIFO
+    swapped in cannot hang the open). The caller closes the descriptor."""
+    import stat
+
+    target = confined(path, folder, what)  # symlinks inside the folder (a Hugging Face snapshot) followed here
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(target, flags)
+    except OSError as err:
+        raise WideError(f"cannot open {what} {path}: {err.strerror or err}",
+                        "the file changed while it was read, or is not a plain file: check the folder") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise WideError(f"{what} {path} is not a regular file", "replace it with the file itself")
+        opened = _opened_path(fd)
+        if opened is not None and not any(opened.is_relative_to(root) for root in allowed_roots(folder)):
+            raise WideError(f"{what} {path} changed while it was opened: it is now {opened}, outside {folder}",
+                            "something is changing the folder; copy it somewhere only you can write")
+        owners = {os.geteuid()}
+        try:
+            owners.add(os.stat(folder).st_uid)
+        except OSError:
+            pass
+        if info.st_uid not in owners:
+            raise WideError(f"{what} {path} belongs to another user (uid {info.st_uid})",
+                            "copy the file into the folder as yourself")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
+def copy_confined(path: Path | str, dst: Path, folder: Path, what: str) -> None:
+    """Copy `folder`'s file `path` to the new file `dst` from one descriptor (open_confined): the bytes
+    copied are those of the file that was checked. `dst` keeps the source's permission bits (a 0600 file
+    stays 0600) and times, and must not exist (O_EXCL, O_NOFOLLOW)."""
+    fd, info = open_confined(path, folder, what)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            out = os.open(dst, flags, info.st_mode & 0o777)
+        except OSError as err:
+            raise WideError(f"cannot create {dst}: {err.strerror or err}", "the output folder changed under us; "
+                            "run the command again") from None
+        try:
+            while chunk := os.read(fd, 1 << 20):
+                os.write(out, chunk)
+            os.fchmod(out, info.st_mode & 0o777)  # the umask narrowed the mode given to open
+        finally:
+            os.close(out)
+        os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
+    finally:
+        os.close(fd)

@@ -54,7 +54,8 @@ CASES = [  # (command line with {dir}, folder kind, what the hint must say)
     ("onnx --model {dir} --output {out}", "onnx", "is an ONNX export (wide-export onnx): pass it as --onnx DIR "
                                                   "(wide-export trt, triton, verify)"),
     ("onnx --model {dir} --output {out}", "vllm", "is a vLLM folder (wide-export vllm): serve it with `vllm serve "
-                                                  "DIR` (docs/vllm.md); --model takes the Hugging Face folder"),
+                                                  "DIR` (`wide-vllm serve DIR` with the CPU wheel, docs/vllm.md); "
+                                                  "--model takes the Hugging Face folder"),
     ("vllm --model {dir} --output {out}", "repository", "is a Triton model repository"),
 ]
 

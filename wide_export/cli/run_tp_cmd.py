@@ -17,16 +17,17 @@ def run_tp(
     backend: Annotated[str, typer.Option("--backend", help="All-reduces over gloo (CPU) or nccl (one GPU per "
                                          "rank).")] = "gloo",
     port: Annotated[Optional[int], typer.Option(
-        "--port", help="The rendezvous port of the ranks (torchrun's c10d store) on 127.0.0.1. Default: a free "
-                       "port the system picks. gloo's own rank-to-rank connections use ephemeral ports on the "
-                       "loopback interface (gloo has no port setting).", show_default=False)] = None,
+        "--port", help="The ranks' rendezvous port (torchrun's c10d store), reached at 127.0.0.1. Default: a "
+                       "free port the system picks. gloo's rank-to-rank sockets stay on the loopback interface; "
+                       "torch's stores listen on every interface and the workers' store on a port of its own "
+                       "(torchrun has no setting for either).", show_default=False)] = None,
 ) -> None:
     """Generate greedily from a tensor-parallel export: one process per rank on this machine, each running
     only its rank's graph in ONNX Runtime, the all-reduces done by torch.distributed between them (gloo on the
     CPU, or NCCL on one GPU per rank with --backend nccl).
 
     The launch is PyTorch's torchrun (`python -m torch.distributed.run --nnodes 1 --rdzv-backend c10d
-    --rdzv-endpoint 127.0.0.1:PORT --nproc-per-node N -m wide_export.tp.run ...`), everything on loopback; for
+    --rdzv-endpoint 127.0.0.1:PORT --nproc-per-node N -m wide_export.tp.run ...`), addressed over loopback; for
     several nodes run that module under torchrun yourself (docs/distributed.md).
     """
     import sys
@@ -51,9 +52,12 @@ def run_tp(
         from wide_export.triton.server import free_port
 
         port = free_port()
-    # One node, everything on loopback: the c10d rendezvous (and the process group's store) on 127.0.0.1:PORT,
-    # gloo's pair sockets on `lo` (GLOO_SOCKET_IFNAME; by default gloo takes the host name's interface).
-    rendezvous = ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=wide-run-tp"]
+    # One node, reached through loopback: the c10d rendezvous at 127.0.0.1:PORT, the workers' store addressed
+    # as 127.0.0.1 (--local-addr; else torchrun names it by the host's FQDN), gloo's pair sockets on `lo`
+    # (GLOO_SOCKET_IFNAME; else the host name's interface). torch's TCPStore still listens on every interface,
+    # and the workers' store on a port of its own choosing: torchrun has no setting for either.
+    rendezvous = ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=wide-run-tp",
+                  "--local-addr=127.0.0.1"]
     cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={world}",
            "-m", "wide_export.tp.run", "--onnx", str(onnx),
            "--prompt-ids", prompt_ids, "--max-new-tokens", str(max_new_tokens), "--backend", backend]

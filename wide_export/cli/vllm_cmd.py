@@ -80,7 +80,8 @@ def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_
     cfg = loaded.config
     stages.note(f"wrote {output}: {', '.join(summary['weights'])} ({dtype}, {summary['routers']} router tensors, "
                 f"LoRA pairs merged: {loaded.lora_pairs}), {len(summary['text'])} tokenizer file(s)")
-    stages.note(f"serve it: vllm serve {output}   (tensor_parallel_size: {', '.join(map(str, tp_sizes(cfg)))})")
+    stages.note(f"serve it: vllm serve {output}   (with the CPU wheel: wide-vllm serve {output}; "
+                f"tensor_parallel_size: {', '.join(map(str, tp_sizes(cfg)))})")
     from wide_export.vllm.compat import cpu_head_dim_note
 
     note = cpu_head_dim_note(cfg.head_dim)

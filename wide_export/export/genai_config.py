@@ -11,7 +11,6 @@ tokenizer_config.json from the same folder).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +132,10 @@ def write_genai_files(loaded, folder: Path, model_file: str) -> list[str]:
         from wide_export.model.demo_tokenizer import write_demo_tokenizer
 
         return write_demo_tokenizer(folder)
+    from wide_export.paths import copy_confined
+
     for path in tokenizer_files(loaded):
-        shutil.copy2(path, folder / path.name)
+        copy_confined(path, folder / path.name, model_folder(loaded), "tokenizer file")  # no check-then-copy race
         copied.append(path.name)
     return copied
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import stat
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -80,15 +78,24 @@ def link_or_copy(src: Path, dst: Path) -> None:
     by someone else, or one already linked elsewhere, e.g. into an earlier repository). Symlinks are
     followed to their (confined) target, never linked as such.
     """
-    real = Path(src).resolve()
-    info = real.stat()
-    if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_nlink == 1:
-        try:
-            os.link(real, dst, follow_symlinks=False)
-            return
-        except OSError:
-            pass  # another filesystem, or links not allowed: copy
-    shutil.copy2(real, dst)
+    from wide_export.paths import copy_confined, open_confined
+
+    real = Path(src).resolve()  # the readers confined `src` to its folder; here it is opened and checked once
+    fd, info = open_confined(real, real.parent, "file")
+    try:
+        if info.st_uid == os.getuid() and info.st_nlink == 1:
+            try:
+                os.link(real, dst, follow_symlinks=False)
+            except OSError:
+                pass  # another filesystem, or links not allowed: copy
+            else:  # keep the link only if it is the file that was checked (the name may have been swapped)
+                linked = os.stat(dst, follow_symlinks=False)
+                if (linked.st_dev, linked.st_ino) == (info.st_dev, info.st_ino):
+                    return
+                os.unlink(dst)
+    finally:
+        os.close(fd)
+    copy_confined(real, dst, real.parent, "file")
 
 
 SIBLINGS = ("inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its own folder
@@ -111,8 +118,10 @@ def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, setting
     for name in SIBLINGS:
         (version / name).write_text(package.joinpath(name).read_text())
     (version / "generation.json").write_text(json.dumps({"flavour": flavour, **settings}, indent=2) + "\n")
+    from wide_export.paths import copy_confined
+
     for path in serving_files(source):
-        shutil.copyfile(path, version / path.name)
+        copy_confined(path, version / path.name, source, "tokenizer file")  # from the file that was checked
     return version
 
 

@@ -134,13 +134,20 @@ def check_engine_output(onnx_dir: Path, output_dir: Path, force: bool = False) -
                             protect=(Path(onnx_dir),))
 
 
-def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, Path], force: bool) -> None:
-    """Write everything into a sibling temp folder, then rename it to OUT (nothing half-written)."""
+def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, tuple[Path, Optional[Path]]],
+                   force: bool) -> None:
+    """Write everything into a sibling temp folder, then rename it to OUT (nothing half-written). `copies`:
+    name -> (source, the user's folder it must lie in, or None for our own build's files)."""
+    from wide_export.paths import copy_confined
+
     with atomic_output_dir(output_dir, force=force or (output_dir / MANIFEST).is_file()) as staging:
         for name, data in files.items():
             (staging / name).write_bytes(data)
-        for name, src in copies.items():
-            shutil.copyfile(src, staging / name)
+        for name, (src, folder) in copies.items():
+            if folder is None:
+                shutil.copyfile(src, staging / name)
+            else:  # a file of the user's export: copied from the descriptor that was checked (no race)
+                copy_confined(src, staging / name, folder, "export file")
 
 
 def _check_plugin_layers(model, network, trt, lib: Optional[PluginLibrary], required: bool) -> PluginReport:
@@ -275,13 +282,13 @@ def _build(onnx_path: Path, graph_dir: Path, out: Path, model, config: dict[str,
     if not config:
         manifest.pop("model")
     files = {ENGINE_FILE: engine, MANIFEST: (json.dumps(manifest, indent=2) + "\n").encode()}
-    copies = {PLUGIN_LIB_NAME: lib.path} if lib else {}
+    copies = {PLUGIN_LIB_NAME: (lib.path, None)} if lib else {}
     if config:
-        copies[WIDE_CONFIG] = graph_dir / WIDE_CONFIG
+        copies[WIDE_CONFIG] = (graph_dir / WIDE_CONFIG, graph_dir)
     from wide_export.triton.textfiles import serving_files
 
     # The tokenizer and generation settings travel with the engine: `wide-export triton` serves text from them.
-    copies.update({path.name: path for path in serving_files(graph_dir)})
+    copies.update({path.name: (path, graph_dir) for path in serving_files(graph_dir)})
     if timing_cache is None:
         files[TIMING_CACHE] = cache
     _write_outputs(out, files, copies, force)

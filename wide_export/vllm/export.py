@@ -3,14 +3,14 @@
 The weights are streamed as `wide-export onnx` streams them: the loader opens the
 checkpoint lazily, and every tensor is read from its memory-mapped shard, cast,
 LoRA-merged (checkpoint/lazy.py) and written into a safetensors shard of at most
-`max_shard_bytes`, so peak memory is about one shard. Routers are written in
+`max_shard_bytes` (2 GiB); safetensors serialises a shard whole before writing
+it, so peak memory is about two shards, whatever the model's size. Routers are written in
 float32 under the trainer's names. The folder's contract is spec.py.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -138,10 +138,11 @@ def write_text_files(loaded, folder: Path) -> list[str]:
 
         return write_demo_tokenizer(folder)
     from wide_export.export.genai_config import tokenizer_files
+    from wide_export.paths import copy_confined
 
     copied = []
-    for path in tokenizer_files(loaded):  # each confined to the model folder
-        shutil.copy2(path, folder / path.name)
+    for path in tokenizer_files(loaded):  # each confined to the model folder, and copied from the checked file
+        copy_confined(path, folder / path.name, Path(loaded.model_dir), "tokenizer file")
         copied.append(path.name)
     return copied
 

@@ -1,10 +1,11 @@
 """WIDE on vLLM's own layers: one model class for every family of model/arch.py's table.
 
 Built from vLLM's parallel linear layers, RMSNorm, rotary embedding, paged
-Attention, embedding and LM head, so vLLM's features (paged KV cache, prefix
-caching, chunked prefill, continuous batching, LoRA adapters, quantised layers,
-torch.compile, CUDA graphs, tensor and pipeline parallelism) apply as to its own
-Llama. What WIDE adds (../shared/WIDE.md):
+Attention, embedding and LM head, so vLLM's engine features (paged KV cache,
+prefix caching, chunked prefill, continuous batching, torch.compile, tensor and
+pipeline parallelism: tested on CPU; CUDA graphs, LoRA adapters, online
+quantisation: untested) apply as to its own Llama. Pre-quantised checkpoints are
+not loaded: load_weights refuses tensors the folder's config does not describe. What WIDE adds (../shared/WIDE.md):
 
 * per layer up to two routers, float32, replicated on every rank; each reads the
   pre-norm residual stream: vLLM's fused add+RMSNorm returns it as `residual`;
@@ -19,7 +20,8 @@ activations and vLLM's layers run as they are. `triton` (CUDA, unquantised layer
 without LoRA wrappers): the router and the masked gate/up and down GEMMs run our
 kernels as torch custom ops (ops.py), which skip the weights of skipped groups;
 o_proj / down_proj partial sums are all-reduced as RowParallelLinear does.
-`WIDE_VLLM_KERNELS` = auto (triton on CUDA) | native | triton.
+`--additional-config '{"wide_kernels": "auto|native|triton"}'` or `WIDE_VLLM_KERNELS`; auto = triton on
+CUDA. The CUDA path has not run on a GPU yet (none was lent); on CPU only its router runs (tests/vllm).
 """
 
 from __future__ import annotations
@@ -57,14 +59,20 @@ STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
 
 
-def use_kernels(device_type: str) -> bool:
-    """Whether the masked projections run our Triton kernels (WIDE_VLLM_KERNELS, default: on CUDA)."""
-    mode = os.environ.get(KERNELS_ENV, "auto")
+def use_kernels(vllm_config: VllmConfig) -> bool:
+    """Whether the router and masked projections run our Triton kernels: `--additional-config
+    '{"wide_kernels": ...}'`, else WIDE_VLLM_KERNELS; auto (the default) = on CUDA. The choice is written into
+    additional_config, which vLLM hashes into its compile-cache key: a graph compiled in one mode is never
+    reloaded in the other (the environment variable alone is not part of that key)."""
+    extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
+    mode = extra.get("wide_kernels") or os.environ.get(KERNELS_ENV, "auto")
     if mode not in ("auto", "native", "triton"):
-        raise ValueError(f"{KERNELS_ENV}={mode!r}: choose auto, native or triton")
-    if mode == "auto":
-        return device_type == "cuda"
-    return mode == "triton"
+        raise ValueError(f"WIDE: kernels {mode!r} (additional_config wide_kernels / {KERNELS_ENV}): "
+                         "choose auto, native or triton")
+    on = vllm_config.device_config.device_type == "cuda" if mode == "auto" else mode == "triton"
+    if isinstance(vllm_config.additional_config, dict):
+        vllm_config.additional_config["wide_kernels"] = "triton" if on else "native"
+    return on
 
 
 def _fail(err: WideError) -> ValueError:
@@ -106,7 +114,9 @@ class WideRouter(nn.Module):
         rank, hidden = shapes["compressor.weight"]
         self.compressor = _Affine(rank, hidden, f"{prefix}.compressor")
         self.router = _Affine(shapes["router.weight"][0], rank, f"{prefix}.router")
-        self.kernels = kernels
+        from wide_export.kernels.configs import router_block_r
+
+        self.kernels = kernels and bool(router_block_r(rank))  # the fused router's rank limit: native above it
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """The mask [T, G]: int32 (kernels) or bool (native), for the whole model (every rank takes its slice)."""
@@ -268,7 +278,7 @@ class WideModel(nn.Module):
         hf = vllm_config.model_config.hf_config
         self.wide = cfg = wide_config(vllm_config)
         self.config = hf
-        kernels = use_kernels(vllm_config.device_config.device.type)
+        kernels = use_kernels(vllm_config)
         pp = get_pp_group()
         if pp.is_first_rank or (cfg.tie_word_embeddings and pp.is_last_rank):
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,

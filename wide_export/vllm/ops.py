@@ -4,7 +4,8 @@ Each op runs our Triton kernels (wide_export.kernels.launch: JIT on CUDA, the
 interpreter on CPU tensors) and has a fake implementation that only gives the
 output's shape and dtype, which is all Dynamo needs to trace around it. The
 kernels pick their algorithm from the tensor shapes and the device's policy on
-the host, with no device-to-host copy, so a decode step never synchronises.
+the host and read no device value, so a decode step needs no device-to-host copy
+(read from the code; not yet run on a GPU).
 
   wide_vllm::router(h, wc, bc, wr, br)              -> int32 mask [T, G]
   wide_vllm::masked_gated_mlp(x, wg, wu, mask, gs)  -> silu(x Wg^T) * (x Wu^T), skipped groups 0
