@@ -19,7 +19,9 @@ split across tokens (byte-level BPE, SentencePiece byte-fallback) comes out
 whole, and SentencePiece's word-initial spaces come out as decoding the whole
 sequence gives them. While the row runs, the last `len(longest stop) - 1`
 characters are held back (a stop string may still be completing); a stop
-string and everything after it never reach the client.
+string and everything after it never reach the client, nor does the text of the
+eos / stop token id that ended the row (as vLLM: such an id from
+generation_config.json may be an ordinary, non-special token).
 """
 
 from __future__ import annotations
@@ -91,9 +93,12 @@ class RowOutput:
         if self.done:
             raise RuntimeError("a finished row got another token")
         token = int(token)
-        self.tokens.append(token)
+        self.tokens.append(token)  # counted in the usage, whatever ended the row
         if token in self.stop_ids:
             self.finish_reason = STOP
+            if self.codec is not None:  # the text before it, flushed; the stop token's own text is never
+                self._decode_new(final=True)  # part of the answer (as vLLM: an eos id of generation_config.json
+            return  # may be an ordinary token, e.g. "\n" or "<|im_end|>" added as non-special)
         if self.codec is not None:
             self._ids.append(token)
             self._decode_new(final=self.done or len(self.tokens) >= self.max_new_tokens)
