@@ -169,7 +169,7 @@ def test_no_secret_on_the_command_line_and_nobody_can_load_a_model(repo, tmp_pat
         conn.request("GET", "/v2/models/wide_llm/ready")
         assert conn.getresponse().status == 200
     finally:
-        assert serve.stop() == 0, serve.output()
+        assert serve.stop() == 130, serve.output()  # Ctrl-C: 128 + SIGINT, as every command
 
 
 def test_a_crashed_tritonserver_is_restarted_within_30_s(repo, tiny, rng):
@@ -190,7 +190,7 @@ def test_a_crashed_tritonserver_is_restarted_within_30_s(repo, tiny, rng):
         assert serve.tritonserver() != old
         assert "tritonserver exited unexpectedly" in serve.wait_for("restarted") and "restarted" in serve.output()
     finally:
-        assert serve.stop() == 0, serve.output()
+        assert serve.stop() == 130, serve.output()  # Ctrl-C: 128 + SIGINT, as every command
 
 
 def test_a_hung_model_process_is_detected_within_30_s_and_open_streams_end(tiny, tmp_path, rng):
@@ -225,7 +225,7 @@ def test_a_hung_model_process_is_detected_within_30_s_and_open_streams_end(tiny,
             os.kill(stub, signal.SIGCONT)
         except ProcessLookupError:
             pass
-        assert serve.stop() == 0, serve.output()
+        assert serve.stop() == 130, serve.output()  # Ctrl-C: 128 + SIGINT, as every command
 
 
 def test_behind_the_openai_api_triton_http_is_off_and_deep_json_is_a_400(repo, tiny, rng):
@@ -252,7 +252,7 @@ def test_behind_the_openai_api_triton_http_is_off_and_deep_json_is_a_400(repo, t
         assert done["choices"][0]["token_ids"] == want.tolist(), done
         assert serve.proc.poll() is None
     finally:
-        assert serve.stop() == 0, serve.output()
+        assert serve.stop() == 130, serve.output()  # Ctrl-C: 128 + SIGINT, as every command
 
 
 def test_a_model_process_stuck_without_cpu_is_found_by_a_probe_within_30_s(repo, tiny, rng):
@@ -282,7 +282,7 @@ def test_a_model_process_stuck_without_cpu_is_found_by_a_probe_within_30_s(repo,
         print(f"serving again {took:.1f} s after the stuck request")
         assert "hung" in serve.wait_for("restarted") and "restarted" in serve.output(), serve.output()
     finally:
-        assert serve.stop() == 0, serve.output()
+        assert serve.stop() == 130, serve.output()  # Ctrl-C: 128 + SIGINT, as every command
 
 
 def _ignore(fn) -> None:

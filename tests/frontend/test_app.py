@@ -210,9 +210,21 @@ def test_repository_without_tokenizer_refuses_text_but_serves_ids(engine):
     ({"prompt": 5}, "prompt"),
     ({}, "prompt"),
     ({"prompt": "x", "model": 5}, "model"),
+    # issue 34: out of the int32 the generation model takes (2**32 + 3 wrapped to 3, 2**64 was a 500)
+    ({"prompt": "x", "max_tokens": 2**32 + 3}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 2**64}, "max_tokens"),
+    ({"prompt": "a\ud800b"}, "prompt"),  # a lone surrogate (UnicodeEncodeError, a 500)
+    ({"prompt": "x", "stop": ["ok", "\udfff"]}, "stop[1]"),
 ])
+def _post_json(client, path: str, body: dict):
+    """Posted as JSON with \\u escapes (what a client sends for a lone surrogate: httpx cannot encode one)."""
+    import json
+
+    return client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+
+
 def test_bad_completion_requests_are_400_naming_the_field(engine, client, body, param):
-    assert_openai_error(client.post("/v1/completions", json={"model": MODEL, **body}), 400, param=param)
+    assert_openai_error(_post_json(client, "/v1/completions", {"model": MODEL, **body}), 400, param=param)
     assert engine.requests == []
 
 
@@ -229,9 +241,13 @@ def test_bad_completion_requests_are_400_naming_the_field(engine, client, body, 
     ({"n": 3}, "n"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"max_completion_tokens": 2**32 + 3}, "max_completion_tokens"),
+    ({"max_tokens": 2**64}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi \ud83d"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}, "messages[0].content[0].text"),
 ])
 def test_bad_chat_requests_are_400_naming_the_field(engine, client, body, param):
-    assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, **body}), 400, param=param)
+    assert_openai_error(_post_json(client, "/v1/chat/completions", {**CHAT, **body}), 400, param=param)
     assert engine.requests == []
 
 

@@ -61,7 +61,7 @@ def served(text_repo, tmp_path_factory):
     yield base, f"http://127.0.0.1:{metrics}/metrics"
     proc.send_signal(2)  # Ctrl-C
     try:
-        assert proc.wait(60) == 0, (repo.parent / "serve.log").read_text()[-3000:]
+        assert proc.wait(60) == 130, (repo.parent / "serve.log").read_text()[-3000:]  # 128 + SIGINT
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -187,7 +187,8 @@ def create_app(engine: Engine, models: Sequence[ServedModel]) -> FastAPI:
     def common(body: SamplingRequest, model: ServedModel, **kw) -> GenerationRequest:
         ignored = sorted(body.model_extra or {})
         if ignored:
-            log.warning("ignored request fields: %s", ", ".join(ignored))
+            # escaped: a field name is the client's text, and a newline in it would forge a log line
+            log.warning("ignored request fields: %s", ", ".join(ascii(name) for name in ignored))
         return GenerationRequest(
             model=model.name,
             temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,

@@ -16,12 +16,37 @@ from pydantic_core import PydanticCustomError
 
 MAX_STOP = 4  # as OpenAI
 INT64 = 2**63
+# Token counts travel to the generation model as int32 (TYPE_INT32): a larger value wrapped (2**32 + 3 became 3)
+# or overflowed (2**64: a 500). Refused as out of range instead, before any work.
+INT32_MAX = 2**31 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 
 def refuse(param: str, message: str) -> PydanticCustomError:
     """A validation error whose `param` is named explicitly (cross-field checks)."""
     return PydanticCustomError("invalid_request", "{message}", {"param": param, "message": message})
+
+
+def _unencodable(value: Any, path: str) -> Optional[str]:
+    """The path of the first string in `value` that UTF-8 cannot encode (a lone surrogate, which JSON's
+    \\ud800 escape can carry), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        children = [(f"{path}.{k}" if path else str(k), k, v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        children = [(f"{path}[{i}]", None, v) for i, v in enumerate(value)]
+    else:
+        return None
+    for where, key, item in children:
+        found = _unencodable(key, where) or _unencodable(item, where)
+        if found:
+            return found
+    return None
 
 
 class _Model(BaseModel):
@@ -54,6 +79,9 @@ class SamplingRequest(_Model):
 
     @model_validator(mode="after")
     def _check_common(self):
+        bad = _unencodable(self.model_dump(), "")
+        if bad is not None:  # a lone surrogate: UnicodeEncodeError (a 500) on the way to the tokenizer
+            raise refuse(bad, "the text is not valid Unicode (a lone surrogate \\ud800-\\udfff); send UTF-8 text")
         if self.n is not None and self.n != 1:
             raise refuse("n", f"n={self.n} is not supported: this server returns one choice per request (n=1)")
         stops = self.stop_list()
@@ -86,7 +114,7 @@ class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: Union[str, List[str], List[int], List[List[int]]]
-    max_tokens: Optional[int] = Field(16, ge=1)
+    max_tokens: Optional[int] = Field(16, ge=1, le=INT32_MAX)
     best_of: Optional[int] = None
     echo: Optional[bool] = False
     logprobs: Optional[int] = None
@@ -143,8 +171,8 @@ class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
     messages: List[ChatMessage]
-    max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI in favour of max_completion_tokens
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[int] = Field(None, ge=1, le=INT32_MAX)  # deprecated by OpenAI: max_completion_tokens
+    max_completion_tokens: Optional[int] = Field(None, ge=1, le=INT32_MAX)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     tools: Optional[List[Any]] = None
