@@ -262,3 +262,50 @@ def test_sigterm_while_loading_stops_the_server(tiny, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_kill_9_of_serve_takes_tritonserver_and_its_stub_down(tiny_repo, tmp_path):
+    """Issue 34 item 5: `kill -9` of `wide-export serve` left tritonserver and its Python stub serving as
+    orphans (the next serve found the ports taken). They now get SIGTERM when serve dies, however it dies."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    proc = subprocess.Popen(CLI + ["serve", "--repository", str(repo), "--timeout", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        for line in proc.stdout:
+            if line.startswith("ready") or time.monotonic() > deadline:
+                break
+        server = _processes_mentioning(f"--model-repository={repo}")
+        assert server, "tritonserver did not start"
+        stubs = [p for p in _processes_mentioning("triton_python_backend_stub") if _parent_of(p) in server]
+        assert stubs, "no Python stub under tritonserver"
+        proc.kill()  # SIGKILL: serve runs no handler, no finally
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        alive = server + stubs
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [p for p in alive if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+        assert not alive, f"still running after serve was killed: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _processes_mentioning(f"--model-repository={repo}"):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
