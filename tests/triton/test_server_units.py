@@ -749,7 +749,8 @@ def test_start_once_launches_the_server_with_its_log(repo, launch):
                    "--http-address=127.0.0.1", "--http-port=8123", "--grpc-address=127.0.0.1", "--grpc-port=8124",
                    "--disable-auto-complete-config", "--exit-timeout-secs=5", "--log-verbose=0",
                    "--model-control-mode=none", "--allow-metrics=false"]
-    assert sorted(kw) == ["env", "start_new_session", "stderr", "stdin", "stdout"]
+    assert sorted(kw) == ["env", "preexec_fn", "start_new_session", "stderr", "stdin", "stdout"]
+    assert callable(kw["preexec_fn"])  # umask 077 and the parent-death signal (test_triton_cli: kill -9)
     assert kw["env"] == {"FAKE_ENV": "1"} and launch.envs == [BIN]
     assert kw["stdout"].name == str(work / "tritonserver.log") and kw["stdout"].mode == "wb"
     assert kw["stdout"].closed  # the parent's copy is closed once the child has it

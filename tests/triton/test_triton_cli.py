@@ -266,7 +266,8 @@ def test_sigterm_while_loading_stops_the_server(tiny, tmp_path):
 
 def test_kill_9_of_serve_takes_tritonserver_and_its_stub_down(tiny_repo, tmp_path):
     """Issue 34 item 5: `kill -9` of `wide-export serve` left tritonserver and its Python stub serving as
-    orphans (the next serve found the ports taken). They now get SIGTERM when serve dies, however it dies."""
+    orphans (the next serve found the ports taken). They now get SIGTERM when serve dies, however it dies,
+    and the stub's shared-memory region, 0600 now, is removed with it."""
     import shutil
 
     repo = tmp_path / "repo"
@@ -282,6 +283,9 @@ def test_kill_9_of_serve_takes_tritonserver_and_its_stub_down(tiny_repo, tmp_pat
         assert server, "tritonserver did not start"
         stubs = [p for p in _processes_mentioning("triton_python_backend_stub") if _parent_of(p) in server]
         assert stubs, "no Python stub under tritonserver"
+        regions = [Path("/dev/shm") / _argv(p)[2] for p in stubs]  # the stub's argv[2]: its region's name
+        for region in regions:  # item 2: another local user read the requests' prompts from a 0644 region
+            assert region.stat().st_mode & 0o077 == 0, f"{region} is {oct(region.stat().st_mode & 0o777)}"
         proc.kill()  # SIGKILL: serve runs no handler, no finally
         proc.wait(10)
         deadline = time.monotonic() + 30
@@ -290,11 +294,16 @@ def test_kill_9_of_serve_takes_tritonserver_and_its_stub_down(tiny_repo, tmp_pat
             time.sleep(0.2)
             alive = [p for p in alive if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
         assert not alive, f"still running after serve was killed: {alive}"
+        assert not [r for r in regions if r.exists()], "shared memory left behind"
     finally:
         if proc.poll() is None:
             proc.kill()
         for pid in _processes_mentioning(f"--model-repository={repo}"):
             os.kill(pid, signal.SIGKILL)
+
+
+def _argv(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
 
 
 def _parent_of(pid: int) -> int:

@@ -113,14 +113,27 @@ def find_tritonserver() -> ServerBinary:
     )
 
 
+def _private(region: str) -> None:
+    """chmod 0600 a stub's shared-memory region: the Python backend creates it 0644 (an explicit mode the
+    umask does not narrow), and it carries every request's tokens. Done when the stub is first seen, before
+    the server is reported ready and takes requests; a local user who opened it in the moment between its
+    creation and this keeps that descriptor (docs/triton.md)."""
+    try:
+        os.chmod(SHM_DIR / region, 0o600)
+    except OSError:
+        pass  # gone already (a stub that died), or not ours to change
+
+
 def _dies_with(parent: int):
-    """A preexec_fn: the child gets SIGTERM when `parent` dies, however it dies (Linux PR_SET_PDEATHSIG), so
-    a `kill -9` of `wide-export serve` takes tritonserver down with it (which stops its Python stubs and
-    removes their shared memory) instead of leaving it serving on the ports. No-op where prctl is missing."""
+    """A preexec_fn for tritonserver: umask 077, and SIGTERM when `parent` dies, however it dies (Linux
+    PR_SET_PDEATHSIG), so a `kill -9` of `wide-export serve` takes tritonserver down with it (which stops its
+    Python stubs and removes their shared memory) instead of leaving it serving on the ports. The signal is
+    skipped where prctl is missing."""
 
     def child() -> None:
         import ctypes
 
+        os.umask(0o077)  # its files 0600 (the stubs' regions need _private: the backend sets their mode)
         try:
             prctl = ctypes.CDLL(None, use_errno=True).prctl
         except (OSError, AttributeError):
@@ -331,6 +344,8 @@ class TritonServer:
         if self.process is None:
             return {}
         stubs = python_stubs(self.process.pid)
+        for region in {s.shm_region for s in stubs.values()} - self._shm_regions:
+            _private(region)
         self._shm_regions.update(s.shm_region for s in stubs.values())
         return stubs
 
