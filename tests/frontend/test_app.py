@@ -15,6 +15,13 @@ FULL_TEXT = "".join(PIECES)
 CHAT = {"model": MODEL, "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
 
 
+def _post_json(client, path: str, body: dict):
+    """Posted as JSON with \\u escapes (what a client sends for a lone surrogate: httpx cannot encode one)."""
+    import json
+
+    return client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+
+
 def assert_openai_error(resp, status: int, param=None, contains: str = ""):
     assert resp.status_code == status, resp.text
     body = resp.json()
@@ -216,13 +223,6 @@ def test_repository_without_tokenizer_refuses_text_but_serves_ids(engine):
     ({"prompt": "a\ud800b"}, "prompt"),  # a lone surrogate (UnicodeEncodeError, a 500)
     ({"prompt": "x", "stop": ["ok", "\udfff"]}, "stop[1]"),
 ])
-def _post_json(client, path: str, body: dict):
-    """Posted as JSON with \\u escapes (what a client sends for a lone surrogate: httpx cannot encode one)."""
-    import json
-
-    return client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
-
-
 def test_bad_completion_requests_are_400_naming_the_field(engine, client, body, param):
     assert_openai_error(_post_json(client, "/v1/completions", {"model": MODEL, **body}), 400, param=param)
     assert engine.requests == []
