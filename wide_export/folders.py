@@ -18,13 +18,14 @@ from wide_export.names import ENGINE_MANIFEST, ONNX_FILE, WIDE_CONFIG
 def _is_vllm(folder: Path) -> bool:
     from wide_export.errors import WideError
     from wide_export.paths import read_json
+    from wide_export.vllm.spec import FORMAT, SECTION
 
     try:
         raw = read_json(folder / "config.json")
     except (WideError, OSError):
         return False
-    section = raw.get("wide") if isinstance(raw, dict) else None
-    return isinstance(section, dict) and section.get("format") == "wide-export/vllm"
+    section = raw.get(SECTION) if isinstance(raw, dict) else None
+    return isinstance(section, dict) and section.get("format") == FORMAT
 
 
 def _is_repository(folder: Path) -> bool:

@@ -213,18 +213,22 @@ def copy_confined(path: Path | str, dst: Path, folder: Path, what: str) -> None:
     stays 0600) and times, and must not exist (O_EXCL, O_NOFOLLOW)."""
     fd, info = open_confined(path, folder, what)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        try:
-            out = os.open(dst, flags, info.st_mode & 0o777)
-        except OSError as err:
-            raise WideError(f"cannot create {dst}: {err.strerror or err}", "the output folder changed under us; "
-                            "run the command again") from None
-        try:
-            while chunk := os.read(fd, 1 << 20):
-                os.write(out, chunk)
-            os.fchmod(out, info.st_mode & 0o777)  # the umask narrowed the mode given to open
-        finally:
-            os.close(out)
-        os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
+        copy_from(fd, info, dst)
     finally:
         os.close(fd)
+
+
+def copy_from(fd: int, info: os.stat_result, dst: Path) -> None:
+    """Write the open file `fd` (fstat `info`) to the new file `dst`, with its permission bits and times."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        out = os.open(dst, flags, info.st_mode & 0o777)
+    except OSError as err:
+        raise WideError(f"cannot create {dst}: {err.strerror or err}", "the output folder changed under us; "
+                        "run the command again") from None
+    with open(out, "wb") as sink:  # a buffered file: every byte written (os.write may write part of a chunk)
+        while chunk := os.read(fd, 1 << 20):
+            sink.write(chunk)
+        sink.flush()
+        os.fchmod(out, info.st_mode & 0o777)  # the umask narrowed the mode given to open
+    os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))

@@ -78,7 +78,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
     by someone else, or one already linked elsewhere, e.g. into an earlier repository). Symlinks are
     followed to their (confined) target, never linked as such.
     """
-    from wide_export.paths import copy_confined, open_confined
+    from wide_export.paths import copy_from, open_confined
 
     real = Path(src).resolve()  # the readers confined `src` to its folder; here it is opened and checked once
     fd, info = open_confined(real, real.parent, "file")
@@ -93,9 +93,9 @@ def link_or_copy(src: Path, dst: Path) -> None:
                 if (linked.st_dev, linked.st_ino) == (info.st_dev, info.st_ino):
                     return
                 os.unlink(dst)
+        copy_from(fd, info, dst)  # from the descriptor already checked, not a second open
     finally:
         os.close(fd)
-    copy_confined(real, dst, real.parent, "file")
 
 
 SIBLINGS = ("inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its own folder
