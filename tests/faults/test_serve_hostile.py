@@ -151,7 +151,8 @@ def test_no_secret_on_the_command_line_and_nobody_can_load_a_model(repo, tmp_pat
     try:
         server = serve.tritonserver()
         argv = (Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0"))
-        assert not [a for a in argv if b"restricted" in a or b"key" in a.lower()], argv
+        # Triton's restricted APIs carry a header value no request can hold (a line feed): no secret
+        assert not [a for a in argv if (b"restricted" in a and not a.endswith(b"=\n")) or b"key" in a.lower()], argv
         marker = tmp_path / "pwned"
         evil = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n".encode()
         body = json.dumps({"parameters": {"config": "{}", "file:1/model.py": base64.b64encode(evil).decode()}})
@@ -290,3 +291,95 @@ def _ignore(fn) -> None:
         fn()
     except Exception:  # noqa: BLE001 - the stuck request fails when the server restarts
         pass
+
+
+def _stub_region(stub: int) -> str:
+    """The stub's shared-memory region, as `ps` shows it to any local user (its third argument)."""
+    return Path(f"/proc/{stub}/cmdline").read_bytes().split(b"\0")[2].decode()
+
+
+def test_triton_apis_another_local_user_could_abuse_are_refused(repo, tiny, rng):
+    """Registering the stub's region (its name shows in `ps`) as an output buffer crashed tritonserver; the
+    log and trace settings and the statistics were open to anyone. All four are refused, on HTTP and gRPC."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    serve = Serve(repo)
+    try:
+        server = serve.tritonserver()
+        region = _stub_region(serve.stub(server))
+        key = region if region.startswith("/") else "/" + region
+        clients = [httpclient.InferenceServerClient(serve.http), grpcclient.InferenceServerClient(serve.grpc)]
+        for client in clients:
+            for call in (lambda: client.register_system_shared_memory("stub", key, 4096),
+                         lambda: client.get_system_shared_memory_status(),
+                         lambda: client.update_log_settings({"log_verbose_level": 2}),
+                         lambda: client.get_log_settings(),
+                         lambda: client.get_trace_settings(),
+                         lambda: client.get_inference_statistics()):
+                with pytest.raises(Exception, match="restricted"):
+                    call()
+            with pytest.raises(Exception, match="restricted"):  # an extra header does not open them
+                client.get_system_shared_memory_status(headers={"wide-refused": ""})
+            client.close()
+        prompt = rng.integers(0, tiny_llm.VOCAB, size=5)
+        _generate_until_it_works(serve.grpc, prompt, tiny_llm.reference_greedy(tiny[1], prompt, 4), time.monotonic())
+        assert serve.tritonserver() == server and serve.proc.poll() is None  # never restarted
+    finally:
+        assert serve.stop() == 130, serve.output()
+
+
+def _tcp_listening_inodes() -> set[str]:
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A":  # LISTEN
+                found.add(cols[9])
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def test_behind_the_openai_api_tritonserver_listens_on_no_tcp_port(repo, tiny, rng):
+    """With --openai-port and no Triton port asked for, Triton's gRPC is a unix socket in a folder only this
+    user can open: the OpenAI port is the one endpoint another local user reaches."""
+    serve = Serve(repo, "--openai-port", "0")
+    try:
+        server = serve.tritonserver()
+        assert not _socket_inodes(server) & _tcp_listening_inodes(), "tritonserver listens on a TCP port"
+        assert serve.grpc.startswith("unix:"), serve.grpc
+        folder = Path(serve.grpc[len("unix:"):]).parent
+        st = folder.stat()
+        assert st.st_uid == os.getuid() and st.st_mode & 0o077 == 0, oct(st.st_mode)
+        host, port = serve.openai.split("//")[1].split("/")[0].split(":")
+        prompt = rng.integers(0, tiny_llm.VOCAB, size=5)
+        want = tiny_llm.reference_greedy(tiny[1], prompt, 4).tolist()
+
+        def ask() -> tuple[int, object]:
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            conn.request("POST", "/v1/completions", body=json.dumps(
+                {"model": "wide_llm", "prompt": prompt.tolist(), "max_tokens": 4, "temperature": 0,
+                 "return_token_ids": True}), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            answer = json.loads(resp.read())
+            return resp.status, answer["choices"][0]["token_ids"] if resp.status == 200 else answer
+
+        assert ask() == (200, want)
+        os.kill(server, signal.SIGKILL)  # a restarted server keeps the socket's address the API talks to
+        assert "restarted" in serve.wait_for("restarted", 60), serve.output()
+        assert ask() == (200, want)
+        assert serve.tritonserver() != server
+    finally:
+        assert serve.stop() == 130, serve.output()
+    assert not folder.exists(), "the socket's folder was left behind"

@@ -73,7 +73,7 @@ def serve_until_teardown(repo: Path):
     """Fixture body: a real tritonserver on 127.0.0.1 serving `repo`; at teardown it must stop cleanly."""
     from wide_export.triton import TritonServer
 
-    server = TritonServer(repo)
+    server = TritonServer(repo, refuse="shared-memory,logging,trace")  # tests count requests in its statistics
     server.start(timeout=120)
     yield server
     code = server.stop()

@@ -494,8 +494,44 @@ def test_command_line_of_a_plain_server(tmp_path):
         "--exit-timeout-secs=5",
         "--log-verbose=0",
         "--model-control-mode=none",
+        "--http-restricted-api=shared-memory,logging,trace,statistics:wide-refused=\n",
+        "--grpc-restricted-protocol=shared-memory,logging,trace,statistics:wide-refused=\n",
         "--allow-metrics=false",
     ]
+
+
+def test_a_private_grpc_server_listens_on_a_unix_socket_in_a_folder_of_its_own(tmp_path):
+    server = TritonServer(tmp_path, http=False, private_grpc=True)
+    try:
+        cmd = server.command(BIN, None)
+        sock = server.endpoints.grpc
+        assert sock.startswith("unix:") and sock.endswith("/grpc:1")
+        folder = Path(sock[5:]).parent
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert f"--grpc-address=unix:{folder}/grpc" in cmd and "--grpc-port=1" in cmd
+        assert "--allow-http=false" in cmd and not [a for a in cmd if a.startswith("--http-restricted")]
+        assert "--grpc-restricted-protocol=shared-memory,logging,trace,statistics:wide-refused=\n" in cmd
+    finally:
+        server.stop()
+    assert not folder.exists()
+    with pytest.raises(ValueError):
+        TritonServer(tmp_path, http=True, private_grpc=True)
+
+
+def test_a_private_grpc_socket_path_too_long_for_unix_is_one_line(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    server = TritonServer(tmp_path, http=False, private_grpc=True)
+    try:
+        with pytest.raises(WideError, match="too long for a unix socket") as err:
+            server.endpoints
+        assert "TMPDIR" in err.value.hint
+    finally:
+        server.stop()
 
 
 def test_command_line_with_everything(tmp_path):
@@ -512,6 +548,7 @@ def test_command_line_with_everything(tmp_path):
         "--log-verbose=1",
         "--model-control-mode=none",
         "--allow-http=false",
+        "--grpc-restricted-protocol=shared-memory,logging,trace,statistics:wide-refused=\n",
         "--allow-metrics=true", "--metrics-address=127.0.0.2", "--metrics-port=8125",
         "--backend-directory=/tmp/w/backends",
         "--strict-readiness=true", "--log-info=false",
@@ -748,7 +785,10 @@ def test_start_once_launches_the_server_with_its_log(repo, launch):
     assert cmd == ["/opt/triton/bin/tritonserver", f"--model-repository={repo.resolve()}",
                    "--http-address=127.0.0.1", "--http-port=8123", "--grpc-address=127.0.0.1", "--grpc-port=8124",
                    "--disable-auto-complete-config", "--exit-timeout-secs=5", "--log-verbose=0",
-                   "--model-control-mode=none", "--allow-metrics=false"]
+                   "--model-control-mode=none",
+                   "--http-restricted-api=shared-memory,logging,trace,statistics:wide-refused=\n",
+                   "--grpc-restricted-protocol=shared-memory,logging,trace,statistics:wide-refused=\n",
+                   "--allow-metrics=false"]
     assert sorted(kw) == ["env", "preexec_fn", "start_new_session", "stderr", "stdin", "stdout"]
     assert callable(kw["preexec_fn"])  # umask 077 and the parent-death signal (test_triton_cli: kill -9)
     assert kw["env"] == {"FAKE_ENV": "1"} and launch.envs == [BIN]
@@ -886,8 +926,8 @@ def test_restart_kills_then_starts_on_the_same_ports(tmp_path, monkeypatch):
     server._start_once = lambda b, t: events.append(("start", b, t, server.http_port, server.grpc_port))
     server.restart()
     server.restart(timeout=4.5)
-    assert events == [("stop", {"timeout": 0}), "find", ("start", binary, 120.0, 8123, 8124),
-                      ("stop", {"timeout": 0}), "find", ("start", binary, 4.5, 8123, 8124)]
+    assert events == [("stop", {"timeout": 0, "keep_address": True}), "find", ("start", binary, 120.0, 8123, 8124),
+                      ("stop", {"timeout": 0, "keep_address": True}), "find", ("start", binary, 4.5, 8123, 8124)]
 
 
 # ------------------------------------------------------------------------------------- python_models

@@ -133,9 +133,13 @@ def serve(
 
         raise WideError(f"--openai-port {openai_port} is also given to another endpoint",
                         hint="give each endpoint its own port")
+    http = openai_port is None or http_port is not None
+    # With the OpenAI API in front and no Triton port asked for, Triton's gRPC is a unix socket only this
+    # user can open and its HTTP is off: the OpenAI port is all other local users reach. On every endpoint
+    # Triton refuses its shared-memory, logging, trace and statistics APIs (server.RESTRICTED).
     server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          address=address, log_verbose=log_verbose,
-                          http=openai_port is None or http_port is not None)
+                          address=address, log_verbose=log_verbose, http=http,
+                          private_grpc=not http and grpc_port is None)
     frontend = None
     try:
         # SIGTERM while loading must stop the server as Ctrl-C does (it runs in its own session).

@@ -9,6 +9,7 @@ site-packages, as pytriton itself does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -38,6 +39,17 @@ _HARMLESS = ("CudaDriverHelper has not been initialized", "CUDA driver version i
 # No proxies: readiness polls go straight to the server we started.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 READY_TIMEOUT_S = 1.0  # one readiness question; is_ready is asked again and again while a start waits
+
+PRIVATE_GRPC_PORT = 1  # the number Triton appends to a private unix-socket address
+# Triton APIs no client of ours needs and which hurt when anyone may call them: registering a stub's
+# shared-memory region as an output buffer crashes tritonserver; logging and trace settings change what the
+# server writes where; statistics tell other users what is being asked. Triton can only guard an API with a
+# header key=value given on its command line, which every local user reads in /proc/PID/cmdline, so the
+# value is one no request can carry (a line feed: it ends an HTTP/1 header line, and gRPC metadata allows
+# printable ASCII only): the APIs are switched off, with no secret anywhere.
+RESTRICTED = "shared-memory,logging,trace,statistics"
+REFUSED_HEADER = "wide-refused"
+_UNSENDABLE = "\n"
 
 STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
@@ -145,6 +157,14 @@ def _dies_with(parent: int):
     return child
 
 
+def restricted_flags(apis: str, http: bool, grpc: bool) -> list[str]:
+    """Triton flags that refuse `apis` (comma-separated, RESTRICTED by default) on the endpoints it serves."""
+    if not apis:
+        return []
+    rule = f"{apis}:{REFUSED_HEADER}={_UNSENDABLE}"
+    return ([f"--http-restricted-api={rule}"] if http else []) + ([f"--grpc-restricted-protocol={rule}"] if grpc else [])
+
+
 def free_port(address: str = LOOPBACK) -> int:
     """A TCP port that is free right now on `address` (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -214,6 +234,8 @@ class TritonServer:
         max_reloads: int = 5,
         reload_window: float = 600.0,
         http: bool = True,
+        private_grpc: bool = False,
+        refuse: str = RESTRICTED,
     ):
         self.repository = Path(repository).resolve()
         for flag, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
@@ -235,6 +257,14 @@ class TritonServer:
         self.reload_window = reload_window
         self.reloads: list[float] = []  # monotonic times of the restarts done
         self.http = http  # False: no HTTP endpoint (`serve --openai-port` without --http-port)
+        # private_grpc: gRPC on a unix socket in a 0700 folder of ours instead of a TCP port, so no other
+        # local user can reach Triton's API (its shared-memory, logging and trace calls above all); the
+        # folder lives from the first start to the final stop, so a restarted server keeps its address.
+        if private_grpc and (grpc_port is not None or http):
+            raise ValueError("private_grpc is for a server without HTTP and without an asked-for gRPC port")
+        self.private_grpc = private_grpc
+        self._socket_dir: Optional[str] = None
+        self.refuse = refuse  # Triton APIs refused on every endpoint (RESTRICTED)
         self._supervisor = None
         self._stubs: dict[int, Stub] = {}
         self._shm_regions: set[str] = set()  # our stubs' shared-memory regions, removed at stop()
@@ -250,9 +280,19 @@ class TritonServer:
     def endpoints(self) -> Endpoints:
         """HTTP URL, gRPC host:port and metrics URL (None when disabled)."""
         metrics = f"http://{self.address}:{self.metrics_port}/metrics" if self.metrics_port else None
-        return Endpoints(
-            http=f"{self.address}:{self.http_port}", grpc=f"{self.address}:{self.grpc_port}", metrics=metrics
-        )
+        grpc = f"unix:{self._grpc_socket()}" if self.private_grpc else f"{self.address}:{self.grpc_port}"
+        return Endpoints(http=f"{self.address}:{self.http_port}", grpc=grpc, metrics=metrics)
+
+    def _grpc_socket(self) -> str:
+        """The private gRPC socket's path: Triton listens on `unix:<folder>/grpc` + `:<port>`, a file
+        named `grpc:1` (it appends the port to the address)."""
+        if self._socket_dir is None:
+            self._socket_dir = tempfile.mkdtemp(prefix="wide-grpc-")  # 0700, this user's
+        path = os.path.join(self._socket_dir, f"grpc:{PRIVATE_GRPC_PORT}")
+        if len(path.encode()) > 100:  # sun_path holds 108 bytes
+            raise WideError(f"the private gRPC socket's path {path!r} is too long for a unix socket",
+                            hint="set TMPDIR to a shorter folder, e.g. /tmp")
+        return path
 
     def command(self, binary: ServerBinary, backends: Optional[Path]) -> list[str]:
         """The tritonserver command line (loopback addresses, strict config)."""
@@ -260,7 +300,7 @@ class TritonServer:
             str(binary.path),
             f"--model-repository={self._served_repository or self.repository}",
             f"--http-address={self.address}", f"--http-port={self.http_port}",
-            f"--grpc-address={self.address}", f"--grpc-port={self.grpc_port}",
+            *self._grpc_flags(),
             "--disable-auto-complete-config",
             f"--exit-timeout-secs={self.exit_timeout}",
             f"--log-verbose={self.log_verbose}",
@@ -270,6 +310,7 @@ class TritonServer:
         ]
         if not self.http:
             cmd.append("--allow-http=false")
+        cmd += restricted_flags(self.refuse, http=self.http, grpc=True)  # on the private socket too: nothing of ours uses them
         if self.metrics_port:
             cmd += ["--allow-metrics=true", f"--metrics-address={self.address}", f"--metrics-port={self.metrics_port}"]
         else:
@@ -277,6 +318,11 @@ class TritonServer:
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
         return cmd + self.extra_args
+
+    def _grpc_flags(self) -> list[str]:
+        if self.private_grpc:
+            return [f"--grpc-address=unix:{self._grpc_socket().rsplit(':', 1)[0]}", f"--grpc-port={PRIVATE_GRPC_PORT}"]
+        return [f"--grpc-address={self.address}", f"--grpc-port={self.grpc_port}"]
 
     def start(self, timeout: float = 120.0, attempts: int = 3) -> "TritonServer":
         """Launch the server and wait until ready (raises WideError on failure or timeout).
@@ -315,6 +361,9 @@ class TritonServer:
             work = Path(self._workdir.name)
             self._served_repository = None
             self._check_workdir(str(work))
+            if self.private_grpc:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._grpc_socket())  # a killed server's socket file
             backends = _prepare_backends(binary, work) if binary.bundled else None
             if not _STUB_SAFE_PATH.fullmatch(str(self.repository)):
                 # Serve it through a link with a plain name: the stub gets paths it can parse.
@@ -351,7 +400,7 @@ class TritonServer:
 
     def restart(self, timeout: float = 120.0) -> None:
         """Kill tritonserver and its stubs (they may be hung), start it again on the same ports."""
-        self.stop(timeout=0)
+        self.stop(timeout=0, keep_address=True)
         self._start_once(find_tritonserver(), timeout)
 
     def python_models(self) -> set[str]:
@@ -377,6 +426,8 @@ class TritonServer:
     def is_ready(self) -> bool:
         """True when the server says it is ready (HTTP /v2/health/ready, or gRPC without HTTP)."""
         if not self.http:
+            if self.private_grpc and not os.path.exists(self._grpc_socket()):
+                return False  # not listening yet (a connection attempt would wait for it)
             try:
                 import tritonclient.grpc as grpcclient
 
@@ -396,7 +447,7 @@ class TritonServer:
         held it first (ours then fails to bind and exits: wait_ready reports that)."""
         from wide_export.triton.ports import owns_port
 
-        if self.process is None:
+        if self.process is None or self.private_grpc:  # a socket in our own 0700 folder is ours
             return True
         return owns_port([self.process.pid], self.http_port if self.http else self.grpc_port)
 
@@ -426,8 +477,9 @@ class TritonServer:
             return self.log_path.read_text(errors="replace")
         return self._final_log
 
-    def stop(self, timeout: float = 20.0) -> Optional[int]:
-        """SIGTERM, wait, SIGKILL if needed; remove the private temp dir. Returns the exit code."""
+    def stop(self, timeout: float = 20.0, keep_address: bool = False) -> Optional[int]:
+        """SIGTERM, wait, SIGKILL if needed; remove the private temp dirs (the gRPC socket's too unless
+        `keep_address`: a restart). Returns the exit code."""
         code = None
         if self.process is not None:
             if self.process.poll() is None:
@@ -457,6 +509,9 @@ class TritonServer:
             self._keep_log()
             self._workdir.cleanup()
             self._workdir = None
+        if self._socket_dir is not None and not keep_address:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
         return code
 
     def _keep_log(self) -> None:
