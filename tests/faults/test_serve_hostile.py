@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -47,10 +48,17 @@ def _children(pid: int, name: str) -> list[int]:
 class Serve:
     """`wide-export serve` in a child process; its output collected on a thread."""
 
-    def __init__(self, repo: Path, *args: str):
+    def __init__(self, repo: Path, *args: str, nofile: Optional[int] = None):
         env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="300")
+
+        def limit() -> None:  # as `prlimit --nofile=N:N wide-export serve ...`
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen(CLI + ["serve", "--repository", str(repo), "--timeout", "60", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     preexec_fn=limit if nofile else None)
         self.lines: list[str] = []
         self.ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
@@ -383,3 +391,84 @@ def test_behind_the_openai_api_tritonserver_listens_on_no_tcp_port(repo, tiny, r
     finally:
         assert serve.stop() == 130, serve.output()
     assert not folder.exists(), "the socket's folder was left behind"
+
+
+def _openai_address(serve: Serve) -> tuple[str, int]:
+    host, port = serve.openai.split("//")[1].split("/")[0].split(":")
+    return host, int(port)
+
+
+def _get(address: tuple[str, int], path: str, timeout: float = 5.0) -> int:
+    conn = http.client.HTTPConnection(*address, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_an_idle_connection_flood_under_a_low_descriptor_limit_does_not_take_serve_down(repo, tiny, rng):
+    """300 connections that send nothing, half a header, or a chunked body that never ends, against `serve`
+    limited to 256 descriptors: it died of EMFILE (supervisor included, tritonserver with it). Now the ones over
+    the connection cap get a fast 503, the idle ones are closed at their deadline, /health never hangs and a
+    completion gives the reference's tokens."""
+    import socket
+
+    serve = Serve(repo, "--openai-port", "0", nofile=256)
+    flood: list[socket.socket] = []
+    try:
+        address = _openai_address(serve)
+        server = serve.tritonserver()
+        started = time.monotonic()
+        for k in range(300):
+            try:
+                sock = socket.create_connection(address, timeout=5)
+            except OSError:
+                continue
+            kind = k % 3
+            if kind == 1:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+            elif kind == 2:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             b"4\r\n{\"a\"\r\n")
+            flood.append(sock)
+        statuses = []
+        while time.monotonic() - started < 45:
+            asked = time.monotonic()
+            try:
+                statuses.append(_get(address, "/health"))
+            except OSError as err:
+                statuses.append(type(err).__name__)
+            assert time.monotonic() - asked < 5, "/health hung"
+            if statuses[-1] == 200:
+                break
+            time.sleep(0.5)
+        assert statuses[-1] == 200, statuses
+        assert set(statuses) <= {200, 503}, statuses  # over the cap: a fast 503, never a dead server
+        prompt = rng.integers(0, tiny_llm.VOCAB, size=5)
+        conn = http.client.HTTPConnection(*address, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"model": "wide_llm", "prompt": prompt.tolist(), "max_tokens": 4, "temperature": 0,
+             "return_token_ids": True}), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        assert json.loads(resp.read())["choices"][0]["token_ids"] == tiny_llm.reference_greedy(
+            tiny[1], prompt, 4).tolist()
+        closed = 0
+        for sock in flood:  # every flood connection is ended by the server within its deadline (10 s / 30 s)
+            sock.settimeout(max(1.0, 45 - (time.monotonic() - started)))
+            try:
+                while sock.recv(4096):
+                    pass
+                closed += 1
+            except ConnectionResetError:
+                closed += 1
+            except socket.timeout:
+                pass
+        assert closed == len(flood), f"{len(flood) - closed} of {len(flood)} idle connections still open"
+        assert serve.proc.poll() is None and serve.tritonserver() == server, serve.output()
+        assert "restart" not in serve.output(), serve.output()
+    finally:
+        for sock in flood:
+            sock.close()
+        assert serve.stop() == 130, serve.output()

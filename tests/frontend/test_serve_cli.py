@@ -34,3 +34,13 @@ def test_served_model_name_needs_one_model_and_the_openai_port(tmp_path):
     line = assert_one_line_error(serve("--repository", str(tmp_path), "--openai-port", "0",
                                        "--served-model-name", "x"))
     assert "a_llm" in line and "b_llm" in line
+
+
+def test_openai_limits_need_the_openai_port_and_sensible_values(tmp_path):
+    write_model(tmp_path, "wide_llm")
+    for flag, value in (("--max-connections", "10"), ("--max-body-bytes", "4096")):
+        line = assert_one_line_error(serve("--repository", str(tmp_path), flag, value))
+        assert f"{flag} is for the OpenAI API" in line and "--openai-port" in line
+    for flag, value, said in (("--max-connections", "0", "at least 1"), ("--max-body-bytes", "10", "too small")):
+        line = assert_one_line_error(serve("--repository", str(tmp_path), "--openai-port", "0", flag, value))
+        assert flag in line and said in line and "tritonserver" not in line

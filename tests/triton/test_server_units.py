@@ -1510,6 +1510,30 @@ def test_a_server_that_cannot_come_back_stops_with_its_error(loop):
     assert [e[0] for e in loop.events] == ["watch", "stop"]
 
 
+def test_the_supervisors_own_failure_is_reported_once_and_retried_not_fatal(loop):
+    """EMFILE while reading /proc (a connection flood) killed `serve` and tritonserver with it (issue 34)."""
+    import errno
+
+    calls = []
+
+    def watch_models(report):
+        calls.append(1)
+        if len(calls) <= 3:
+            raise OSError(errno.EMFILE, "Too many open files", "/proc")
+        if len(calls) == 4:
+            return
+        if len(calls) == 5:
+            raise KeyError("a stub's field")
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+
+    loop.server.watch_models = watch_models
+    report = []
+    assert loop.server.serve_until_signal(poll=0.1, report=report.append) == signal.SIGTERM
+    assert len(calls) == 6 and loop.events == [("stop", (), {})]
+    assert report == ["supervision check failed (OSError: [Errno 24] Too many open files: '/proc'); retrying",
+                      "supervision check failed (KeyError: \"a stub's field\"); retrying"]
+
+
 def test_a_failing_before_stop_still_stops_the_server(loop):
     loop.watch(after=1)
 

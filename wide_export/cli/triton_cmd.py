@@ -107,6 +107,12 @@ def serve(
     served_model_name: Annotated[Optional[str], typer.Option(
         "--served-model-name", help="The `model` name OpenAI clients use (default: the generation model's name; "
                                     "the repository must hold exactly one).", show_default=False)] = None,
+    max_connections: Annotated[Optional[int], typer.Option(
+        "--max-connections", help="OpenAI API: open connections allowed; one more gets a 503 at once (default: "
+                                  "4096, or the descriptor limit minus 96 when lower).", show_default=False)] = None,
+    max_body_bytes: Annotated[Optional[int], typer.Option(
+        "--max-body-bytes", help="OpenAI API: largest request body; a larger one is a 413 before it is parsed "
+                                 "(default: 2 MiB).", show_default=False)] = None,
 ) -> None:
     """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C.
 
@@ -124,10 +130,13 @@ def serve(
     from wide_export.signals import interrupt_on_signals
 
     console = Console(highlight=False)
-    if openai_port is None and served_model_name is not None:
+    openai_only = {"--served-model-name": served_model_name, "--max-connections": max_connections,
+                   "--max-body-bytes": max_body_bytes}
+    given = [flag for flag, value in openai_only.items() if value is not None]
+    if openai_port is None and given:
         from wide_export.errors import WideError
 
-        raise WideError("--served-model-name is for the OpenAI API", hint="add --openai-port PORT")
+        raise WideError(f"{given[0]} is for the OpenAI API", hint="add --openai-port PORT")
     if openai_port is not None and openai_port in (http_port, grpc_port, metrics_port):
         from wide_export.errors import WideError
 
@@ -149,7 +158,8 @@ def serve(
                 from wide_export.frontend.runner import prepare_frontend
 
                 with console.status("loading the tokenizer for the OpenAI API ..."):
-                    frontend = prepare_frontend(repository, openai_address, openai_port, served_model_name)
+                    frontend = prepare_frontend(repository, openai_address, openai_port, served_model_name,
+                                                limits=frontend_limits(max_connections, max_body_bytes))
             with console.status("starting tritonserver ..."):
                 server.start(timeout=timeout)
             if frontend is not None:
@@ -174,6 +184,21 @@ def serve(
 
     console.print(f"stopped ({signals.Signals(signum).name}); tritonserver and its models are down")
     raise typer.Exit(128 + signum)  # 130 Ctrl-C, 143 SIGTERM: the rule of every command (README)
+
+
+def frontend_limits(max_connections: Optional[int], max_body_bytes: Optional[int]):
+    """The OpenAI frontend's limits from serve's flags (WideError for one that cannot work)."""
+    from wide_export.errors import WideError
+    from wide_export.frontend.limits import Limits
+
+    if max_connections is not None and max_connections < 1:
+        raise WideError(f"--max-connections {max_connections} must be at least 1",
+                        hint="omit it for the default (4096, or the descriptor limit minus 96)")
+    if max_body_bytes is None:
+        return Limits.for_this_process(max_connections)
+    if max_body_bytes < 1024:
+        raise WideError(f"--max-body-bytes {max_body_bytes} is too small for any request", hint="use 1024 or more")
+    return Limits.for_this_process(max_connections, max_body_bytes=max_body_bytes)
 
 
 def bench_serving(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from wide_export.errors import WideError
+from wide_export.frontend.limits import Limits
 from wide_export.frontend.models import ServedModel, discover
 
 LOOPBACK = "127.0.0.1"
@@ -61,8 +62,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 class Frontend:
     """The OpenAI frontend of one repository, served by uvicorn in a daemon thread."""
 
-    def __init__(self, models: Sequence[ServedModel], sock: socket.socket, engine=None):
+    def __init__(self, models: Sequence[ServedModel], sock: socket.socket, engine=None,
+                 limits: Optional[Limits] = None):
         self.models = list(models)
+        self.limits = limits or Limits.for_this_process()
         self._sock: Optional[socket.socket] = sock
         self.host, self.port = sock.getsockname()[:2]
         self.engine = engine  # default: a TritonEngine made in start()
@@ -83,6 +86,7 @@ class Frontend:
 
         from wide_export.frontend.app import create_app
         from wide_export.frontend.engine import TritonEngine
+        from wide_export.frontend.limits import BodyLimit, guarded_protocol
 
         if self._sock is None:
             raise WideError("this frontend was stopped; prepare a new one")
@@ -91,8 +95,10 @@ class Frontend:
                 raise ValueError("grpc_url is required without an engine")
             self.engine = TritonEngine(grpc_url, {m.name: m.triton_name for m in self.models})
         self.app = create_app(self.engine, self.models)
-        config = uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False, loop="asyncio",
-                                lifespan="on", timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=5)
+        limits = self.limits
+        config = uvicorn.Config(BodyLimit(self.app, limits.max_body_bytes), log_config=None, log_level="warning",
+                                access_log=False, loop="asyncio", lifespan="on", http=guarded_protocol(limits),
+                                timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=limits.keep_alive_s)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="openai-frontend", daemon=True)
         self._thread.start()
@@ -141,7 +147,7 @@ class Frontend:
 
 
 def prepare_frontend(repository: Path, host: str = LOOPBACK, port: int = 0,
-                     served_model_name: Optional[str] = None) -> Frontend:
+                     served_model_name: Optional[str] = None, limits: Optional[Limits] = None) -> Frontend:
     """Models found, port reserved, tokenizers loaded: ready to start once tritonserver is."""
     check_installed()
     models = discover(repository, served_model_name)
@@ -152,5 +158,5 @@ def prepare_frontend(repository: Path, host: str = LOOPBACK, port: int = 0,
     except BaseException:
         sock.close()
         raise
-    return Frontend(models, sock)
+    return Frontend(models, sock, limits=limits)
 

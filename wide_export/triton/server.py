@@ -539,9 +539,19 @@ class TritonServer:
             stop.set()
 
         handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        failing_since: Optional[float] = None
         try:
             while not stop.wait(poll):
-                self.watch_models(report)
+                try:
+                    self.watch_models(report)
+                    failing_since = None
+                except WideError:
+                    raise  # it cannot come back, or keeps failing: serve stops with one line
+                except Exception as err:  # noqa: BLE001 - the supervisor's own failure (EMFILE reading /proc, ...)
+                    # must not take the server down: reported once per failing spell, retried at the next poll
+                    if failing_since is None:
+                        failing_since = time.monotonic()
+                        report(f"supervision check failed ({type(err).__name__}: {err}); retrying")
                 if check is not None:
                     check()
         finally:
