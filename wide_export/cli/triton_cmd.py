@@ -113,6 +113,17 @@ def serve(
     max_body_bytes: Annotated[Optional[int], typer.Option(
         "--max-body-bytes", help="OpenAI API: largest request body; a larger one is a 413 before it is parsed "
                                  "(default: 2 MiB).", show_default=False)] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        "--max-tokens", help="OpenAI API: most tokens one request may generate; above it a 400, and a chat that "
+                             "asks for none gets this many (default: no cap but the context).",
+        show_default=False)] = None,
+    max_running_per_client: Annotated[Optional[int], typer.Option(
+        "--max-running-per-client", help="OpenAI API: requests one client (local user, then `user` field) runs "
+                                         "at once per model (default: the model's batch size minus one, so "
+                                         "another client always finds a free row).", show_default=False)] = None,
+    max_waiting: Annotated[Optional[int], typer.Option(
+        "--max-waiting", help="OpenAI API: requests waiting per model; one more is a 503 at once (default: 256).",
+        show_default=False)] = None,
 ) -> None:
     """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C.
 
@@ -131,7 +142,8 @@ def serve(
 
     console = Console(highlight=False)
     openai_only = {"--served-model-name": served_model_name, "--max-connections": max_connections,
-                   "--max-body-bytes": max_body_bytes}
+                   "--max-body-bytes": max_body_bytes, "--max-tokens": max_tokens,
+                   "--max-running-per-client": max_running_per_client, "--max-waiting": max_waiting}
     given = [flag for flag, value in openai_only.items() if value is not None]
     if openai_port is None and given:
         from wide_export.errors import WideError
@@ -159,7 +171,9 @@ def serve(
 
                 with console.status("loading the tokenizer for the OpenAI API ..."):
                     frontend = prepare_frontend(repository, openai_address, openai_port, served_model_name,
-                                                limits=frontend_limits(max_connections, max_body_bytes))
+                                                limits=frontend_limits(max_connections, max_body_bytes),
+                                                policy=request_policy(max_tokens, max_running_per_client,
+                                                                      max_waiting))
             with console.status("starting tritonserver ..."):
                 server.start(timeout=timeout)
             if frontend is not None:
@@ -199,6 +213,19 @@ def frontend_limits(max_connections: Optional[int], max_body_bytes: Optional[int
     if max_body_bytes < 1024:
         raise WideError(f"--max-body-bytes {max_body_bytes} is too small for any request", hint="use 1024 or more")
     return Limits.for_this_process(max_connections, max_body_bytes=max_body_bytes)
+
+
+def request_policy(max_tokens: Optional[int], per_client: Optional[int], max_waiting: Optional[int]):
+    """The OpenAI frontend's request policy from serve's flags (WideError for a value below 1, or 0 waiting)."""
+    from wide_export.errors import WideError
+    from wide_export.frontend.admission import RequestPolicy
+
+    for flag, value, least in (("--max-tokens", max_tokens, 1), ("--max-running-per-client", per_client, 1),
+                               ("--max-waiting", max_waiting, 0)):
+        if value is not None and value < least:
+            raise WideError(f"{flag} {value} must be at least {least}", hint=f"omit {flag} for the default")
+    return RequestPolicy(max_tokens=max_tokens, per_client=per_client,
+                         max_waiting=256 if max_waiting is None else max_waiting)
 
 
 def bench_serving(

@@ -10,6 +10,7 @@ its request (`sse.until_disconnect`, `sse.EventStream`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -19,12 +20,15 @@ from typing import Any, AsyncIterator, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
+from wide_export.frontend import sizes
+from wide_export.frontend.admission import FairQueue, RequestPolicy, Ticket, client_of
 from wide_export.frontend.engine import Engine, EngineError, GenerationChunk, GenerationRequest
 from wide_export.frontend.errors import OpenAIError, bad_request, install_handlers, model_not_found
 from wide_export.frontend.models import ServedModel
 from wide_export.frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from wide_export.frontend.sse import DONE, ClientGone, EventStream, event, until_disconnect
+from wide_export.frontend.sse import DONE, ClientGone, EventStream, ShuttingDown, event, unless_closing, until_disconnect
 
 log = logging.getLogger("wide_export.frontend")
 
@@ -32,6 +36,7 @@ log = logging.getLogger("wide_export.frontend")
 DEFAULT_TEMPERATURE = 1.0
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (in the schema)
 OWNER = "wide-export"
+SHUTTING_DOWN = "the server is shutting down; retry on another server or later"
 
 
 def text_of(model: ServedModel):
@@ -72,6 +77,12 @@ class _Call:
         self.created = int(time.time())
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.ticket: Optional[Ticket] = None  # the model slot it holds (admission.FairQueue)
+        self.closing = None  # asyncio.Event set when the server stops
+
+    def release(self) -> None:
+        if self.ticket is not None:
+            self.ticket.release()
 
     def count(self, chunk: GenerationChunk) -> None:
         if chunk.prompt_tokens is not None:
@@ -137,25 +148,45 @@ class _Call:
                     yield event(self.chunk(chunk.text, chunk.finish_reason, chunk.token_ids))
                 if chunk.finish_reason:
                     break
-                chunk = await anext(rest, None)
+                chunk = await unless_closing(anext(rest, None), self.closing)
             if self.body.include_usage():
                 yield event(self.usage_chunk())
+        except ShuttingDown:  # a graceful stop: the stream ends with an error event and [DONE], not a cut
+            yield event(OpenAIError(503, SHUTTING_DOWN).body())
         except EngineError as err:
             yield event(error_of(err).body())
         except Exception as err:  # noqa: BLE001 - the stream has started: report it in the stream
             log.exception("error while streaming a generation")
             yield event(OpenAIError(500, f"internal error: {type(err).__name__}: {err}").body())
         finally:
-            await rest.aclose()  # stops the engine request when the client went away
+            try:
+                await rest.aclose()  # stops the engine request when the client went away
+            finally:
+                self.release()
         yield DONE
 
 
-def create_app(engine: Engine, models: Sequence[ServedModel]) -> FastAPI:
-    """The FastAPI app serving `models` through `engine` (started and closed with the app)."""
+def begin_shutdown(app: FastAPI) -> None:
+    """From any thread: what waits or streams ends now, with a 503 or an error event and [DONE]."""
+    loop, closing = getattr(app.state, "loop", None), getattr(app.state, "closing", None)
+    if loop is not None and closing is not None and not loop.is_closed():
+        loop.call_soon_threadsafe(closing.set)
+
+
+def create_app(engine: Engine, models: Sequence[ServedModel], policy: Optional[RequestPolicy] = None) -> FastAPI:
+    """The FastAPI app serving `models` through `engine` (started and closed with the app).
+
+    `policy`: the operator's caps (max_tokens per request) and how requests share each model's slots
+    (admission.py). `app.state.closing` (an asyncio.Event, set by `begin_shutdown`) ends what still waits
+    or streams with a 503 / an error event and [DONE], so a graceful stop cuts nothing mid-way."""
     by_name = {m.name: m for m in models}
+    policy = policy or RequestPolicy()
+    queues = {m.name: FairQueue(m.slots, policy.per_client, policy.max_waiting) for m in models}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        app.state.closing = asyncio.Event()
+        app.state.loop = asyncio.get_running_loop()
         try:
             await engine.start()
         except Exception as err:  # noqa: BLE001 - the runner reports it as one line and stops the server
@@ -167,6 +198,7 @@ def create_app(engine: Engine, models: Sequence[ServedModel]) -> FastAPI:
 
     app = FastAPI(title="wide-export OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.startup_error = None
+    app.state.closing = None  # made on the server's loop at startup (lifespan)
     install_handlers(app)
 
     def card(m: ServedModel) -> dict[str, Any]:
@@ -196,15 +228,37 @@ def create_app(engine: Engine, models: Sequence[ServedModel]) -> FastAPI:
             stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=bool(body.ignore_eos),
             request_id=uuid.uuid4().hex, **kw)
 
-    async def run(request: Request, call: _Call) -> Response:
+    def capped(requested: Optional[int], param: str) -> Optional[int]:
+        """max_tokens under the operator's cap (a 400 above it; the cap when none is asked for)."""
+        if policy.max_tokens is None:
+            return requested
+        if requested is None:
+            return policy.max_tokens
+        if requested > policy.max_tokens:
+            raise bad_request(f"{param} {requested} is over this server's limit of {policy.max_tokens} tokens "
+                              "a request", param=param)
+        return requested
+
+    async def run(request: Request, call: _Call, model: ServedModel) -> Response:
+        closing = app.state.closing
+        call.closing = closing
+        try:
+            call.ticket = await until_disconnect(request, queues[model.name].acquire(
+                client_of(request.scope, call.body.user)), closing)
+        except ClientGone:
+            return Response(status_code=499)
+        except ShuttingDown:
+            raise OpenAIError(503, SHUTTING_DOWN) from None
         chunks = engine.generate(call.gen)
+        streaming = False
         try:
             try:
-                first = await until_disconnect(request, anext(chunks))
+                first = await until_disconnect(request, anext(chunks), closing)
             except StopAsyncIteration:
                 first = GenerationChunk(finish_reason="stop")
             if call.body.stream:
-                return EventStream(call.events(first, chunks))
+                streaming = True  # the stream closes the generation and gives the slot back
+                return EventStream(call.events(first, chunks), after=call.release)
             collected = [first]
 
             async def rest() -> None:
@@ -214,16 +268,22 @@ def create_app(engine: Engine, models: Sequence[ServedModel]) -> FastAPI:
                         break
                     collected.append(nxt)
 
-            await until_disconnect(request, rest())
+            await until_disconnect(request, rest(), closing)
         except ClientGone:
             await chunks.aclose()
             return Response(status_code=499)
+        except ShuttingDown:
+            await chunks.aclose()
+            raise OpenAIError(503, SHUTTING_DOWN) from None
         except EngineError as err:
             await chunks.aclose()
             raise error_of(err) from None
         except BaseException:
             await chunks.aclose()
             raise
+        finally:
+            if not streaming:
+                call.release()
         await chunks.aclose()
         for c in collected:
             call.count(c)
@@ -247,20 +307,31 @@ def create_app(engine: Engine, models: Sequence[ServedModel]) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         model = resolve(body.model)
         ids = body.prompt_ids()
+        max_tokens = capped(body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS,
+                            "max_tokens")
         if ids is None:
-            text_of(model).require_text("prompt")
-            gen = common(body, model, prompt=body.prompt_text(), add_special_tokens=True, max_tokens=body.max_tokens
-                         if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS)
+            text = text_of(model)
+            text.require_text("prompt")
+            prompt = body.prompt_text() or ""
+            sizes.check_text(len(prompt), model.max_model_len, text.max_token_chars)
+            gen = common(body, model, prompt=prompt, add_special_tokens=True, max_tokens=max_tokens)
         else:
-            gen = common(body, model, prompt_ids=ids, max_tokens=body.max_tokens
-                         if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS)
-        return await run(request, _Call(_COMPLETION, body, model.name, gen))
+            sizes.check_ids(ids, model.max_model_len)
+            gen = common(body, model, prompt_ids=ids, max_tokens=max_tokens)
+        return await run(request, _Call(_COMPLETION, body, model.name, gen), model)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         model = resolve(body.model)
-        prompt = text_of(model).render_chat(body.template_messages())
-        gen = common(body, model, prompt=prompt, add_special_tokens=False, max_tokens=body.max_new_tokens())
-        return await run(request, _Call(_CHAT, body, model.name, gen))
+        max_tokens = capped(body.max_new_tokens(), "max_completion_tokens" if body.max_completion_tokens is not None
+                            else "max_tokens")
+        text = text_of(model)
+        messages = body.template_messages()
+        sizes.check_messages(messages, model.max_model_len, text.max_token_chars)
+        # jinja templating takes a while on long inputs: on a worker thread, so /health and others do not wait
+        prompt = await run_in_threadpool(text.render_chat, messages)
+        sizes.check_text(len(prompt), model.max_model_len, text.max_token_chars, param="messages")
+        gen = common(body, model, prompt=prompt, add_special_tokens=False, max_tokens=max_tokens)
+        return await run(request, _Call(_CHAT, body, model.name, gen), model)
 
     return app

@@ -28,6 +28,18 @@ class ModelText:
         self.missing = missing  # why text is refused (no tokenizer), else None
 
     @property
+    def max_token_chars(self) -> Optional[int]:
+        """The longest token string of the vocabulary, added tokens included (sizes.py); None without one."""
+        if self.tokenizer is None:
+            return None
+        if getattr(self, "_max_token_chars", None) is None:
+            try:
+                self._max_token_chars = max(len(t) for t in self.tokenizer.get_vocab()) or None
+            except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary: no bound
+                self._max_token_chars = None
+        return self._max_token_chars
+
+    @property
     def has_tokenizer(self) -> bool:
         return self.tokenizer is not None
 

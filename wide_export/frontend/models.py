@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -21,6 +22,7 @@ class ServedModel:
     triton_name: str  # the Triton model it runs on
     folder: Optional[Path] = None  # REPO/<model>/1 (tokenizer, generation.json)
     max_model_len: Optional[int] = None
+    slots: int = 1  # requests it runs at once: its config.pbtxt max_batch_size (admission.FairQueue)
     text: object = field(default=None, repr=False)  # chat.ModelText, loaded by load_text()
 
     def load_text(self) -> None:
@@ -28,6 +30,17 @@ class ServedModel:
 
         self.text = load_model_text(self.folder) if self.folder is not None else ModelText(
             missing="this model has no tokenizer")
+        _ = self.text.max_token_chars  # computed once here, not on the event loop at the first request
+
+
+def _max_batch_size(folder: Path) -> int:
+    """The model's max_batch_size from its config.pbtxt (1 when it cannot be read)."""
+    try:
+        found = re.search(r"^\s*max_batch_size\s*:\s*(\d+)", (folder / "config.pbtxt").read_text(errors="replace"),
+                          re.MULTILINE)
+    except OSError:
+        return 1
+    return max(1, int(found.group(1))) if found else 1
 
 
 def discover(repository: Path, served_model_name: Optional[str] = None) -> list[ServedModel]:
@@ -56,5 +69,5 @@ def discover(repository: Path, served_model_name: Optional[str] = None) -> list[
         except (OSError, ValueError, TypeError):
             pass
         models.append(ServedModel(name=served_model_name or folder.name, triton_name=folder.name,
-                                  folder=folder / VERSION, max_model_len=max_len))
+                                  folder=folder / VERSION, max_model_len=max_len, slots=_max_batch_size(folder)))
     return models

@@ -23,6 +23,7 @@ from wide_export.frontend.models import ServedModel, discover
 
 LOOPBACK = "127.0.0.1"
 GRACEFUL_S = 3  # seconds open connections get at shutdown before their tasks are cancelled
+DRAIN_S = 0.2  # seconds between telling open streams that the server stops and closing their connections
 
 
 def check_installed() -> None:
@@ -63,9 +64,10 @@ class Frontend:
     """The OpenAI frontend of one repository, served by uvicorn in a daemon thread."""
 
     def __init__(self, models: Sequence[ServedModel], sock: socket.socket, engine=None,
-                 limits: Optional[Limits] = None):
+                 limits: Optional[Limits] = None, policy=None):
         self.models = list(models)
         self.limits = limits or Limits.for_this_process()
+        self.policy = policy  # admission.RequestPolicy (None: its defaults)
         self._sock: Optional[socket.socket] = sock
         self.host, self.port = sock.getsockname()[:2]
         self.engine = engine  # default: a TritonEngine made in start()
@@ -94,7 +96,7 @@ class Frontend:
             if grpc_url is None:
                 raise ValueError("grpc_url is required without an engine")
             self.engine = TritonEngine(grpc_url, {m.name: m.triton_name for m in self.models})
-        self.app = create_app(self.engine, self.models)
+        self.app = create_app(self.engine, self.models, self.policy)
         limits = self.limits
         config = uvicorn.Config(BodyLimit(self.app, limits.max_body_bytes), log_config=None, log_level="warning",
                                 access_log=False, loop="asyncio", lifespan="on", http=guarded_protocol(limits),
@@ -135,6 +137,11 @@ class Frontend:
     def stop(self, timeout: float = GRACEFUL_S + 7.0) -> None:
         """Shut down (idempotent): open connections get GRACEFUL_S seconds, then are cancelled."""
         if self._server is not None:
+            if self.app is not None and not self._server.should_exit:
+                from wide_export.frontend.app import begin_shutdown
+
+                begin_shutdown(self.app)  # open streams end with an error event and [DONE] ...
+                time.sleep(DRAIN_S)  # ... sent before uvicorn closes their connections
             self._server.should_exit = True
             if self._thread is not None:
                 self._thread.join(timeout)
@@ -147,7 +154,8 @@ class Frontend:
 
 
 def prepare_frontend(repository: Path, host: str = LOOPBACK, port: int = 0,
-                     served_model_name: Optional[str] = None, limits: Optional[Limits] = None) -> Frontend:
+                     served_model_name: Optional[str] = None, limits: Optional[Limits] = None,
+                     policy=None) -> Frontend:
     """Models found, port reserved, tokenizers loaded: ready to start once tritonserver is."""
     check_installed()
     models = discover(repository, served_model_name)
@@ -158,5 +166,5 @@ def prepare_frontend(repository: Path, host: str = LOOPBACK, port: int = 0,
     except BaseException:
         sock.close()
         raise
-    return Frontend(models, sock, limits=limits)
+    return Frontend(models, sock, limits=limits, policy=policy)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Awaitable, TypeVar
+from typing import Any, Awaitable, Optional, TypeVar
 
 import anyio
 from starlette.requests import Request
@@ -38,14 +38,22 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
-    """The result of `awaitable`, or ClientGone when the client disconnects first (it is then cancelled)."""
+class ShuttingDown(Exception):
+    """The server stops: what is still waiting ends with a 503 (a stream: an error event and [DONE])."""
+
+
+async def until_disconnect(request: Request, awaitable: Awaitable[T], closing: Optional[asyncio.Event] = None) -> T:
+    """The result of `awaitable`, or ClientGone when the client disconnects first, or ShuttingDown when
+    `closing` is set first (it is then cancelled)."""
     task = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watchers = [asyncio.ensure_future(_wait_disconnect(request))]
+    if closing is not None:
+        watchers.append(asyncio.ensure_future(closing.wait()))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, *watchers}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
+        for watcher in watchers:
+            watcher.cancel()
         if not task.done():
             task.cancel()
             try:
@@ -53,7 +61,30 @@ async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
             except BaseException:  # noqa: BLE001 - it was cancelled on purpose
                 pass
     if task.cancelled():
+        if closing is not None and closing.is_set():
+            raise ShuttingDown()
         raise ClientGone()
+    return task.result()
+
+
+async def unless_closing(awaitable: Awaitable[T], closing: Optional[asyncio.Event]) -> T:
+    """The result of `awaitable`, or ShuttingDown when `closing` is set first (it is then cancelled)."""
+    if closing is None:
+        return await awaitable
+    task = asyncio.ensure_future(awaitable)
+    stop = asyncio.ensure_future(closing.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - cancelled on purpose
+                pass
+    if task.cancelled():
+        raise ShuttingDown()
     return task.result()
 
 
@@ -62,11 +93,19 @@ class EventStream(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content, **kwargs):
+    def __init__(self, content, after=None, **kwargs):
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(kwargs.pop("headers", None) or {})}
         super().__init__(content, headers=headers, **kwargs)
+        self.after = after  # called once the response is over, however it ended (even before the body started)
 
     async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self._run(scope, receive, send)
+        finally:
+            if self.after is not None:
+                self.after()
+
+    async def _run(self, scope, receive, send) -> None:
         async with anyio.create_task_group() as group:
 
             async def body() -> None:
