@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from wide_export.frontend import sizes
 from wide_export.frontend.admission import FairQueue, RequestPolicy, Ticket, client_of
 from wide_export.frontend.engine import Engine, EngineError, GenerationChunk, GenerationRequest
-from wide_export.frontend.errors import OpenAIError, bad_request, install_handlers, model_not_found
+from wide_export.frontend.errors import OpenAIError, bad_request, from_validation, install_handlers, model_not_found
 from wide_export.frontend.models import ServedModel
 from wide_export.frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from wide_export.frontend.sse import DONE, ClientGone, EventStream, ShuttingDown, event, unless_closing, until_disconnect
@@ -166,6 +166,42 @@ class _Call:
         yield DONE
 
 
+async def parse_body(request: Request, schema, max_items: Optional[int] = None):
+    """The request body as `schema`, decoded and validated on a worker thread: 10^5 chat messages took a
+    second to validate, which on the event loop held /health and every other request. pydantic holds the
+    GIL while it validates a list, so a list of messages or token ids longer than `max_items` (the longest
+    context served: sizes.py refuses it anyway) is refused before validation."""
+    raw = await request.body()
+
+    def work():
+        import json
+
+        from pydantic import ValidationError
+
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise from_validation([{"type": "json_invalid", "loc": ("body", err.pos), "msg": "JSON decode error",
+                                    "ctx": {"error": err.msg}}]) from None
+        except (ValueError, RecursionError) as err:  # deep nesting, bad UTF-8
+            raise bad_request(f"the request body is not valid JSON: {type(err).__name__}") from None
+        if max_items is not None and isinstance(data, dict):
+            for key in ("messages", "prompt"):
+                items = data.get(key)
+                if isinstance(items, list) and len(items) == 1 and isinstance(items[0], list):
+                    items = items[0]  # [[ids]]
+                if isinstance(items, list) and len(items) > max_items:
+                    raise bad_request(f"{len(items)} {'messages' if key == 'messages' else 'prompt items'} cannot "
+                                      f"fit this server's longest context of {max_items} tokens", param=key,
+                                      code="context_length_exceeded")
+        try:
+            return schema.model_validate(data)
+        except ValidationError as err:
+            raise from_validation(err.errors(include_url=False)) from None
+
+    return await run_in_threadpool(work)
+
+
 def begin_shutdown(app: FastAPI) -> None:
     """From any thread: what waits or streams ends now, with a 503 or an error event and [DONE]."""
     loop, closing = getattr(app.state, "loop", None), getattr(app.state, "closing", None)
@@ -182,6 +218,8 @@ def create_app(engine: Engine, models: Sequence[ServedModel], policy: Optional[R
     by_name = {m.name: m for m in models}
     policy = policy or RequestPolicy()
     queues = {m.name: FairQueue(m.slots, policy.per_client, policy.max_waiting) for m in models}
+    lengths = [m.max_model_len for m in models]
+    max_items = max(lengths) if lengths and None not in lengths else None  # parse_body
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -304,7 +342,8 @@ def create_app(engine: Engine, models: Sequence[ServedModel], policy: Optional[R
         return card(resolve(model_id))
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        body = await parse_body(request, CompletionRequest, max_items)
         model = resolve(body.model)
         ids = body.prompt_ids()
         max_tokens = capped(body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -321,7 +360,8 @@ def create_app(engine: Engine, models: Sequence[ServedModel], policy: Optional[R
         return await run(request, _Call(_COMPLETION, body, model.name, gen), model)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(request: Request):
+        body = await parse_body(request, ChatCompletionRequest, max_items)
         model = resolve(body.model)
         max_tokens = capped(body.max_new_tokens(), "max_completion_tokens" if body.max_completion_tokens is not None
                             else "max_tokens")
