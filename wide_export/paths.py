@@ -207,6 +207,24 @@ def open_confined(path: Path | str, folder: Path, what: str) -> tuple[int, os.st
     return fd, info
 
 
+def read_confined(path: Path | str, folder: Path, what: str, max_bytes: int | None = None,
+                  hint: str = "the file is damaged; replace it") -> bytes:
+    """The bytes of `folder`'s file `path`, read from one checked descriptor (open_confined) and refused
+    before reading when larger than `max_bytes` (JSON_MAX_BYTES by default), also when it grows meanwhile."""
+    limit = JSON_MAX_BYTES if max_bytes is None else max_bytes
+    fd, info = open_confined(path, folder, what)
+    try:
+        if info.st_size > limit:
+            raise WideError(f"{what} {path} is {info.st_size} bytes, more than the {limit} it may hold here", hint)
+        with open(fd, "rb", closefd=False) as source:
+            data = source.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise WideError(f"{what} {path} grew past {limit} bytes while it was read", hint)
+    return data
+
+
 def copy_confined(path: Path | str, dst: Path, folder: Path, what: str) -> None:
     """Copy `folder`'s file `path` to the new file `dst` from one descriptor (open_confined): the bytes
     copied are those of the file that was checked. `dst` keeps the source's permission bits (a 0600 file

@@ -263,6 +263,30 @@ def test_check_tokenizer_sizes(tmp_path):
         textfiles.check_tokenizer(folder, 12)
     assert err.value.message.startswith(f"cannot load {folder / 'tokenizer.json'}: ")
     assert "\n" not in err.value.message and err.value.hint.startswith("copy the model's tokenizer files")
+    (folder / "tokenizer.json").write_bytes(b"\xff\xfe not utf-8")
+    with pytest.raises(WideError, match="cannot load"):
+        textfiles.check_tokenizer(folder, 12)
+
+
+def test_a_tokenizer_over_the_json_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """tokenizer.json was parsed whole before any size check (a hostile 1 GB file filled memory)."""
+    import wide_export.paths as paths
+
+    folder = _tokenizer(tmp_path / "t", 12)
+    size = (folder / "tokenizer.json").stat().st_size
+    monkeypatch.setattr(paths, "JSON_MAX_BYTES", size - 1)
+    import tokenizers
+
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_str", lambda *a: pytest.fail("parsed before the size check"))
+    with pytest.raises(WideError) as err:
+        textfiles.check_tokenizer(folder, 12)
+    assert err.value.message == f"tokenizer {folder / 'tokenizer.json'} is {size} bytes, more than the {size - 1} " \
+                                "it may hold here"
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    with pytest.raises(WideError, match="outside"):
+        textfiles.check_tokenizer(folder, 12)
 
 
 def test_serving_files_present_and_confined(tmp_path):

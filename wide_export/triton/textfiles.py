@@ -22,7 +22,7 @@ from typing import Optional
 from wide_export.errors import WideError
 from wide_export.export.genai_config import TOKENIZER_FILES
 from wide_export.names import GENAI_CONFIG
-from wide_export.paths import confined, read_json
+from wide_export.paths import confined, read_confined, read_json
 
 TOKENIZER_JSON = "tokenizer.json"
 SERVED_FILES = (*TOKENIZER_FILES, GENAI_CONFIG)
@@ -80,11 +80,13 @@ def check_tokenizer(folder: Path, vocab_size: int) -> Optional[int]:
         return None
     from tokenizers import Tokenizer
 
+    hint = "copy the model's tokenizer files again (save_pretrained)"
+    text = read_confined(path, folder, "tokenizer", hint=hint)  # the JSON size limit, before any parsing
     try:
-        size = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+        size = Tokenizer.from_str(text.decode("utf-8")).get_vocab_size(with_added_tokens=True)
     except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
-        raise WideError(f"cannot load {path}: {str(err).splitlines()[0][:160]}",
-                        hint="copy the model's tokenizer files again (save_pretrained)") from None
+        raise WideError(f"cannot load {path}: {(str(err).splitlines() or [type(err).__name__])[0][:160]}",
+                        hint=hint) from None
     if size > vocab_size:
         raise WideError(f"{path} has {size} tokens, the model's vocabulary {vocab_size}",
                         hint="the folder's tokenizer does not belong to this model")
