@@ -127,31 +127,97 @@ def test_an_unknown_backend_is_one_line(sharded):
     assert "--backend 'mpi' is not a collective backend" in line
 
 
-def test_port_puts_the_rendezvous_on_loopback_at_that_port(sharded, monkeypatch):
-    """Issue 35: run-tp opened random ports; --port names the ranks' rendezvous port, on 127.0.0.1, and gloo's
-    sockets stay on the loopback interface. The ranks still generate the reference's tokens."""
-    import socket
+def _listening(proc_root: Path = Path("/proc")) -> dict[str, str]:
+    """inode -> local address of every listening TCP socket (IPv4 and IPv6), from /proc/net."""
+    out = {}
+    for table in ("tcp", "tcp6"):
+        for line in (proc_root / "net" / table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A":
+                out[cols[9]] = cols[1]
+    return out
 
-    import wide_export.childproc as childproc
 
+def _descendants(root: int) -> set[int]:
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def _sockets(pid: int) -> set[str]:
+    out = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                out.add(target[8:-1])
+    except OSError:
+        pass
+    return out
+
+
+LOOPBACK = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1, ::1 as /proc/net writes them
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")
+def test_nothing_the_ranks_start_listens_beyond_loopback(sharded):
+    """Issue 35: torchrun's stores listened on every interface (one on a port of its own). The ranks now meet
+    through a file store; every socket any process of the run listens on is bound to 127.0.0.1."""
     folder, want = sharded
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    seen = []
-    real = childproc.run_group
+    proc = subprocess.Popen([sys.executable, "-m", "wide_export", "run-tp", "--onnx", str(folder), "--prompt-ids",
+                             ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: dict[str, str] = {}
+    while proc.poll() is None:
+        listening = _listening()
+        for pid in _descendants(proc.pid) | {proc.pid}:
+            for inode in _sockets(pid) & listening.keys():
+                seen[inode] = listening[inode]
+    out = proc.stdout.read()
+    assert proc.returncode == 0, out
+    assert [int(v) for v in out.strip().splitlines()[-1].split(",")] == want
+    assert seen, "no listening socket of the ranks was seen (gloo's, on loopback): the check saw nothing"
+    outside = [addr for addr in seen.values() if not addr.startswith(LOOPBACK)]
+    assert not outside, f"listening beyond loopback: {outside}"
 
-    def spy(cmd, **kw):
-        seen.append((list(cmd), dict(kw.get("env") or {})))
-        return real(cmd, **kw)
 
-    monkeypatch.setattr(childproc, "run_group", spy)
-    result = _run_tp(folder, "--port", str(port))
-    assert result.exit_code == 0, result.output
-    assert [int(v) for v in result.output.strip().splitlines()[-1].split(",")] == want
-    (cmd, env), = seen
-    assert f"--rdzv-endpoint=127.0.0.1:{port}" in cmd and "--local-addr=127.0.0.1" in cmd
-    assert "--standalone" not in cmd
-    assert env["GLOO_SOCKET_IFNAME"] == "lo"
-    line = assert_one_line_error(_run_tp(folder, "--port", "70000"))
-    assert "--port 70000 is not a TCP port" in line
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_every_rank_and_removes_the_store(sharded, sig):
+    import glob
+    import signal
+    import tempfile
+    import time
+
+    folder, _ = sharded
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "wide-tp-*")))
+    proc = subprocess.Popen([sys.executable, "-m", "wide_export", "run-tp", "--onnx", str(folder), "--prompt-ids",
+                             ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    ranks: set[int] = set()
+    while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        ranks = {pid for pid in _descendants(proc.pid)
+                 if b"wide_export.tp.run" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+    assert len(ranks) >= 2, "the ranks did not start"
+    proc.send_signal(getattr(signal, sig))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + getattr(signal, sig), out
+    assert "Traceback" not in out, out
+    time.sleep(0.5)
+    alive = [pid for pid in ranks if Path(f"/proc/{pid}").exists()
+             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert not alive, f"ranks still running: {alive}"
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "wide-tp-*"))) <= before, "the store folder was left"

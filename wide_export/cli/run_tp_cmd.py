@@ -1,9 +1,9 @@
-"""`wide-export run-tp`: a sharded export run as one process per rank (torchrun; gloo or NCCL all-reduces)."""
+"""`wide-export run-tp`: a sharded export run as one process per rank (gloo or NCCL all-reduces)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,24 +16,17 @@ def run_tp(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate (greedy).")] = 16,
     backend: Annotated[str, typer.Option("--backend", help="All-reduces over gloo (CPU) or nccl (one GPU per "
                                          "rank).")] = "gloo",
-    port: Annotated[Optional[int], typer.Option(
-        "--port", help="The ranks' rendezvous port (torchrun's c10d store), reached at 127.0.0.1. Default: a "
-                       "free port the system picks. gloo's rank-to-rank sockets stay on the loopback interface; "
-                       "torch's stores listen on every interface and the workers' store on a port of its own "
-                       "(torchrun has no setting for either).", show_default=False)] = None,
 ) -> None:
     """Generate greedily from a tensor-parallel export: one process per rank on this machine, each running
     only its rank's graph in ONNX Runtime, the all-reduces done by torch.distributed between them (gloo on the
     CPU, or NCCL on one GPU per rank with --backend nccl).
 
-    The launch is PyTorch's torchrun (`python -m torch.distributed.run --nnodes 1 --rdzv-backend c10d
-    --rdzv-endpoint 127.0.0.1:PORT --nproc-per-node N -m wide_export.tp.run ...`), addressed over loopback; for
-    several nodes run that module under torchrun yourself (docs/distributed.md).
+    The ranks meet through a file store in a private temporary folder and exchange their partial sums over
+    the loopback interface: nothing listens beyond 127.0.0.1 and no port is to be chosen. For several nodes
+    run `python -m wide_export.tp.run` under torchrun yourself (docs/distributed.md).
     """
-    import sys
-
-    from wide_export.childproc import run_group
     from wide_export.errors import WideError
+    from wide_export.tp.launch import run_ranks
     from wide_export.tp.run import BACKENDS, _parse_ids
     from wide_export.tp.verify import read_manifest
 
@@ -42,30 +35,14 @@ def run_tp(
     _parse_ids(prompt_ids)
     if backend not in BACKENDS:
         raise WideError(f"--backend {backend!r} is not a collective backend", "use --backend gloo or nccl")
-    if port is not None and not 1 <= port <= 65535:
-        raise WideError(f"--port {port} is not a TCP port", "pass a port from 1 to 65535")
     if not onnx.is_dir():
         raise WideError(f"--onnx {onnx} is not a folder", "pass the output folder of `wide-export onnx --tp N`")
     manifest = read_manifest(onnx)
     world = manifest["world_size"]
-    if port is None:
-        from wide_export.triton.server import free_port
-
-        port = free_port()
-    # One node, reached through loopback: the c10d rendezvous at 127.0.0.1:PORT, the workers' store addressed
-    # as 127.0.0.1 (--local-addr; else torchrun names it by the host's FQDN), gloo's pair sockets on `lo`
-    # (GLOO_SOCKET_IFNAME; else the host name's interface). torch's TCPStore still listens on every interface,
-    # and the workers' store on a port of its own choosing: torchrun has no setting for either.
-    rendezvous = ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=wide-run-tp",
-                  "--local-addr=127.0.0.1"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={world}",
-           "-m", "wide_export.tp.run", "--onnx", str(onnx),
-           "--prompt-ids", prompt_ids, "--max-new-tokens", str(max_new_tokens), "--backend", backend]
-    import os
-
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    args = ["--onnx", str(onnx), "--prompt-ids", prompt_ids, "--max-new-tokens", str(max_new_tokens),
+            "--backend", backend]
     lines: list[str] = []
-    code = run_group(cmd, on_line=lines.append, env=env)
+    code = run_ranks(world, args, on_line=lines.append)
     errors = [ln for ln in lines if ln.startswith("error: ")]
     if code != 0:
         if errors:

@@ -141,7 +141,7 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT from torchrun)."""
+    """One rank (RANK / WORLD_SIZE and MASTER_ADDR / MASTER_PORT from torchrun, or WIDE_TP_INIT from run-tp)."""
     p = argparse.ArgumentParser(prog="python -m wide_export.tp.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--onnx", required=True, type=Path, help="a `wide-export onnx --tp N` folder")
     p.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
@@ -160,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     import torch.distributed as dist
 
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    from wide_export.tp.launch import INIT_ENV
+
+    init = os.environ.get(INIT_ENV)  # `wide-export run-tp`: a FileStore; torchrun: its TCPStore (MASTER_*)
+    for name in ("RANK", "WORLD_SIZE") + (() if init else ("MASTER_ADDR", "MASTER_PORT")):
         if name not in os.environ:
             raise WideError(f"{name} is not set: this module runs as one rank of a torchrun launch",
                             f"torchrun --nproc-per-node N -m wide_export.tp.run --onnx {args.onnx} ... "
@@ -180,7 +183,10 @@ def _run(args) -> int:
         import torch
 
         torch.cuda.set_device(device)
-    dist.init_process_group(args.backend)
+    if init:
+        dist.init_process_group(args.backend, init_method=init, rank=rank, world_size=world)
+    else:
+        dist.init_process_group(args.backend)
     try:
         tokens = gen.generate(prompt, args.max_new_tokens)
     finally:
