@@ -35,6 +35,8 @@ FAKE_CMAKE = textwrap.dedent("""\
     open(os.path.join(build, "aot", "wide_aot.bin.tmp"), "w").write("half")
     print("[1/3] Compiling the Triton kernels ahead of time for sm 80", flush=True)
     print("aot: compiling 4 Triton kernel specializations for sm_80 (2 processes)", flush=True)
+    print("aot: compiler process ready", flush=True)
+    print("aot: compiler process ready", flush=True)
     for i in range(1, 5):
         print(f"aot: {i}/4 compiled ({i} s)", flush=True)
         time.sleep(0.02)
@@ -75,7 +77,8 @@ def test_build_prints_one_line_per_stage_when_piped(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
-    assert lines[:5] == ["build: configure (cmake)", "build: build (cmake)", "build: aot: Triton kernels",
+    assert lines[:7] == ["build: configure (cmake)", "build: build (cmake)", "build: aot: Triton kernels",
+                         "build: aot: starting compiler processes 0/2", "build: aot: Triton kernels 0/4",
                          "build: nvcc 2/3", "build: link 3/3"], done.stderr
     assert "built" in done.stdout and "libwide_kernels.so" in done.stdout
     assert "aot: 4/4 compiled" in (build / "build.log").read_text()  # the full output still goes to the log
@@ -87,11 +90,26 @@ def test_build_output_parser_reads_ninja_make_and_aot_lines():
     seen = []
     parse = BuildOutput("build", lambda *a: seen.append(a))
     for line in ["aot: compiling 272 Triton kernel specializations for sm_80, sm_90 (2 processes)",
+                 "aot: compiler process ready", "aot: compiler process ready",
                  "aot: 17/272 compiled (40 s)", "[ 40%] Building CXX object trt/CMakeFiles/p.dir/a.cpp.o",
                  "[ 90%] Linking CXX shared library lib/libwide_trt_plugins.so", "-- noise"]:
         parse(line)
-    assert seen == [("build (cmake)", None, None), ("aot: Triton kernels", 0, 272), ("aot: Triton kernels", 17, 272),
+    assert seen == [("build (cmake)", None, None), ("aot: starting compiler processes", 0, 2),
+                    ("aot: starting compiler processes", 1, 2), ("aot: starting compiler processes", 2, 2),
+                    ("aot: Triton kernels", 0, 272), ("aot: Triton kernels", 17, 272),
                     ("c++", 40, 100), ("link", 90, 100)]
+
+
+def test_the_compiler_processes_say_when_they_are_ready(capsys, monkeypatch):
+    """Issue 35 item 6: the bar stayed at `0/264` for the ~30 s the compiler processes took to start."""
+    from wide_export.kernels import aot
+    from wide_export.native.build import BuildOutput
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    aot._worker_ready()
+    assert capsys.readouterr().out == "aot: compiler process ready\n"
+    assert "TRITON_INTERPRET" not in os.environ  # compiled mode in the compiler processes
+    assert aot.WORKER_READY == BuildOutput.AOT_READY
 
 
 def _interrupt_build(tmp_path, build: Path, sig) -> tuple[int, str, list[int]]:

@@ -265,6 +265,21 @@ def compile_spec_ptx(key: str, arch: int) -> str:
     return proc.stdout
 
 
+def _worker_ready() -> None:
+    """A compiler process's initializer: the slow imports (Triton, our kernels; ~10 s each on 2 cores) done
+    before the first kernel, then one line, so `wide-export build`'s progress moves while they start."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton  # noqa: F401
+    import triton.backends.compiler  # noqa: F401
+
+    from wide_export.kernels import sources  # noqa: F401
+
+    print(WORKER_READY, flush=True)
+
+
+WORKER_READY = "aot: compiler process ready"
+
+
 def compile_spec(spec: Spec, arch: int) -> dict:
     """triton.compile one specialization for sm_<arch>; returns the cubin and its launch facts."""
     fn, consts, compiled = _compile(spec, arch)
@@ -316,7 +331,8 @@ def build(out_dir: Path, archs: list[int], jobs: int = 0, log=print) -> list[dic
         f"({jobs} processes)")
     results: list[dict] = []
     # spawn, not fork: a child must import Triton fresh, in compiled mode, whatever this process did.
-    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                initializer=_worker_ready) as pool:
         futures = [pool.submit(compile_spec, s, a) for s, a in work]
         for i, fut in enumerate(cf.as_completed(futures), 1):
             results.append(fut.result())

@@ -192,7 +192,8 @@ def _build(build_dir, cuda_archs, tensorrt_root, tensorrt_include_dir, tensorrt_
 class BuildOutput:
     """Turns the lines of `cmake` / `cmake --build` into on_progress(stage, done, total) calls."""
 
-    AOT_START = re.compile(r"aot: compiling (\d+) Triton kernel")
+    AOT_START = re.compile(r"aot: compiling (\d+) Triton kernel.*\((\d+) process")
+    AOT_READY = "aot: compiler process ready"  # = kernels.aot.WORKER_READY (not imported: it pulls in torch)
     AOT_COUNT = re.compile(r"aot: (\d+)/(\d+) compiled")
     NINJA = re.compile(r"^\[(\d+)/(\d+)\] (.*)")
     MAKE = re.compile(r"^\[\s*(\d+)%\] (.*)")
@@ -219,7 +220,14 @@ class BuildOutput:
         if self.on_progress is None:
             return
         if m := self.AOT_START.search(line):
-            self.on_progress("aot: Triton kernels", 0, int(m.group(1)))
+            # the compiler processes start first (imports, ~10-30 s on 2 cores): that moves the bar too
+            self._aot_total, self._workers, self._ready = int(m.group(1)), int(m.group(2)), 0
+            self.on_progress("aot: starting compiler processes", 0, self._workers)
+        elif line.strip() == self.AOT_READY and getattr(self, "_workers", 0):
+            self._ready += 1
+            self.on_progress("aot: starting compiler processes", min(self._ready, self._workers), self._workers)
+            if self._ready == self._workers:
+                self.on_progress("aot: Triton kernels", 0, self._aot_total)
         elif m := self.AOT_COUNT.search(line):
             self.on_progress("aot: Triton kernels", int(m.group(1)), int(m.group(2)))
         elif m := self.NINJA.match(line):
