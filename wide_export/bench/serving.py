@@ -368,12 +368,14 @@ def openai_stats(name: str, clients: int, timings: list[StreamTiming], wall_s: f
             "p50_ms": ms(percentile(latency, 50)), "p99_ms": ms(percentile(latency, 99))}
 
 
-def openai_stream(client, model: str, prompt: list, max_tokens: int) -> StreamTiming:
+def openai_stream(client, model: str, prompt: list, max_tokens: int, user: Optional[str] = None) -> StreamTiming:
     """One streaming /v1/completions request through the official client; ignore_eos so that it
-    generates exactly max_tokens (checked against the usage chunk)."""
+    generates exactly max_tokens (checked against the usage chunk). `user`: the OpenAI field the API's fair
+    scheduling tells clients apart by (each bench client its own, as separate users would be)."""
     timing = StreamTiming(sent=time.perf_counter())
+    extra = {"user": user} if user is not None else {}
     stream = client.completions.create(
-        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True, **extra,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True, "return_token_ids": True})
     usage = None
     for chunk in stream:
@@ -430,10 +432,12 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path) -> tuple[list[dict], st
 
                 def connect(c: int) -> None:
                     local.client = OpenAI(base_url=frontend.url, api_key="none", max_retries=0, timeout=600)
-                    openai_stream(local.client, model.name, prompts[c, 0].tolist(), cfg.new_tokens)  # warm-up
+                    openai_stream(local.client, model.name, prompts[c, 0].tolist(), cfg.new_tokens,  # warm-up
+                                  f"bench-client-{c}")
 
                 def one(c: int, i: int) -> int:
-                    timing = openai_stream(local.client, model.name, prompts[c, i].tolist(), cfg.new_tokens)
+                    timing = openai_stream(local.client, model.name, prompts[c, i].tolist(), cfg.new_tokens,
+                                           f"bench-client-{c}")
                     with lock:
                         timings.append(timing)
                     return timing.tokens
