@@ -65,3 +65,34 @@ def signal_when_ready(cmd, ready, sig, *, env=None, timeout: float = 240.0, sett
             proc.kill()
             proc.wait()
     return proc.returncode, "".join(lines)
+
+
+def listening_tcp() -> dict[str, str]:
+    """inode -> local address (as /proc/net writes it) of every listening TCP socket, IPv4 and IPv6 (Linux).
+    Read here, not with wide_export/triton/ports.py, so tests of that code do not lean on it."""
+    out = {}
+    for table in ("tcp", "tcp6"):
+        for line in (Path("/proc/net") / table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A":  # LISTEN
+                out[cols[9]] = cols[1]
+    return out
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process `pid` holds (empty when it is gone)."""
+    import os
+
+    out = set()
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out

@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
+from tests.helpers import listening_tcp, socket_inodes
 from tests.triton import tiny_llm
 
 CLI = [sys.executable, "-c", "from wide_export.cli import main; main()"]
@@ -337,35 +338,13 @@ def test_triton_apis_another_local_user_could_abuse_are_refused(repo, tiny, rng)
         assert serve.stop() == 130, serve.output()
 
 
-def _tcp_listening_inodes() -> set[str]:
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A":  # LISTEN
-                found.add(cols[9])
-    return found
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    out = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(target[8:-1])
-    return out
-
-
 def test_behind_the_openai_api_tritonserver_listens_on_no_tcp_port(repo, tiny, rng):
     """With --openai-port and no Triton port asked for, Triton's gRPC is a unix socket in a folder only this
     user can open: the OpenAI port is the one endpoint another local user reaches."""
     serve = Serve(repo, "--openai-port", "0")
     try:
         server = serve.tritonserver()
-        assert not _socket_inodes(server) & _tcp_listening_inodes(), "tritonserver listens on a TCP port"
+        assert not socket_inodes(server) & listening_tcp().keys(), "tritonserver listens on a TCP port"
         assert serve.grpc.startswith("unix:"), serve.grpc
         folder = Path(serve.grpc[len("unix:"):]).parent
         st = folder.stat()

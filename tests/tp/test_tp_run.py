@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.helpers import assert_one_line_error, make_checkpoint
+from tests.helpers import assert_one_line_error, listening_tcp, make_checkpoint, socket_inodes
 
 PROMPT = [5, 17, 3, 99, 42, 8, 64]
 NEW = 8
@@ -127,17 +127,6 @@ def test_an_unknown_backend_is_one_line(sharded):
     assert "--backend 'mpi' is not a collective backend" in line
 
 
-def _listening(proc_root: Path = Path("/proc")) -> dict[str, str]:
-    """inode -> local address of every listening TCP socket (IPv4 and IPv6), from /proc/net."""
-    out = {}
-    for table in ("tcp", "tcp6"):
-        for line in (proc_root / "net" / table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A":
-                out[cols[9]] = cols[1]
-    return out
-
-
 def _descendants(root: int) -> set[int]:
     parent = {}
     for entry in Path("/proc").iterdir():
@@ -153,21 +142,6 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _sockets(pid: int) -> set[str]:
-    out = set()
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                out.add(target[8:-1])
-    except OSError:
-        pass
-    return out
-
-
 LOOPBACK = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1, ::1 as /proc/net writes them
 
 
@@ -181,9 +155,9 @@ def test_nothing_the_ranks_start_listens_beyond_loopback(sharded):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: dict[str, str] = {}
     while proc.poll() is None:
-        listening = _listening()
+        listening = listening_tcp()
         for pid in _descendants(proc.pid) | {proc.pid}:
-            for inode in _sockets(pid) & listening.keys():
+            for inode in socket_inodes(pid) & listening.keys():
                 seen[inode] = listening[inode]
     out = proc.stdout.read()
     assert proc.returncode == 0, out
