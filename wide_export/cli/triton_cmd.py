@@ -122,7 +122,8 @@ def serve(
                                          "at once per model (default: the model's batch size minus one, so "
                                          "another client always finds a free row).", show_default=False)] = None,
     max_waiting: Annotated[Optional[int], typer.Option(
-        "--max-waiting", help="OpenAI API: requests waiting per model; one more is a 503 at once (default: 256).",
+        "--max-waiting", help="OpenAI API: requests waiting per model, at most half of them one client's; "
+                              "one more is a 503 (a 429 for that client) at once (default: 256).",
         show_default=False)] = None,
 ) -> None:
     """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C.

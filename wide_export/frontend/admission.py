@@ -16,8 +16,8 @@ decides the order itself:
   between users and clients, first come first served within one. (A local user
   who sends many `user` values can fill every slot; the next slot that frees
   still goes to another user who waits.)
-- At most `max_waiting` requests wait per model; one more is a 503 at once
-  (`retry-after`), never a pile-up.
+- At most `max_waiting` requests wait per model, at most half of them one
+  client's: one more is a 503 (429 for that client) at once, never a pile-up.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def client_of(scope: dict, user: Optional[str]) -> Client:
     if client:
         who = client[0]
         try:
-            loopback = ipaddress.ip_address(client[0]).is_loopback
+            ip = ipaddress.ip_address(client[0])
+            mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a `::` listener
+            loopback = ip.is_loopback or (mapped is not None and mapped.is_loopback)
         except ValueError:
             loopback = False
         if loopback and server:
@@ -116,14 +118,25 @@ class FairQueue:
     def _may_run(self, client: Client) -> bool:
         return self.busy < self.slots and self.running[client] < self.per_client
 
+    def _eligible(self) -> list[_Waiter]:
+        """Waiting requests that may take a slot now (a cancelled one, not yet removed by its task, never)."""
+        self.waiting = [w for w in self.waiting if not w.ready.done()]
+        return [w for w in self.waiting if self.running[w.client] < self.per_client]
+
     async def acquire(self, client: Client) -> "Ticket":
-        """A slot for `client` (released by the ticket); waits fairly for it, 503 when too many wait."""
-        if self._may_run(client) and not self.waiting:
+        """A slot for `client` (released by the ticket); waits fairly for it. 429 when this client already
+        has half of `max_waiting` waiting, 503 when `max_waiting` requests wait."""
+        if self._may_run(client) and not self._eligible():  # nobody waiting could take the slot instead
             self._take(client)
             return Ticket(self, client)
+        mine = sum(1 for w in self.waiting if w.client == client)
+        if mine >= max(1, self.max_waiting // 2):
+            raise OpenAIError(429, f"{mine} of your requests are waiting for this model, the most one client may "
+                                   "have waiting; retry when one is done", code="too_many_requests",
+                                   retry_after=1)
         if len(self.waiting) >= self.max_waiting:
             raise OpenAIError(503, f"{len(self.waiting)} requests are waiting for this model, its limit; "
-                                   "retry shortly", code="too_many_requests")
+                                   "retry shortly", code="too_many_requests", retry_after=1)
         waiter = _Waiter(client, next(self._order), asyncio.get_running_loop().create_future())
         self.waiting.append(waiter)
         self._hand_out()
@@ -132,7 +145,7 @@ class FairQueue:
         except BaseException:  # the client left (or the server stops) while it waited
             if waiter in self.waiting:
                 self.waiting.remove(waiter)
-            elif waiter.ready.done() and not waiter.ready.cancelled():
+            if waiter.ready.done() and not waiter.ready.cancelled():
                 self._release(client)  # handed a slot just as it was cancelled
             raise
         return Ticket(self, client)
@@ -152,7 +165,7 @@ class FairQueue:
 
     def _hand_out(self) -> None:
         while self.waiting and self.busy < self.slots:
-            eligible = [w for w in self.waiting if self.running[w.client] < self.per_client]
+            eligible = self._eligible()
             if not eligible:
                 return
             nxt = min(eligible, key=lambda w: (self.by_who[w.client[0]], self.running[w.client], w.order))

@@ -28,7 +28,8 @@ from wide_export.frontend.engine import Engine, EngineError, GenerationChunk, Ge
 from wide_export.frontend.errors import OpenAIError, bad_request, from_validation, install_handlers, model_not_found
 from wide_export.frontend.models import ServedModel
 from wide_export.frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from wide_export.frontend.sse import DONE, ClientGone, EventStream, ShuttingDown, event, unless_closing, until_disconnect
+from wide_export.frontend.sse import (DONE, ClientGone, EventStream, ShuttingDown, event, unless_closing,
+                                      until_disconnect)
 
 log = logging.getLogger("wide_export.frontend")
 
@@ -237,6 +238,7 @@ def create_app(engine: Engine, models: Sequence[ServedModel], policy: Optional[R
     app = FastAPI(title="wide-export OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.startup_error = None
     app.state.closing = None  # made on the server's loop at startup (lifespan)
+    app.state.queues = queues  # per model: what runs and waits (tests, and a look from outside)
     install_handlers(app)
 
     def card(m: ServedModel) -> dict[str, Any]:
@@ -281,8 +283,9 @@ def create_app(engine: Engine, models: Sequence[ServedModel], policy: Optional[R
         closing = app.state.closing
         call.closing = closing
         try:
-            call.ticket = await until_disconnect(request, queues[model.name].acquire(
-                client_of(request.scope, call.body.user)), closing)
+            # the peer's uid is read from /proc/net/tcp (a row per open connection): not on the event loop
+            client = await run_in_threadpool(client_of, request.scope, call.body.user)
+            call.ticket = await until_disconnect(request, queues[model.name].acquire(client), closing)
         except ClientGone:
             return Response(status_code=499)
         except ShuttingDown:

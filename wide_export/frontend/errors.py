@@ -19,6 +19,7 @@ TYPES = {
     400: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    429: "rate_limit_exceeded",
     503: "service_unavailable",
     500: "server_error",
 }
@@ -28,9 +29,10 @@ class OpenAIError(Exception):
     """An answer in OpenAI's error shape, with its HTTP status."""
 
     def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
-                 type: Optional[str] = None):
+                 type: Optional[str] = None, retry_after: Optional[int] = None):
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after  # seconds, sent as `retry-after` (the openai client waits that long)
         self.message = message
         self.param = param
         self.code = code
@@ -94,7 +96,8 @@ def install_handlers(app) -> None:
     from starlette.exceptions import HTTPException
 
     def respond(err: OpenAIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
+        headers = {"retry-after": str(err.retry_after)} if err.retry_after is not None else None
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
     @app.exception_handler(OpenAIError)
     async def _openai(_request, err: OpenAIError):

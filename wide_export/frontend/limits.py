@@ -109,9 +109,13 @@ def guarded_protocol(limits: Limits):
             self._follow()
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            super().on_response_complete()  # may already parse a pipelined request buffered meanwhile
+            if self.transport.is_closing():
+                return
+            if self.conn.their_state is h11.IDLE:
                 self._arm(limits.header_timeout_s, "header")  # the next request's header, on a kept-alive line
+            else:
+                self._follow()  # a pipelined request: its body's deadline, or none when it is all in
 
         def _follow(self) -> None:
             """After bytes arrived: body deadline once the header is in, none once the body is."""

@@ -263,7 +263,8 @@ class TritonServer:
         if private_grpc and (grpc_port is not None or http):
             raise ValueError("private_grpc is for a server without HTTP and without an asked-for gRPC port")
         self.private_grpc = private_grpc
-        self._socket_dir: Optional[str] = None
+        self._socket_dir: Optional[str] = None  # the folder, from the first start (or look) to the final stop
+        self._socket_path: Optional[str] = None  # kept after the final stop, for reports (nothing is recreated)
         self.refuse = refuse  # Triton APIs refused on every endpoint (RESTRICTED)
         self._supervisor = None
         self._stubs: dict[int, Stub] = {}
@@ -287,12 +288,16 @@ class TritonServer:
         """The private gRPC socket's path: Triton listens on `unix:<folder>/grpc` + `:<port>`, a file
         named `grpc:1` (it appends the port to the address)."""
         if self._socket_dir is None:
-            self._socket_dir = tempfile.mkdtemp(prefix="wide-grpc-")  # 0700, this user's
-        path = os.path.join(self._socket_dir, f"grpc:{PRIVATE_GRPC_PORT}")
-        if len(path.encode()) > 100:  # sun_path holds 108 bytes
-            raise WideError(f"the private gRPC socket's path {path!r} is too long for a unix socket",
-                            hint="set TMPDIR to a shorter folder, e.g. /tmp")
-        return path
+            if self._socket_path is not None:
+                return self._socket_path  # stopped for good: say where it was, create nothing
+            folder = tempfile.mkdtemp(prefix="wide-grpc-")  # 0700, this user's
+            path = os.path.join(folder, f"grpc:{PRIVATE_GRPC_PORT}")
+            if len(path.encode()) > 100:  # sun_path holds 108 bytes
+                shutil.rmtree(folder, ignore_errors=True)
+                raise WideError(f"the private gRPC socket's path {path!r} is too long for a unix socket",
+                                hint="set TMPDIR to a shorter folder, e.g. /tmp")
+            self._socket_dir, self._socket_path = folder, path
+        return os.path.join(self._socket_dir, f"grpc:{PRIVATE_GRPC_PORT}")
 
     def command(self, binary: ServerBinary, backends: Optional[Path]) -> list[str]:
         """The tritonserver command line (loopback addresses, strict config)."""
@@ -340,6 +345,17 @@ class TritonServer:
         from wide_export.triton.ports import check_ports_free
 
         check_ports_free(self.address, self._asked_ports)  # names who holds a taken port, before anything starts
+        if self.private_grpc and self._socket_dir is None:
+            self._socket_path = None  # a start after a final stop: a fresh private folder
+        try:
+            return self._start_attempts(binary, timeout, attempts)
+        except BaseException:
+            self.stop()  # the private socket's folder too: nothing left behind by a start that failed
+            raise
+
+    def _start_attempts(self, binary: ServerBinary, timeout: float, attempts: int) -> "TritonServer":
+        from wide_export.triton.ports import check_ports_free
+
         for attempt in range(attempts):
             try:
                 return self._start_once(binary, timeout)
@@ -378,8 +394,8 @@ class TritonServer:
                 )
             self.wait_ready(timeout)
         except BaseException:
-            self.stop()
-            raise
+            self.stop(keep_address=True)  # a retry or a restart uses the same private socket (the caller's
+            raise  # final stop removes it)
         self._stubs = self._current_stubs()
         return self
 
