@@ -3,6 +3,7 @@ stop that ends open streams with an error event and [DONE] (issue 34 items 3, 5,
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -32,30 +33,22 @@ class VocabTokenizer(FakeTokenizer):
         return super().apply_chat_template(messages, tokenize, add_generation_prompt)
 
 
-def _call(base: str, method: str, path: str, body=None, timeout: float = 30) -> tuple[int, str]:
+def _exchange(base: str, method: str, path: str, body=None, timeout: float = 30) -> tuple[int, dict, str]:
+    """Status, headers (lower-case names) and body of one request."""
     where = urlsplit(base)
     conn = http.client.HTTPConnection(where.hostname, where.port, timeout=timeout)
     try:
         conn.request(method, path, body=None if body is None else json.dumps(body),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
-        return resp.status, resp.read().decode()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read().decode()
     finally:
         conn.close()
 
 
-def _raw(base: str, body: dict, timeout: float = 30) -> tuple[int, dict, str]:
-    """Status, headers (lower-case names) and body of one POST /v1/completions."""
-    where = urlsplit(base)
-    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=timeout)
-    try:
-        conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read().decode(errors="replace")
-    except OSError as err:  # a held stream cut by the stop at the end of the test
-        return 0, {}, str(err)
-    finally:
-        conn.close()
+def _call(base: str, method: str, path: str, body=None, timeout: float = 30) -> tuple[int, str]:
+    status, _, text = _exchange(base, method, path, body, timeout)
+    return status, text
 
 
 def _model(max_model_len=10, render_seconds=0.0):
@@ -179,7 +172,12 @@ def test_a_full_queue_answers_429_to_the_client_that_filled_it_and_503_to_others
     def hold(user: str, busy: int, waiting: int) -> None:
         """An endless stream for `user`, in the background, once the queue shows it (running or waiting)."""
         body = {"prompt": "a", "max_tokens": 10 ** 6, "stream": True, "user": user}
-        threading.Thread(target=_raw, args=(base, body), daemon=True).start()
+
+        def stream() -> None:
+            with contextlib.suppress(OSError):  # cut by the stop at the end of the test
+                _exchange(base, "POST", "/v1/completions", body)
+
+        threading.Thread(target=stream, daemon=True).start()
         deadline = time.monotonic() + 30
         while (queue.busy, len(queue.waiting)) != (busy, waiting):
             assert time.monotonic() < deadline, (queue.busy, queue.waiting)
@@ -188,10 +186,10 @@ def test_a_full_queue_answers_429_to_the_client_that_filled_it_and_503_to_others
     try:
         hold("a", 1, 0)  # runs
         hold("a", 1, 1)  # waits
-        third = _raw(base, {"prompt": "a", "max_tokens": 2, "user": "a"})
+        third = _exchange(base, "POST", "/v1/completions", {"prompt": "a", "max_tokens": 2, "user": "a"})
         assert third[0] == 429, third
         hold("b", 1, 2)  # waits: the queue is full
-        fourth = _raw(base, {"prompt": "a", "max_tokens": 2, "user": "c"})
+        fourth = _exchange(base, "POST", "/v1/completions", {"prompt": "a", "max_tokens": 2, "user": "c"})
         assert fourth[0] == 503, fourth
         for status, headers, text in (third, fourth):
             assert headers.get("retry-after") == "1", headers

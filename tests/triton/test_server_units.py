@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -1580,14 +1581,19 @@ def test_a_failed_start_of_a_private_grpc_server_leaves_no_socket_folder(repo, l
     stopped server's address afterwards creates none again."""
     monkeypatch.setattr(server_mod, "find_tritonserver", lambda: BIN)
     monkeypatch.setattr("wide_export.triton.ports.check_ports_free", lambda *a, **k: None)
+    short = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))  # pytest's own folders can be too long for a socket
+    monkeypatch.setattr(server_mod.tempfile, "tempdir", str(short))
     server = TritonServer(repo, http=False, private_grpc=True)
 
     def never_ready(timeout):
         raise WideError("tritonserver did not become ready")
 
     server.wait_ready = never_ready
-    with pytest.raises(WideError, match="did not become ready"):
-        server.start(timeout=1.0, attempts=1)
-    sock = server.endpoints.grpc
-    assert not Path(sock[5:]).parent.exists(), sock
-    assert not list(launch.tmp.glob("wide-grpc-*"))
+    try:
+        with pytest.raises(WideError, match="did not become ready"):
+            server.start(timeout=1.0, attempts=1)
+        sock = server.endpoints.grpc
+        assert Path(sock[5:]).parent.parent == short, sock
+        assert not list(short.glob("wide-grpc-*")), sock
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

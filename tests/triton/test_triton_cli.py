@@ -272,8 +272,10 @@ def test_kill_9_of_serve_takes_tritonserver_and_its_stub_down(tiny_repo, tmp_pat
 
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo)
+    (tmp_path / "t").mkdir()  # the work folder a killed serve cannot remove stays in pytest's folder, not /tmp
     proc = subprocess.Popen(CLI + ["serve", "--repository", str(repo), "--timeout", "60"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path / "t")})
     try:
         deadline = time.monotonic() + 90
         for line in proc.stdout:

@@ -126,7 +126,8 @@ class FairQueue:
     async def acquire(self, client: Client) -> "Ticket":
         """A slot for `client` (released by the ticket); waits fairly for it. 429 when this client already
         has half of `max_waiting` waiting, 503 when `max_waiting` requests wait."""
-        if self._may_run(client) and not self._eligible():  # nobody waiting could take the slot instead
+        eligible = self._eligible()  # also drops cancelled waiters, before they are counted below
+        if self._may_run(client) and not eligible:  # nobody waiting could take the slot instead
             self._take(client)
             return Ticket(self, client)
         mine = sum(1 for w in self.waiting if w.client == client)

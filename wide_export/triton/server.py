@@ -287,9 +287,7 @@ class TritonServer:
     def _grpc_socket(self) -> str:
         """The private gRPC socket's path: Triton listens on `unix:<folder>/grpc` + `:<port>`, a file
         named `grpc:1` (it appends the port to the address)."""
-        if self._socket_dir is None:
-            if self._socket_path is not None:
-                return self._socket_path  # stopped for good: say where it was, create nothing
+        if self._socket_path is None:  # once made, kept: after the final stop it says where it was
             folder = tempfile.mkdtemp(prefix="wide-grpc-")  # 0700, this user's
             path = os.path.join(folder, f"grpc:{PRIVATE_GRPC_PORT}")
             if len(path.encode()) > 100:  # sun_path holds 108 bytes
@@ -297,7 +295,7 @@ class TritonServer:
                 raise WideError(f"the private gRPC socket's path {path!r} is too long for a unix socket",
                                 hint="set TMPDIR to a shorter folder, e.g. /tmp")
             self._socket_dir, self._socket_path = folder, path
-        return os.path.join(self._socket_dir, f"grpc:{PRIVATE_GRPC_PORT}")
+        return self._socket_path
 
     def command(self, binary: ServerBinary, backends: Optional[Path]) -> list[str]:
         """The tritonserver command line (loopback addresses, strict config)."""
