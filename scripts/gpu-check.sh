@@ -16,7 +16,18 @@
 # $OUT (the device tool's output folder) or ./gpu-results, 8 files:
 #   run.log gpu-tests.xml kernels.json kernels.png policy-sm_XX.json e2e.json e2e.png summary.txt
 # Needs: python3 with a CUDA torch, triton (>= 3.6), pytest, rich, typer; cmake (+ninja), nvcc.
+#
+# scripts/gpu-check.sh --dry-run: the same stages without a GPU (CI runs it through scripts/device-dry-run.sh in
+# an environment like the device's): the build for real, the gpu tests collected (an import or collection
+# error fails it), each benchmark with --dry-run (its preset parsed, the kernels imported, no CUDA call), then
+# a short table; the tp and vLLM stages say skipped as they do on one GPU.
 set -uo pipefail
+DRY_RUN=
+case "${1:-}" in
+  --dry-run) DRY_RUN=--dry-run ;;
+  "") ;;
+  *) echo "usage: scripts/gpu-check.sh [--dry-run]" >&2; exit 2 ;;
+esac
 
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -64,18 +75,26 @@ print('built in %.0f s:' % (time.time() - t), *r.libraries, sep='\n  ')
 step "gpu tests"
 # The Triton-JIT tests need no build; the C-runtime tests rebuild incrementally (a no-op after step 1).
 TESTS_START=$(wc -l < "$LOG")
-run tests "$T_TESTS" "$PYTHON" -m pytest -v -rA -m gpu tests/kernels tests/bench -p no:cacheprovider --maxfail=20 \
-    --junitxml="$OUT/gpu-tests.xml"
+if [ -n "$DRY_RUN" ]; then  # collected, not run: any import or collection error (or a module skipped whole) fails
+  run tests "$T_TESTS" "$PYTHON" -m pytest --collect-only -q -rs -m gpu tests/kernels tests/bench -p no:cacheprovider
+  if [ "$tests_status" = ok ] && tail -n +"$((TESTS_START + 1))" "$LOG" | grep -Eq '^SKIPPED|[0-9]+ skipped'; then
+    echo "gpu tests: a test module was skipped whole at collection (see above)" | tee -a "$LOG"
+    tests_status=FAILED
+  fi
+else
+  run tests "$T_TESTS" "$PYTHON" -m pytest -v -rA -m gpu tests/kernels tests/bench -p no:cacheprovider --maxfail=20 \
+      --junitxml="$OUT/gpu-tests.xml"
+fi
 TESTS_LOG=$(mktemp)
 trap 'rm -f "$TESTS_LOG"' EXIT
 tail -n +"$((TESTS_START + 1))" "$LOG" > "$TESTS_LOG"
 
 step "benchmark: kernels (short preset)"
-run bench "$T_BENCH" "$PYTHON" -c "from wide_export.cli import main; main()" bench kernels --preset short --output "$OUT"
+run bench "$T_BENCH" "$PYTHON" -c "from wide_export.cli import main; main()" bench kernels --preset short --output "$OUT" $DRY_RUN
 
 step "benchmark: end to end (Llama-3.1-8B layers, 50 %)"
 run e2e "$T_E2E" "$PYTHON" -c "from wide_export.cli import main; main()" bench e2e --preset llama-3.1-8b \
-    --sparsity 0.5 --output "$OUT"
+    --sparsity 0.5 --output "$OUT" $DRY_RUN
 
 # --- tensor parallelism, >= 2 GPUs only (issue 22; a stage of its own, kept apart from the rest) ------
 # `wide-export run-tp --backend nccl`: one rank process per GPU, the all-reduces over NCCL, greedy tokens
@@ -126,6 +145,19 @@ echo "vllm (bench vllm): $vllm_status" | tee -a "$LOG"
 # --- end of the vLLM stage ---------------------------------------------------------------------------------
 
 step "summary"
+if [ -n "$DRY_RUN" ]; then
+  collected=$(tail -n +"$((TESTS_START + 1))" "$LOG" | grep -Eo '[0-9]+(/[0-9]+)? tests? collected' | tail -n 1)
+  {
+    echo "dry run on $("$PYTHON" -c 'import torch, triton, numpy; print(f"torch {torch.__version__}, triton \
+{triton.__version__}, numpy {numpy.__version__}")' 2>&1)"
+    printf '%-16s %s\n' build "$build_status" "gpu tests" "$tests_status (${collected:-nothing collected}, not run)" \
+      bench "$bench_status ($(grep -m1 -o 'would time [0-9]* cases' "$LOG" || echo 'no plan'))" \
+      e2e "$e2e_status ($(grep -o 'would time [0-9]* cases' "$LOG" | sed -n 2p || true))" \
+      "tp (>= 2 GPUs)" "$tp_status" vllm "$vllm_status"
+  } | tee "$OUT/summary.txt"
+  [ "$build_status" = ok ] && [ "$tests_status" = ok ] && [ "$bench_status" = ok ] && [ "$e2e_status" = ok ]
+  exit
+fi
 "$PYTHON" - "$OUT" "$TESTS_LOG" "$build_status" "$tests_status" "$bench_status" "$e2e_status" <<'PY' | tee "$OUT/summary.txt"
 import json, re, sys, xml.etree.ElementTree as ET
 from pathlib import Path

@@ -150,6 +150,26 @@ def test_bench_e2e_rejects_a_sparsity_out_of_range(tmp_path):
     assert "sparsities must lie in [0, 1)" in line
 
 
+def test_bench_e2e_dry_run_plans_the_gpu_preset_without_cuda(tmp_path, monkeypatch):
+    """scripts/gpu-check.sh --dry-run (issue 44): gpu-check's e2e command starts (options checked, kernels
+    imported) and stops before CUDA: 3 prefill lengths + 2 decode batches at the one sparsity, nothing written."""
+    from wide_export.cli import app
+
+    def no_cuda(*_a, **_k):
+        raise AssertionError("a dry run touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_cuda)
+    args = ["bench", "e2e", "--preset", "llama-3.1-8b", "--sparsity", "0.5", "--output", str(tmp_path / "o"),
+            "--dry-run"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "would time 5 cases, from prefill 512 tokens at 50% to decode batch 4 at 50%" in " ".join(res.output.split())
+    assert not (tmp_path / "o").exists()
+    line = assert_one_line_error(CliRunner().invoke(app, args + ["--algo", "fastest"]))
+    assert "unknown algorithm 'fastest'" in line
+
+
 @pytest.mark.gpu
 def test_bench_e2e_llama_layer_on_the_gpu():
     """One Llama-3.1-8B layer at 50 %: kernels agree with the reference, every case replays as a CUDA graph."""

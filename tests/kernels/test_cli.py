@@ -69,6 +69,9 @@ def test_bench_kernels_tiny_preset_runs_the_kernels_on_cpu(cli, tmp_path):
     assert "timings mean nothing" in res.output
     data = json.loads((tmp_path / "kernels.json").read_text())
     assert {r["kernel"] for r in data["rows"]} == {"n", "gated", "k"}
+    from wide_export.bench.kernels import plan_kernel_bench
+
+    assert len(plan_kernel_bench("tiny")) == len(data["rows"])  # --dry-run lists what the run times
     for r in data["rows"]:
         assert r["max_rel_error"] < 1e-2, r
         assert r["auto_algo"] in r["algo_ms"]
@@ -87,6 +90,27 @@ def test_bench_kernels_tiny_preset_runs_the_kernels_on_cpu(cli, tmp_path):
     assert "roofline at H200 reference figures (4.3 TB/s copy, 790 TFLOP/s bf16)" in flat
     assert "% of limit" in flat and "n/m, CPU interpreter timings mean nothing" in flat
     assert flat.count(" n/m ") >= len(data["rows"])  # one per case
+
+
+def test_bench_kernels_dry_run_plans_the_short_preset_without_cuda(cli, monkeypatch):
+    """scripts/gpu-check.sh --dry-run (issue 44): the preset parsed, the kernels imported, no CUDA call. The
+    short preset by hand: 6 token counts x 4 Llama-3.1-8B shapes x group sizes 32/128/512 (each divides 4096
+    and 14336) x one sparsity x one mask."""
+    import torch
+
+    def no_cuda(*_a, **_k):
+        raise AssertionError("a dry run touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_cuda)
+    res = CliRunner().invoke(cli, ["bench", "kernels", "--preset", "short", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "would time 72 cases" in res.output and "nothing run" in res.output
+    assert "n llama-3.1-8b/q T=1 gs=32" in res.output and "k llama-3.1-8b/down T=16384 gs=512" in res.output
+    line = assert_one_line_error(CliRunner().invoke(cli, ["bench", "kernels", "--preset", "huge", "--dry-run"]))
+    assert "unknown preset 'huge'" in line
+    line = assert_one_line_error(CliRunner().invoke(cli, ["bench", "kernels", "--dtype", "fp8", "--dry-run"]))
+    assert "unknown dtype 'fp8'" in line
 
 
 def test_bench_json_is_written_case_by_case(tmp_path):

@@ -72,3 +72,10 @@ def test_summary_prints_the_measured_policy_and_its_tile_buckets(tmp_path):
     assert '"fallback": "tile"' in policy and "prefill_tiles" not in policy
     assert any(line.startswith("  tiles") and line.endswith("tile_n=0:small,4096:wide grouped_n=0:large")
                for line in lines), lines
+
+
+def test_an_unknown_argument_is_a_usage_line_and_exit_2(tmp_path):
+    res = subprocess.run(["bash", str(SCRIPT), "--dryrun"], capture_output=True, text=True, check=False,
+                         env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
+    assert res.returncode == 2 and res.stderr.strip() == "usage: scripts/gpu-check.sh [--dry-run]", res
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written

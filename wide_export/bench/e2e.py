@@ -80,6 +80,30 @@ class E2EReport:
     timings_meaningful: bool = True
 
 
+def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16", layers: Optional[int] = None,
+                   algo: str = "auto") -> list[str]:
+    """The cases `preset` would time, one line each, in run order; every option checked and the WIDE side's
+    kernels imported (Triton included), no tensor made: `bench e2e --dry-run` (scripts/gpu-check.sh's CI dry
+    run: the benchmark starts on the device's Python before a GPU is spent on it)."""
+    from wide_export.bench import e2e_stack as st
+    from wide_export.kernels import launch, sources  # noqa: F401 - what the WIDE side launches
+
+    if preset not in PRESETS:
+        raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
+    torch_dtype(dtype)
+    if not sparsities or any(not 0.0 <= s < 1.0 for s in sparsities):
+        raise WideError(f"sparsities must lie in [0, 1), got {list(sparsities)}", hint="e.g. --sparsity 0.5")
+    if layers is not None and layers < 1:
+        raise WideError(f"--layers {layers} must be at least 1", hint="e.g. --layers 4")
+    if algo not in launch.ALGOS:
+        raise WideError(f"unknown algorithm {algo!r}", hint=f"one of {list(launch.ALGOS)}")
+    st.kernel_ops(algo)
+    cfg = PRESETS[preset]
+    return [line for s in sparsities
+            for line in [f"prefill {T} tokens at {s:.0%}" for T in cfg.prefill_tokens]
+            + [f"decode batch {B} at {s:.0%}" for B in cfg.decode_batches]]
+
+
 def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16",
                   layers: Optional[int] = None, algo: str = "auto", seed: int = 0,
                   progress: Optional[Callable[[str], None]] = None) -> E2EReport:
@@ -89,14 +113,9 @@ def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dt
     from wide_export.bench import e2e_stack as st
 
     preset = preset or ("llama-3.1-8b" if torch.cuda.is_available() else "tiny")
-    if preset not in PRESETS:
-        raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
+    plan_e2e_bench(preset, sparsities, dtype, layers, algo)
     cuda = cuda_or_tiny(f"bench e2e --preset {preset}", preset)
     dt = torch_dtype(dtype)
-    if not sparsities or any(not 0.0 <= s < 1.0 for s in sparsities):
-        raise WideError(f"sparsities must lie in [0, 1), got {list(sparsities)}", hint="e.g. --sparsity 0.5")
-    if layers is not None and layers < 1:
-        raise WideError(f"--layers {layers} must be at least 1", hint="e.g. --layers 4")
     cfg = PRESETS[preset]
     shape = st.LLAMA_8B if cfg.shape == "llama-3.1-8b" else st.TINY
     n_layers = layers or cfg.layers

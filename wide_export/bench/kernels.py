@@ -189,6 +189,22 @@ def _rotations(weight_bytes: int, cuda: bool) -> int:
     return max(1, min(4, math.ceil(2 * l2 / max(weight_bytes, 1))))
 
 
+def plan_kernel_bench(preset: str = "short", dtype: str = "bf16") -> list[str]:
+    """The cases `preset` would time, one line each, in run order; every option checked and the kernel
+    modules imported (Triton included), no tensor made: `bench kernels --dry-run`, which scripts/gpu-check.sh's
+    CI dry run uses to prove the benchmark starts on the device's Python before a GPU is spent on it."""
+    if preset not in PRESETS:
+        raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
+    torch_dtype(dtype)
+    from wide_export.kernels import launch, sources  # noqa: F401 - what the run launches (Triton, our kernels)
+
+    cfg = PRESETS[preset]
+    shapes = TINY_SHAPES if preset == "tiny" else [s for s in SHAPES if s[0] in cfg.models]
+    return [f"{kind} {model}/{name} T={T} gs={gs} s={s} {mk}"
+            for T in cfg.tokens for model, name, N, K, kind in shapes for gs in cfg.group_sizes
+            if not (K if kind == "k" else N) % gs for s in cfg.sparsities for mk in cfg.masks]
+
+
 def run_kernel_bench(preset: str = "short", dtype: str = "bf16", seed: int = 0,
                      progress: Optional[Callable[[str], None]] = None,
                      on_row: Optional[Callable[[Report], None]] = None) -> Report:
@@ -197,8 +213,7 @@ def run_kernel_bench(preset: str = "short", dtype: str = "bf16", seed: int = 0,
     on_row(report) is called after every case (the CLI rewrites kernels.json there)."""
     import torch
 
-    if preset not in PRESETS:
-        raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
+    plan_kernel_bench(preset, dtype)
     cuda = cuda_or_tiny("bench kernels", preset, "run it on a machine with an NVIDIA GPU (scripts/gpu-check.sh)")
     dt = torch_dtype(dtype)
     from wide_export.kernels.launch import arch_of

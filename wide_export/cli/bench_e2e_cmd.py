@@ -28,6 +28,9 @@ def bench_e2e(
     = "auto",
     output: Annotated[Path, typer.Option(help="Folder for e2e.json and e2e.png.")] = Path("bench-results"),
     seed: Annotated[int, typer.Option(help="Seed of the weights, routers and inputs.")] = 0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the options, import the kernels and list "
+                                                            "the cases, then stop before the first CUDA call "
+                                                            "(scripts/gpu-check.sh's CI dry run).")] = False,
 ) -> None:
     """Prefill and decode tokens/s of a WIDE model vs the same model dense; table, JSON, PNG.
 
@@ -40,6 +43,15 @@ def bench_e2e(
     from wide_export.bench.e2e import run_e2e_bench, table, write_json, write_plot
 
     console = Console(highlight=False, width=max(Console().width, 110))  # the table needs ~100 columns
+    if dry_run:
+        from wide_export.bench.e2e import plan_e2e_bench
+
+        name = preset or "llama-3.1-8b"
+        cases = plan_e2e_bench(name, tuple(sparsity), dtype, layers, algo)
+        console.print(f"dry run: --preset {name} would time {len(cases)} cases, from {cases[0]} to {cases[-1]}; "
+                      f"nothing run", soft_wrap=True)
+        return
+
     with console.status("benchmarking") as status:
         report = run_e2e_bench(preset=preset, sparsities=tuple(sparsity), dtype=dtype, layers=layers, algo=algo,
                                seed=seed, progress=status.update)

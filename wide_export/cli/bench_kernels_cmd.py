@@ -24,6 +24,9 @@ def bench_kernels(
         "--record", metavar="FILE", help="Run nothing: merge a measured policy-<arch>.json (written by a GPU run "
                                          "of this command) into wide_export/kernels/policy.json, after checking "
                                          "it against the policy schema.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the options, import the kernels and list "
+                                                            "the cases, then stop before the first CUDA call "
+                                                            "(scripts/gpu-check.sh's CI dry run).")] = False,
 ) -> None:
     """Time every masked-GEMM algorithm against cuBLAS on Llama-3.1-8B / Qwen3-8B shapes; table, roofline, JSON, PNG.
 
@@ -42,6 +45,14 @@ def bench_kernels(
 
         archs = record_policy(record)
         console.print(f"recorded the measured policy of {archs} into {POLICY_FILE}")
+        return
+
+    if dry_run:
+        from wide_export.bench.kernels import plan_kernel_bench
+
+        cases = plan_kernel_bench(preset, dtype)
+        console.print(f"dry run: --preset {preset} --dtype {dtype} would time {len(cases)} cases, from "
+                      f"{cases[0]} to {cases[-1]}; nothing run", soft_wrap=True)
         return
 
     from wide_export.bench.kernels import (measured_policy, roofline_table, run_kernel_bench, speedup_table,

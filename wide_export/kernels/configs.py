@@ -71,7 +71,11 @@ UNALIGNED_BLOCK_K = 16  # K step of every GEMM tile when the call is not 16-alig
 GATED_UNALIGNED_WARPS = 8  # two accumulators + element-wise loads: 248-254 registers at 4 warps, 128-181 at 8
 # float32 (PRECISE: IEEE FMA products, no tensor cores): a 64-deep K step at 4 warps spills up to 6 KB on sm_80
 FP32_BLOCK_K = 32
-FP32_UNALIGNED_BLOCK_K = 8  # 16 still spills 16 B (tile_n plain, sm_80)
+# Unaligned float32: a K step of 16, the least Triton 3.6's tl.dot accepts (3.7+ take 8; the device image has 3.6.0),
+# at 8 warps and 4 stages, the one setting without a spill on sm_80 and sm_90 under 3.6.0 and 3.9 (3 stages spilled
+# 24 B on sm_90 under 3.6, 2 stages 8-16 B; docs/kernels.md, "Which Triton builds the cubins").
+FP32_UNALIGNED_BLOCK_K = 16
+FP32_UNALIGNED_STAGES = 4
 FP32_WARPS = 8
 FP32_GATED_UNALIGNED_STAGES = 2  # 3 stages spill 8 B on sm_90 (128 registers) once the tile GEMMs swizzle (GROUP_M)
 ALIGN = 16  # the divisibility Triton's JIT specializes on (and the C runtime checks before launching a16)
@@ -217,7 +221,7 @@ def tile_tile(dtype: str = "float16", gated: bool = False, aligned: bool = True,
         if aligned:
             return Tile(TILE_BLOCK_M, TILE_BLOCK_N, FP32_BLOCK_K, FP32_WARPS)
         return Tile(TILE_BLOCK_M, TILE_BLOCK_N, FP32_UNALIGNED_BLOCK_K, FP32_WARPS,
-                    FP32_GATED_UNALIGNED_STAGES if gated else STAGES)
+                    FP32_GATED_UNALIGNED_STAGES if gated else FP32_UNALIGNED_STAGES)
     t = Tile(TILE_BLOCK_M, TILE_BLOCK_N, TILE_BLOCK_K, TILE_WARPS)
     return t if aligned else _unaligned(t, gated)
 
