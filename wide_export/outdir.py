@@ -23,7 +23,8 @@ def check_output_dir(output: Path, force: bool, protect: tuple[Path | None, ...]
     """Refuse an existing OUT (unless force) or an unwritable parent, before any work starts.
 
     `protect`: the user's inputs; an OUT that is one of them or contains one is refused even
-    with force, since replacing OUT would delete them.
+    with force, since replacing OUT would delete them; an OUT inside one is refused too, since
+    writing it would change what the user gave (and a later run would read it as part of the input).
     """
     output = Path(output).absolute()
     for given in filter(None, protect):
@@ -31,6 +32,9 @@ def check_output_dir(output: Path, force: bool, protect: tuple[Path | None, ...]
         if given == output.resolve() or output.resolve() in given.parents:
             raise WideError(f"output {output} would replace your input {given}",
                             "choose an --output outside the input folders")
+        if given in output.resolve().parents:
+            raise WideError(f"output {output} is inside your input {given}",
+                            "choose an --output outside the input folders (it would be written into them)")
     if output.exists() and not force:
         raise WideError(f"output {output} already exists", "pass --force to replace it, or choose another --output")
     if output.exists() and not output.is_dir():

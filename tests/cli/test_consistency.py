@@ -48,6 +48,21 @@ def test_triton_force_never_replaces_its_input(demo_onnx, tmp_path):
     assert sorted(p.name for p in onnx_dir.iterdir()) == before
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_triton_output_inside_its_input_is_refused(demo_onnx, tmp_path, force):
+    """A repository written into the export it reads (issue 47 item 7): refused like the reverse, nothing written."""
+    import shutil
+
+    onnx_dir = tmp_path / "onnx"
+    shutil.copytree(demo_onnx, onnx_dir)
+    before = sorted(str(p.relative_to(onnx_dir)) for p in onnx_dir.rglob("*"))
+    for inside in (onnx_dir / "repo", onnx_dir / "a" / "b"):
+        line = _one_error_line(CliRunner().invoke(_app(), ["triton", "--onnx", str(onnx_dir), "--output", str(inside)]
+                                                  + (["--force"] if force else [])))
+        assert f"is inside your input {onnx_dir}" in line and "choose an --output outside" in line
+    assert sorted(str(p.relative_to(onnx_dir)) for p in onnx_dir.rglob("*")) == before
+
+
 @pytest.mark.parametrize("command", ["onnx", "verify"])
 def test_model_path_that_is_a_file_says_so(command, demo_onnx, tmp_path):
     given = tmp_path / "config.json"

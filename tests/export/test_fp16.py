@@ -93,3 +93,46 @@ def test_converted_graph_passes_the_fp16_verification(converted):
 def test_an_fp16_export_is_not_converted_again(fp16_export, tmp_path):
     with pytest.raises(WideError, match="only a float32 one"):
         convert_export(fp16_export, tmp_path)
+
+
+def test_values_fp16_cannot_hold_are_counted_not_warned_per_tensor(demo_onnx, tmp_path):
+    """Issue 47 item 5: the converter warned once per tensor ('the float32 number ... will be truncated'),
+    naming neither tensor nor count. Now: no such warning; wide_config.json counts what was clamped in the
+    tensors the conversion turned into fp16 (a router weight stays float32, so its big value is not
+    clamped and not counted); trt's one line names the tensor where it matters."""
+    import shutil
+    import warnings
+
+    import numpy as np
+    from onnx import numpy_helper
+
+    src = tmp_path / "f32"
+    shutil.copytree(demo_onnx, src)
+    model = onnx.load(str(src / "model.onnx"))
+    wide_inputs = {n.op_type: n.input for n in model.graph.node if n.domain == "wide"}
+    inits = {t.name: t for t in model.graph.initializer}
+    gemm_w = next(i for i in wide_inputs["WideMaskedGemmK"] if i in inits and len(inits[i].dims) == 2)
+    router_w = next(i for i in wide_inputs["WideRouter"] if i in inits and len(inits[i].dims) == 2)
+    for name, values in ((gemm_w, [1e5, -2e5, 7e4, 1e-9, -3e-10]), (router_w, [1e6])):
+        a = numpy_helper.to_array(inits[name]).copy()
+        a.flat[[0, 5, 9, 11, 13][:len(values)]] = values
+        inits[name].CopyFrom(numpy_helper.from_array(a, name))
+    onnx.save(model, str(src / "model.onnx"))
+    (tmp_path / "conv").mkdir()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        config = convert_export(src, tmp_path / "conv")
+    assert not [w for w in seen if "will be truncated" in str(w.message)]
+    clamped = config["fp16_conversion"]["clamped"]
+    assert clamped["above_fp16_range"] == 3 and clamped["above_fp16_range_tensors"] == [f"initializer {gemm_w}"]
+    assert clamped["below_fp16_subnormal"] >= 2  # ours, and any the random weights had
+    assert json.loads((tmp_path / "conv" / "wide_config.json").read_text())["fp16_conversion"]["clamped"] == clamped
+    out = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "conv" / "model.onnx")).graph.initializer}
+    assert out[gemm_w].dtype == np.float16 and out[gemm_w].flat[0] == 65504 and out[gemm_w].flat[5] == -65504
+    assert out[router_w].dtype == np.float32 and out[router_w].flat[0] == 1e6
+    from wide_export.export.fp16 import clamp_note
+
+    note = clamp_note(config)
+    assert note.startswith("warning: 3 values beyond fp16's range") and gemm_w in note and "\n" not in note
+    assert clamp_note({"fp16_conversion": {"clamped": {"above_fp16_range": 0, "above_fp16_range_tensors": [],
+                                                       "below_fp16_subnormal": 900}}}) is None

@@ -197,7 +197,7 @@ def test_missing_libraries_are_named(monkeypatch):
                         lambda name, *a: None if name in ("uvicorn", "tritonclient") else real(name, *a))
     with pytest.raises(WideError, match="the OpenAI API needs uvicorn, tritonclient, which is not installed") as err:
         runner.check_installed()
-    assert err.value.hint == "pip install 'wide-export[triton]'"
+    assert err.value.hint.startswith("python3 -m venv .venv-serve") and "[triton]" in err.value.hint
     monkeypatch.setattr(importlib.util, "find_spec", real)
     runner.check_installed()
 

@@ -248,7 +248,7 @@ def test_no_binary_at_all(monkeypatch, no_system_server, spec):
     with pytest.raises(WideError) as err:
         server_mod.find_tritonserver()
     assert err.value.message == "no tritonserver binary: none on PATH and nvidia-pytriton is not installed"
-    assert err.value.hint == "pip install 'wide-export[triton]' or put tritonserver on PATH"
+    assert ".venv-serve" in err.value.hint and "[triton]" in err.value.hint and "tritonserver on PATH" in err.value.hint
 
 
 @pytest.mark.parametrize("missing", ["bin/tritonserver", "python_backend_stubs/3.12/triton_python_backend_stub",
@@ -1597,3 +1597,41 @@ def test_a_failed_start_of_a_private_grpc_server_leaves_no_socket_folder(repo, l
         assert not list(short.glob("wide-grpc-*")), sock
     finally:
         shutil.rmtree(short, ignore_errors=True)
+
+
+def _tensorrt_repository(root: Path) -> Path:
+    (root / "wide_llm" / "1").mkdir(parents=True)
+    (root / "wide_llm" / "config.pbtxt").write_text('name: "wide_llm"\nbackend: "python"\n')
+    (root / "wide_llm_engine" / "1").mkdir(parents=True)
+    (root / "wide_llm_engine" / "config.pbtxt").write_text('name: "wide_llm_engine"\nplatform: "tensorrt_plan"\n')
+    return root
+
+
+def test_serving_a_tensorrt_repository_without_a_gpu_is_one_line(tmp_path, monkeypatch):
+    """Issue 47 item 8: was tritonserver's load log ending in 'pip install torch' (torch was installed)."""
+    import torch
+    from typer.testing import CliRunner
+
+    from tests.helpers import assert_one_line_error
+    from wide_export.cli import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(server_mod.subprocess, "Popen", lambda *a, **k: pytest.fail("tritonserver was started"))
+    repo = _tensorrt_repository(tmp_path / "repo")
+    line = assert_one_line_error(CliRunner().invoke(app, ["serve", "--repository", str(repo)]))
+    assert "is a TensorRT repository (model wide_llm_engine)" in line and "needs a CUDA GPU" in line
+    assert "wide-export triton --onnx EXPORT" in line and "pip install torch" not in line
+
+
+def test_a_tensorrt_repository_on_the_bundled_server_says_it_lacks_the_backend(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    repo = _tensorrt_repository(tmp_path / "repo")
+    with pytest.raises(WideError, match="bundled in nvidia-pytriton has no TensorRT backend") as err:
+        server_mod.check_tensorrt_models(repo, ServerBinary(path=Path("/x/tritonserver"), bundled=True))
+    assert "on PATH" in err.value.hint
+    server_mod.check_tensorrt_models(repo, ServerBinary(path=Path("/usr/bin/tritonserver"), bundled=False))
+    (repo / "wide_llm_engine" / "config.pbtxt").write_text('name: "wide_llm_engine"\nbackend: "onnxruntime"\n')
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    server_mod.check_tensorrt_models(repo, ServerBinary(path=Path("/x/tritonserver"), bundled=True))  # no TensorRT

@@ -17,7 +17,7 @@ from tests.helpers import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
-# head_dim 32: vLLM's CPU attention takes 32 and up, not the demo's 8 (SEEN-HERE)
+# head_dim 32: vLLM's CPU attention takes 32 and up, not the demo's 8
 COMMON = dict(num_heads=4, num_kv_heads=2, head_dim=32, hidden_size=128, intermediate_size=192, attn_groups=2,
               ffn_groups=12, num_layers=2, lora=True)
 SPECS = {  # one per family, each with a different mix of what the table varies

@@ -9,7 +9,10 @@ latency and tokens/s (`openai_stats`).
 
 Numbers, not pass/fail: tokens/s over the wall time of each scenario and the
 p50/p99 of per-request latency (staggered: from sending to the last token, and
-time to the first token).
+time to the first token). Every served request asks the server to ignore the
+end-of-sequence id, and its token count is checked: a row that stopped early would
+make the served paths do less work than the direct ones they are compared with.
+Progress goes to stderr (wide_export.progress.Steps): one line per stage when piped.
 """
 
 from __future__ import annotations
@@ -30,6 +33,22 @@ from wide_export.cli_process import export_onnx_cli
 from wide_export.errors import WideError
 
 CLIENT_COUNTS = (1, 8)
+
+# progress(stage, completed=None, total=None), as wide_export.progress.Steps.update
+Progress = Callable[..., None]
+
+
+def _no_progress(stage: str, completed: Optional[int] = None, total: Optional[int] = None) -> None:
+    pass
+
+
+def counted(got: int, asked: int, what: str) -> int:
+    """`got` when it is the `asked` number of new tokens, else a WideError: a request that stopped early would
+    be measured as less work than the bench says it measures."""
+    if got != asked:
+        raise WideError(f"{what} got {got} of {asked} tokens although it asked the server to ignore the "
+                        "end-of-sequence id")
+    return got
 
 # What the first table compares, printed under it and stored in the JSON: the paths run the same code on the
 # same session settings; what differs is said, so a ratio is not read as "Triton makes onnxruntime faster".
@@ -201,10 +220,11 @@ def merge_rounds(rounds: list[Scenario]) -> Scenario:
     return out
 
 
-def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
+def _measure(cfg: ServingBenchConfig, repo: Path, progress: Progress = _no_progress) -> list[Scenario]:
     """Per client count, `cfg.rounds` rounds of: direct, direct batched (several clients), triton (every other
     round in reverse order) -- interleaved with the server up, so a change of the machine's load hits every
-    path alike."""
+    path alike. The direct loop never stops at an eos id (its rows have no stop ids); the served requests ask
+    for ignore_eos, and their counts are checked."""
     from wide_export.triton import generation_model as gm
     from wide_export.triton.client import GenerationClient
     from wide_export.triton.server import TritonServer
@@ -213,9 +233,12 @@ def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
     settings = gm.Settings.load(str(version))
     step = gm.ort_step(str(version), settings, threads=direct_threads())  # IOBinding, as the server's
     results = []
+    progress("starting tritonserver")
     with TritonServer(repo, **cfg.server_ports()) as server:
         url = server.endpoints.grpc if cfg.protocol == "grpc" else server.endpoints.http
         for clients in cfg.clients:
+            stage = f"{clients} client{'s' if clients > 1 else ''}, direct and triton {cfg.protocol} paths"
+            progress(f"{stage}, warm-up")
             prompts = _prompts(cfg, settings.vocab_size, clients)
 
             def direct(c: int, i: int, prompts=prompts) -> int:
@@ -232,10 +255,11 @@ def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
                 local.conn = GenerationClient(url, cfg.protocol)
                 with lock:
                     opened.append(local.conn)
-                local.conn.generate(prompts[c, 0], cfg.new_tokens)  # warm-up
+                local.conn.generate(prompts[c, 0], cfg.new_tokens, ignore_eos=True)  # warm-up
 
             def served(c: int, i: int, prompts=prompts, local=local) -> int:
-                return local.conn.generate(prompts[c, i], cfg.new_tokens).size
+                return counted(local.conn.generate(prompts[c, i], cfg.new_tokens, ignore_eos=True).size,
+                               cfg.new_tokens, f"a triton {cfg.protocol} request")
 
             for _ in range(3):  # warm-up
                 direct(0, 0)
@@ -254,21 +278,26 @@ def _measure(cfg: ServingBenchConfig, repo: Path) -> list[Scenario]:
                 paths.append(lambda: run_batched(clients, cfg.requests, batched, "direct onnxruntime, batched"))
             paths.append(triton_round)
             rounds: dict[str, list[Scenario]] = {}
+            done, total = 0, cfg.rounds * len(paths)
+            progress(stage, done, total)
             for k in range(cfg.rounds):  # the order alternates, so no path always runs after the same one
                 for run in (paths if k % 2 == 0 else paths[::-1]):
                     sc = run()
                     rounds.setdefault(sc.name, []).append(sc)
+                    done += 1
+                    progress(stage, done, total)
             results += [merge_rounds(r) for r in rounds.values()]
     return results
 
 
 def _stream_request(url: str, prompt: np.ndarray, n: int) -> list[float]:
-    """One HTTP generate_stream request; the arrival time of each token (perf_counter)."""
+    """One HTTP generate_stream request for exactly `n` new tokens (ignore_eos, the count checked); the
+    arrival time of each token (perf_counter)."""
     host, port = url.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=300)
     try:
         conn.request("POST", "/v2/models/wide_llm/generate_stream",
-                     body=json.dumps({"input_ids": prompt.tolist(), "max_new_tokens": n}),
+                     body=json.dumps({"input_ids": prompt.tolist(), "max_new_tokens": n, "ignore_eos": True}),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         times = []
@@ -277,8 +306,7 @@ def _stream_request(url: str, prompt: np.ndarray, n: int) -> list[float]:
                 if b'"error"' in line:
                     raise WideError(f"the server refused a benchmark request: {line[5:].decode().strip()}")
                 times.append(time.perf_counter())
-        if len(times) != n:
-            raise WideError(f"a streamed request got {len(times)} of {n} tokens")
+        counted(len(times), n, "a streamed request")
         return times
     finally:
         conn.close()
@@ -293,22 +321,29 @@ def staggered_plan(cfg: ServingBenchConfig, vocab: int, max_total: int) -> list[
              int(rng.integers(max(1, longest // 8), longest + 1))) for t in arrivals]
 
 
-def _measure_staggered(cfg: ServingBenchConfig, onnx: Path, tmp: Path) -> list[Scenario]:
+def _measure_staggered(cfg: ServingBenchConfig, onnx: Path, tmp: Path,
+                       progress: Progress = _no_progress) -> list[Scenario]:
     from wide_export.triton import generation_model as gm
     from wide_export.triton.repository import RepoOptions, generate_repository
     from wide_export.triton.server import TritonServer
 
     results = []
     for batching in ("static", "inflight"):
+        stage = f"{cfg.staggered} staggered streaming requests, {batching} batching"
+        progress(f"{stage}, writing its repository")
         repo = generate_repository(tmp / f"repo-{batching}", onnx=onnx,
                                    options=RepoOptions(streaming=True, batching=batching))
         settings = gm.Settings.load(str(repo / "wide_llm" / "1"))
         plan = staggered_plan(cfg, settings.vocab_size, settings.max_total_tokens)
+        progress(f"{stage}, starting tritonserver")
         with TritonServer(repo, **cfg.server_ports()) as server:
             url = server.endpoints.http
+            progress(f"{stage}, warm-up")
             for _ in range(2):  # warm-up
                 _stream_request(url, plan[0][1], plan[0][2])
             latencies, firsts, errors = [0.0] * len(plan), [0.0] * len(plan), []
+            finished, lock = [0], threading.Lock()
+            progress(stage, 0, len(plan))
             start = time.perf_counter()
 
             def one(i: int) -> None:
@@ -321,6 +356,9 @@ def _measure_staggered(cfg: ServingBenchConfig, onnx: Path, tmp: Path) -> list[S
                     errors.append(err)
                     return
                 latencies[i], firsts[i] = (times[-1] - sent) * 1e3, (times[0] - sent) * 1e3
+                with lock:
+                    finished[0] += 1
+                    progress(stage, finished[0], len(plan))
 
             threads = [threading.Thread(target=one, args=(i,)) for i in range(len(plan))]
             for t in threads:
@@ -394,19 +432,21 @@ def openai_stream(client, model: str, prompt: list, max_tokens: int, user: Optio
     return timing
 
 
-def _openai_repository(cfg: ServingBenchConfig, tmp: Path, console) -> Path:
+def _openai_repository(cfg: ServingBenchConfig, tmp: Path, progress: Progress) -> Path:
     from wide_export.triton.repository import RepoOptions, generate_repository
 
     if cfg.repository is not None:
         return cfg.repository
     onnx = cfg.onnx
     if onnx is None:
-        with console.status("exporting the demo model ..."):
-            onnx = export_onnx_cli(tmp / "onnx")
+        progress("exporting the demo model")
+        onnx = export_onnx_cli(tmp / "onnx")
+    progress("writing a streaming Triton repository")
     return generate_repository(tmp / "repo-openai", onnx=onnx, options=RepoOptions(streaming=True))
 
 
-def _measure_openai(cfg: ServingBenchConfig, repo: Path) -> tuple[list[dict], str]:
+def _measure_openai(cfg: ServingBenchConfig, repo: Path,
+                    progress: Progress = _no_progress) -> tuple[list[dict], str]:
     """Per client count: C threads, each with its own openai client, `requests` streamed completions."""
     from openai import OpenAI
 
@@ -424,9 +464,12 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path) -> tuple[list[dict], st
     decoupled = re.search(r"decoupled\s*:\s*true", (repo / model.triton_name / "config.pbtxt").read_text()) is not None
     rows = []
     try:
+        progress("starting tritonserver and the OpenAI frontend")
         with TritonServer(repo, **cfg.server_ports()) as server:
             frontend.start(server.endpoints.grpc)
             for clients in cfg.clients:
+                stage = f"{clients} client{'s' if clients > 1 else ''}, OpenAI completions stream"
+                progress(stage, 0, clients * cfg.requests)
                 prompts = _prompts(cfg, vocab, clients)
                 local, timings, lock = threading.local(), [], threading.Lock()
 
@@ -440,6 +483,7 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path) -> tuple[list[dict], st
                                            f"bench-client-{c}")
                     with lock:
                         timings.append(timing)
+                        progress(stage, len(timings), clients * cfg.requests)
                     return timing.tokens
 
                 scenario = run_clients(clients, cfg.requests, one, "openai completions stream", setup=connect)
@@ -452,10 +496,11 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path) -> tuple[list[dict], st
 def _run_openai_bench(cfg: ServingBenchConfig, console) -> dict:
     from rich.table import Table
 
-    with tempfile.TemporaryDirectory(prefix="wide-bench-openai-") as tmp:
-        repo = _openai_repository(cfg, Path(tmp), console)
-        with console.status("measuring the OpenAI frontend ..."):
-            rows, model = _measure_openai(cfg, repo)
+    from wide_export.progress import Steps
+
+    with tempfile.TemporaryDirectory(prefix="wide-bench-openai-") as tmp, Steps("bench serving") as steps:
+        repo = _openai_repository(cfg, Path(tmp), steps.update)
+        rows, model = _measure_openai(cfg, repo, steps.update)
     table = Table(title=f"OpenAI /v1/completions, stream, model {model}: prompt {cfg.prompt_len} tokens, "
                         f"{cfg.new_tokens} new tokens (ignore_eos), {cfg.requests} requests per client")
     for col in ("clients", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "p50 ms", "p99 ms"):
@@ -511,23 +556,25 @@ def run_serving_bench(cfg: ServingBenchConfig) -> dict:
         cfg.output.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {cfg.output}")
         return result
-    with tempfile.TemporaryDirectory(prefix="wide-bench-serving-") as tmp:
+    from wide_export.progress import Steps
+
+    # Progress on stderr: the stage and its count on a terminal, one line per stage when piped.
+    with tempfile.TemporaryDirectory(prefix="wide-bench-serving-") as tmp, Steps("bench serving") as steps:
         onnx = cfg.onnx
         if onnx is None:
-            with console.status("exporting the demo model ..."):
-                onnx = export_onnx_cli(Path(tmp) / "onnx")
+            steps.update("exporting the demo model")
+            onnx = export_onnx_cli(Path(tmp) / "onnx")
         from wide_export.triton import RepoOptions
 
         # The same ONNX Runtime threads on both paths (the direct session in this process, the server's
         # instance in its Python stub), so the table compares the same work with the same resources.
+        steps.update("writing the Triton repository")
         repo = generate_repository(Path(tmp) / "repo", onnx=onnx,
                                    options=RepoOptions(intra_op_threads=direct_threads()))
-        with console.status("measuring ..."):
-            scenarios = _measure(cfg, repo)
+        scenarios = _measure(cfg, repo, steps.update)
         staggered = []
         if cfg.staggered:
-            with console.status("measuring staggered streaming requests ..."):
-                staggered = _measure_staggered(cfg, onnx, Path(tmp))
+            staggered = _measure_staggered(cfg, onnx, Path(tmp), steps.update)
     rows = [s.summary() for s in scenarios]
     add_ratios(rows)
     table = Table(title=f"serving: prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens, "

@@ -78,7 +78,7 @@ def bench_kernels(
             console.print(f"{'[green]met[/]' if ok else '[red]missed[/]'}  {name}: {evidence}")
         console.print(f"measured auto policy: {policy_path} (wide-export bench kernels --record {policy_path})")
     console.print(f"results: {json_path}" + (f", plot: {png_path}" if plotted else
-                                              " (no plot: install the `bench` extra for matplotlib)"))
+                                              " (no plot: install matplotlib)"))
 
 
 def register(app: typer.Typer) -> None:

@@ -66,11 +66,47 @@ def fp32_node_names(graph) -> list[str]:
     return sorted(keep)
 
 
-def convert_model(model, weights_dir: Path | None = None, dtype: str = "float16"):
+def _float_tensors(graph):
+    """(key, TensorProto) of every float tensor the converter may turn into float16: initializers by name,
+    Constant nodes' values by node."""
+    from onnx import AttributeProto
+
+    yield from ((f"initializer {t.name}", t) for t in graph.initializer)
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == AttributeProto.TENSOR:
+                yield f"{node.op_type} {node.name}", a.t
+
+
+def _out_of_fp16(graph) -> dict[str, tuple[int, int]]:
+    """Per float32 tensor: (finite values beyond fp16's range, which the converter clamps to +-FP16_MAX;
+    non-zero values below its smallest subnormal, which it rounds up to +-FP16_MIN_POSITIVE). float32's own
+    +-max is not counted: it is the attention mask's fill value, which becomes fp16's +-65504 on purpose."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    out = {}
+    for key, t in _float_tensors(graph):
+        if t.data_type != _FLOAT:
+            continue
+        a = np.abs(numpy_helper.to_array(t).astype(np.float32, copy=False))
+        big = int(np.count_nonzero((a > FP16_MAX) & (a < np.finfo(np.float32).max)))
+        tiny = int(np.count_nonzero((a > 0) & (a < FP16_MIN_POSITIVE)))
+        if big or tiny:
+            out[key] = (big, tiny)
+    return out
+
+
+def convert_model(model, weights_dir: Path | None = None, dtype: str = "float16", clamped: dict | None = None):
     """The fp16 (or bf16) ModelProto for a float32 wide-export ModelProto; `model` is modified. With
     `weights_dir`, `model` was loaded without its external data, which is read after the shape
     inference (which cannot handle protos over 2 GB). dtype="bfloat16": the same graph with bfloat16
-    where the fp16 one has float16 (to_bfloat16), the weights rounded from their float32 values."""
+    where the fp16 one has float16 (to_bfloat16), the weights rounded from their float32 values.
+
+    `clamped` (float16 only) receives what the converter clamped, counted here per tensor it converted
+    (clamp_summary), instead of its one UserWarning per tensor, which names neither the tensor nor a count."""
+    import warnings
+
     import onnx
     from onnx.shape_inference import infer_shapes
     from onnxconverter_common import float16
@@ -90,10 +126,16 @@ def convert_model(model, weights_dir: Path | None = None, dtype: str = "float16"
         from onnx import numpy_helper
 
         originals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == _FLOAT}
-    model = float16.convert_float_to_float16(
-        model, min_positive_val=FP16_MIN_POSITIVE, max_finite_val=FP16_MAX, keep_io_types=False,
-        disable_shape_infer=True, op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *KEEP_FP32_OPS],
-        node_block_list=fp32_node_names(model.graph))
+    before = _out_of_fp16(model.graph) if dtype == "float16" else {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"the float32 number .* will be truncated", category=UserWarning)
+        model = float16.convert_float_to_float16(
+            model, min_positive_val=FP16_MIN_POSITIVE, max_finite_val=FP16_MAX, keep_io_types=False,
+            disable_shape_infer=True, op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *KEEP_FP32_OPS],
+            node_block_list=fp32_node_names(model.graph))
+    if clamped is not None:
+        converted = {key for key, t in _float_tensors(model.graph) if t.data_type == _FLOAT16}
+        clamped.update({key: counts for key, counts in before.items() if key in converted})
     _router_hidden_fp16(model.graph)
     _logits_fp32(model.graph)
     if dtype == "bfloat16":
@@ -158,7 +200,30 @@ def _logits_fp32(graph) -> None:
     out.type.tensor_type.elem_type = _FLOAT
 
 
-def fp16_config(config: dict[str, Any], external: bool, dtype: str = "float16") -> dict[str, Any]:
+def clamp_summary(clamped: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """What the fp16 conversion changed beyond rounding, for wide_config.json's fp16_conversion."""
+    big = {k: b for k, (b, _) in clamped.items() if b}
+    return {"above_fp16_range": sum(big.values()), "above_fp16_range_tensors": sorted(big),
+            "below_fp16_subnormal": sum(t for _, t in clamped.values())}
+
+
+def clamp_note(config: dict[str, Any]) -> str | None:
+    """One line about the values the fp16 conversion clamped where it matters (values beyond fp16's range,
+    which change the engine's results), else None: values below fp16's smallest subnormal (2^-24) become
+    +-2^-24, a change below fp16's resolution, and are only counted in wide_config.json."""
+    info = (config.get("fp16_conversion") or {}).get("clamped") or {}
+    n, where = info.get("above_fp16_range", 0), info.get("above_fp16_range_tensors", [])
+    if not n:
+        return None
+    names = ", ".join(k.split(" ", 1)[-1] for k in where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3
+                                                                 else "")
+    return (f"warning: {n} value{'s' * (n != 1)} beyond fp16's range (|x| > 65504) clamped to +-65504 in "
+            f"{len(where)} tensor{'s' * (len(where) != 1)} ({names}): the fp16 engine computes with changed "
+            f"weights there; compare it with `wide-export verify --engine`, or build without --fp16")
+
+
+def fp16_config(config: dict[str, Any], external: bool, dtype: str = "float16",
+                clamped: dict | None = None) -> dict[str, Any]:
     """wide_config.json of the converted graph: dtype float16 (or bfloat16), KV-cache I/O likewise, logits
     float32."""
     from onnxconverter_common import __version__ as converter_version
@@ -178,6 +243,8 @@ def fp16_config(config: dict[str, Any], external: bool, dtype: str = "float16") 
                               "tool": tool,
                               "kept_float32": ["WideRouter", "RMSNorm statistics", "rotary angles",
                                                "attention softmax", "logits"]}
+    if dtype == "float16":
+        out["fp16_conversion"]["clamped"] = clamp_summary(clamped or {})
     return out
 
 
@@ -194,7 +261,9 @@ def convert_export(src: Path, dst: Path, dtype: str = "float16") -> dict[str, An
     config = read_wide_config(src)
     if config.get("dtype") != "float32":
         raise WideError(f"{src} is a {config.get('dtype')} export; only a float32 one can be converted to {dtype}")
-    model = convert_model(onnx.load(str(src / MODEL_NAME), load_external_data=False), weights_dir=src, dtype=dtype)
+    clamped: dict = {}
+    model = convert_model(onnx.load(str(src / MODEL_NAME), load_external_data=False), weights_dir=src, dtype=dtype,
+                          clamped=clamped)
     size = sum(len(t.raw_data) for t in model.graph.initializer)
     external = size > EXTERNAL_DATA_THRESHOLD
     if external:
@@ -202,6 +271,6 @@ def convert_export(src: Path, dst: Path, dtype: str = "float16") -> dict[str, An
                   location=DATA_NAME, size_threshold=1024)
     else:
         onnx.save(model, str(dst / MODEL_NAME))
-    new = fp16_config(config, external, dtype)
+    new = fp16_config(config, external, dtype, clamped)
     (dst / CONFIG_NAME).write_text(json.dumps(new, indent=2) + "\n")
     return new

@@ -32,8 +32,9 @@ def check_installed() -> None:
 
     missing = [name for name in ("fastapi", "uvicorn", "tritonclient") if find_spec(name) is None]
     if missing:
-        raise WideError(f"the OpenAI API needs {', '.join(missing)}, which is not installed",
-                        hint="pip install 'wide-export[triton]'")
+        from wide_export.triton.server import SERVING_ENV
+
+        raise WideError(f"the OpenAI API needs {', '.join(missing)}, which is not installed", hint=SERVING_ENV)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

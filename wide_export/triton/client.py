@@ -54,8 +54,10 @@ class GenerationClient:
         temperature: Optional[float] = None,
         top_p: Optional[float] = None,
         seed: Optional[int] = None,
+        ignore_eos: Optional[bool] = None,
     ) -> np.ndarray:
-        """New tokens for `prompt` ([T] or [B, T] int64): [max_new_tokens] or [B, max_new_tokens]."""
+        """New tokens for `prompt` ([T] or [B, T] int64): [max_new_tokens] or [B, max_new_tokens] at most
+        (fewer when every row stopped at an end-of-sequence id; `ignore_eos=True`: exactly max_new_tokens)."""
         ids = np.asarray(prompt, dtype=np.int64)
         single = ids.ndim == 1
         ids = ids.reshape(1, -1) if single else ids
@@ -68,6 +70,8 @@ class GenerationClient:
             inputs["top_p"] = (np.full((batch, 1), top_p, np.float32), "FP32")
         if seed is not None:
             inputs["seed"] = (np.full((batch, 1), seed, np.int64), "INT64")
+        if ignore_eos is not None:
+            inputs["ignore_eos"] = (np.full((batch, 1), ignore_eos, np.bool_), "BOOL")
         out = self.raw_infer(inputs)
         return out[0] if single else out
 

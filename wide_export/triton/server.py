@@ -31,6 +31,11 @@ from typing import Callable, Optional, Sequence
 
 from wide_export.errors import WideError
 
+# The serving packages' own environment (README, "The two commands"): the `triton` extra pins numpy < 2, protobuf and
+# ml_dtypes below what the main install takes, so it does not go into the main environment.
+SERVING_ENV = ("python3 -m venv .venv-serve && . .venv-serve/bin/activate && pip install -e '.[triton]' (an "
+               "environment of its own: the extra downgrades numpy)")
+
 LOOPBACK = "127.0.0.1"
 # Errors the server logs on every CPU-only start; not worth showing.
 _HARMLESS = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
@@ -106,7 +111,7 @@ def find_tritonserver() -> ServerBinary:
     if spec is None or not spec.submodule_search_locations:
         raise WideError(
             "no tritonserver binary: none on PATH and nvidia-pytriton is not installed",
-            hint="pip install 'wide-export[triton]' or put tritonserver on PATH",
+            hint=f"{SERVING_ENV}, or put tritonserver on PATH",
         )
     root = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
     binary = root / "bin" / "tritonserver"
@@ -170,6 +175,34 @@ def free_port(address: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
         return int(sock.getsockname()[1])
+
+
+_TENSORRT_MODEL = re.compile(r'^\s*(platform:\s*"tensorrt_plan"|backend:\s*"tensorrt")', re.M)
+
+
+def check_tensorrt_models(repository: Path, binary: ServerBinary) -> None:
+    """Before tritonserver starts: a repository with TensorRT models needs a CUDA GPU (Triton's TensorRT backend
+    runs the engines; the generation model keeps the KV cache on the device) and a tritonserver with the tensorrt
+    backend (the one bundled in nvidia-pytriton has only the Python backend). One WideError saying which is
+    missing and what serves on this machine instead, rather than the server's load log."""
+    names = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt")
+                   if _TENSORRT_MODEL.search(p.read_text(errors="replace")))
+    if not names:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        seen = (f"torch {torch.__version__} is a CPU build" if torch.version.cuda is None
+                else "torch sees no CUDA device")
+        raise WideError(f"{repository} is a TensorRT repository (model {names[0]}): it needs a CUDA GPU for the "
+                        f"TensorRT backend and the KV cache on the device, and there is none here ({seen})",
+                        hint="on a machine without a GPU serve an ONNX Runtime repository: wide-export triton "
+                             "--onnx EXPORT --output REPO, then wide-export serve --repository REPO")
+    if binary.bundled:
+        raise WideError(f"{repository} is a TensorRT repository (model {names[0]}) and the tritonserver bundled "
+                        "in nvidia-pytriton has no TensorRT backend",
+                        hint="put NVIDIA's tritonserver (with its tensorrt backend, e.g. from the Triton container) "
+                             "on PATH")
 
 
 def _prepare_backends(binary: ServerBinary, into: Path) -> Path:
@@ -340,6 +373,7 @@ class TritonServer:
             raise WideError(f"{self.repository} holds no model (no */config.pbtxt)",
                             hint="generate a repository with `wide-export triton`")
         binary = find_tritonserver()
+        check_tensorrt_models(self.repository, binary)
         from wide_export.triton.ports import check_ports_free
 
         check_ports_free(self.address, self._asked_ports)  # names who holds a taken port, before anything starts

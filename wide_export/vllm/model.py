@@ -5,7 +5,8 @@ Attention, embedding and LM head, so vLLM's engine features (paged KV cache,
 prefix caching, chunked prefill, continuous batching, torch.compile, tensor and
 pipeline parallelism: tested on CPU; CUDA graphs, LoRA adapters, online
 quantisation: untested) apply as to its own Llama. Pre-quantised checkpoints are
-not loaded: load_weights refuses tensors the folder's config does not describe. What WIDE adds (../shared/WIDE.md):
+not loaded: load_weights refuses tensors the folder's config does not describe. What WIDE adds (README, "Bring
+your own checkpoint"):
 
 * per layer up to two routers, float32, replicated on every rank; each reads the
   pre-norm residual stream: vLLM's fused add+RMSNorm returns it as `residual`;

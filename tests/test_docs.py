@@ -1,0 +1,88 @@
+"""The docs a user reads first: README's checkpoint layout is what the loader takes, and nothing the
+repository ships points at files outside it (issue 47 item 6)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"## {title}\n")
+    end = text.index("\n## ", start + 1)
+    return text[start:end]
+
+
+def test_readme_router_layout_loads_as_written(tmp_path):
+    """A router.pth built from README's table alone (keys and shapes, R and G picked here) loads, and the
+    geometry read off it is the one the table implies."""
+    import torch
+
+    from tests.helpers import make_checkpoint
+    from wide_export.checkpoint import load_wide_model
+
+    rows = re.findall(r"^\| `(model\.layers\.\{i\}\.router_\{attention\\\|ffn\}\.[a-z.]+)` \| `\[([^\]]+)\]` \|$",
+                      _section("Bring your own checkpoint"), re.M)
+    assert len(rows) == 4, rows
+    ck = make_checkpoint(tmp_path / "ck", num_layers=2)  # hidden 64, 8 heads, 192 FFN channels
+    H, sizes = 64, {"attention": (8, 4), "ffn": (12, 6)}  # (G, R) per router kind, chosen here
+    state = {}
+    for layer in range(2):
+        for kind, (G, R) in sizes.items():
+            for key, shape in rows:
+                name = key.replace("{i}", str(layer)).replace("{attention\\|ffn}", kind)
+                dims = [{"R": R, "H": H, "2G": 2 * G}[d.strip()] for d in shape.split(",")]
+                state["base_model.model." + name] = torch.randn(*dims).to(torch.bfloat16)  # a wrapper prefix
+    path = tmp_path / "router.pth"
+    torch.save(state, path)
+    cfg = load_wide_model(ck, router=path).config
+    for r in cfg.routing:
+        assert (r.attn_groups, r.attn_rank, r.ffn_groups, r.ffn_rank) == (8, 4, 12, 6)
+    assert cfg.attn_group_size(0) == 8 // 8 and cfg.ffn_group_size(0) == 192 // 12
+
+
+OUTSIDE = re.compile(r"\.\./shared|SEEN-HERE|SERVING-ANCHORS|CONVENTIONS\.md|shared/WIDE")
+
+
+SUFFIXES = (".md", ".txt", ".py", ".sh", ".cpp", ".h", ".cu", ".pbtxt", ".toml", ".tmpl", ".json", "")
+
+
+def test_nothing_points_outside_the_repository():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for name in files:
+        path = ROOT / name
+        if Path(name).suffix not in SUFFIXES or not path.is_file() or name == "tests/test_docs.py":
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if OUTSIDE.search(line):
+                hits.append(f"{name}:{n}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)
+
+
+def test_the_serving_extra_goes_into_its_own_environment():
+    """`pip install -e '.[triton]'` into the main environment downgrades numpy 2 -> 1.26 (issue 47 item 3):
+    every doc line that installs the extra does it in .venv-serve."""
+    bad = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            if "pip install" in line and "[triton]" in line and ".venv-serve" not in line:
+                bad.append(f"{doc.name}:{n}: {line.strip()}")
+    assert not bad, "\n".join(bad)
+    assert "python3 -m venv .venv-serve && . .venv-serve/bin/activate && pip install -e '.[triton]'" in (
+        ROOT / "README.md").read_text()
+
+
+def test_every_environment_draws_the_benchmark_plots():
+    """The plots are drawn with matplotlib: a main dependency, so the main, serving and vLLM environments
+    (which install the project with its dependencies) all have it (issue 47 item 4)."""
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(re.match(r"matplotlib\b", d) for d in deps), deps
+    plotters = [p for p in (ROOT / "wide_export").rglob("*.py") if "import matplotlib" in p.read_text()]
+    assert plotters  # the benchmarks' plot writers import it lazily
