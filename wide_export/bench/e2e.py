@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from wide_export.bench.common import cuda_or_tiny, time_ms, torch_dtype
 from wide_export.errors import WideError
 
+CPU_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # what wide_export.cpu's kernels take
 PAPER = {"prefill": 1.68, "decode": 1.55}  # WIDE paper, end to end at 50 % sparsity (RTX 5090)
 
 
@@ -42,6 +43,10 @@ PRESETS = {
     # What scripts/gpu-check.sh can run: well under 90 s on an H100/H200 (Triton JIT compiles included).
     "llama-3.1-8b": E2EPreset("llama-3.1-8b", layers=4, prefill_tokens=(512, 2048, 8192), decode_batches=(1, 4),
                               decode_context=1024, calib_tokens=512, reps=10, warmup=3),
+    # --device cpu: Llama-3.1-8B layers on this CPU through wide_export.cpu (2 layers: 1.7 GB of fp32 weights per
+    # token each side, over three times this machine's 480 MiB L3); prefill 128 / 512, decode batch 1 / 4 / 16.
+    "llama-3.1-8b-cpu": E2EPreset("llama-3.1-8b", layers=2, prefill_tokens=(128, 512), decode_batches=(1, 4, 16),
+                                  decode_context=512, calib_tokens=256, reps=5, warmup=2),
     # CPU smoke run of the harness through the Triton interpreter: the timings mean nothing.
     "tiny": E2EPreset("tiny", layers=2, prefill_tokens=(16, 64), decode_batches=(1, 4), decode_context=16,
                       calib_tokens=64, reps=1, warmup=0),
@@ -81,7 +86,7 @@ class E2EReport:
 
 
 def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16", layers: Optional[int] = None,
-                   algo: str = "auto") -> list[str]:
+                   algo: str = "auto", device: str = "auto") -> list[str]:
     """The cases `preset` would time, one line each, in run order; every option checked and the WIDE side's
     kernels imported (Triton included), no tensor made: `bench e2e --dry-run` (scripts/gpu-check.sh's CI dry
     run: the benchmark starts on the device's Python before a GPU is spent on it)."""
@@ -90,14 +95,21 @@ def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16
 
     if preset not in PRESETS:
         raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
-    torch_dtype(dtype)
+    if device not in ("auto", "cpu"):
+        raise WideError(f"unknown --device {device!r}", hint="cpu (the compiled CPU kernels), or auto")
+    if device == "cpu":
+        if dtype not in CPU_DTYPES:
+            raise WideError(f"--device cpu runs {sorted(CPU_DTYPES)}, not {dtype!r}", hint="--dtype fp32 or bf16")
+    else:
+        torch_dtype(dtype)
     if not sparsities or any(not 0.0 <= s < 1.0 for s in sparsities):
         raise WideError(f"sparsities must lie in [0, 1), got {list(sparsities)}", hint="e.g. --sparsity 0.5")
     if layers is not None and layers < 1:
         raise WideError(f"--layers {layers} must be at least 1", hint="e.g. --layers 4")
     if algo not in launch.ALGOS:
         raise WideError(f"unknown algorithm {algo!r}", hint=f"one of {list(launch.ALGOS)}")
-    st.kernel_ops(algo)
+    if device != "cpu":
+        st.kernel_ops(algo)
     cfg = PRESETS[preset]
     return [line for s in sparsities
             for line in [f"prefill {T} tokens at {s:.0%}" for T in cfg.prefill_tokens]
@@ -106,16 +118,30 @@ def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16
 
 def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16",
                   layers: Optional[int] = None, algo: str = "auto", seed: int = 0,
-                  progress: Optional[Callable[[str], None]] = None) -> E2EReport:
-    """Time the dense and the WIDE stack at every sparsity (default preset: GPU llama-3.1-8b, CPU tiny)."""
+                  progress: Optional[Callable[[str], None]] = None, device: str = "auto") -> E2EReport:
+    """Time the dense and the WIDE stack at every sparsity (default preset: GPU llama-3.1-8b, CPU tiny;
+    device="cpu": the compiled CPU kernels against torch's dense GEMMs, default preset llama-3.1-8b-cpu)."""
     import torch
 
     from wide_export.bench import e2e_stack as st
 
-    preset = preset or ("llama-3.1-8b" if torch.cuda.is_available() else "tiny")
-    plan_e2e_bench(preset, sparsities, dtype, layers, algo)
-    cuda = cuda_or_tiny(f"bench e2e --preset {preset}", preset)
-    dt = torch_dtype(dtype)
+    on_cpu = device == "cpu"
+    preset = preset or ("llama-3.1-8b-cpu" if on_cpu else "llama-3.1-8b" if torch.cuda.is_available() else "tiny")
+    plan_e2e_bench(preset, sparsities, dtype, layers, algo, device)
+    if on_cpu:
+        from wide_export.cpu import ops as cpu_ops
+        from wide_export.cpu.build import find_compiler
+
+        try:
+            find_compiler()  # before cpu_ops.available(), which would warn and go on dense
+        except WideError as err:
+            raise WideError(f"the CPU kernels could not be built ({err.message}): the WIDE side would be dense",
+                            hint="install g++ (or set CXX) and run it again") from None
+        cpu_ops.available()
+        cuda, dt = False, getattr(torch, CPU_DTYPES[dtype])
+    else:
+        cuda = cuda_or_tiny(f"bench e2e --preset {preset}", preset)
+        dt = torch_dtype(dtype)
     cfg = PRESETS[preset]
     shape = st.LLAMA_8B if cfg.shape == "llama-3.1-8b" else st.TINY
     n_layers = layers or cfg.layers
@@ -124,10 +150,12 @@ def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dt
     gen = torch.Generator(device=device).manual_seed(seed)
     say(f"{n_layers} random {shape.name} layers")
     stack = st.random_stack(shape, n_layers, dt, device, gen)
-    report = E2EReport(device=torch.cuda.get_device_name(0) if cuda else "cpu (Triton interpreter)", dtype=dtype,
-                       preset=preset, shape=asdict(shape), layers=n_layers, model_layers=shape.model_layers,
-                       decode_context=cfg.decode_context, algo=algo, timings_meaningful=cuda)
-    ops = st.kernel_ops(algo)
+    where = (f"cpu: {cpu_ops.cpu_model()}, {cpu_ops.isa()}, {torch.get_num_threads()} threads" if on_cpu
+             else torch.cuda.get_device_name(0) if cuda else "cpu (Triton interpreter)")
+    report = E2EReport(device=where, dtype=dtype, preset=preset, shape=asdict(shape), layers=n_layers,
+                       model_layers=shape.model_layers, decode_context=cfg.decode_context,
+                       algo="cpu" if on_cpu else algo, timings_meaningful=cuda or on_cpu)
+    ops = st.cpu_ops() if on_cpu else st.kernel_ops(algo)
     calib = torch.randn(1, cfg.calib_tokens, shape.hidden, generator=gen, device=device).to(dt)
     for s in sparsities:
         say(f"calibrating routers to {s:.0%} sparsity")
@@ -162,6 +190,12 @@ def _check_first_layer(shape, layer, h, ops) -> dict:
 
 
 def _algos(shape, M: int, algo: str, device) -> dict:
+    if algo == "cpu":  # wide_export/cpu/policy.json by token count (a nearly dense union also goes dense)
+        from wide_export.cpu.ops import policy
+
+        top = policy()["masked_max_m"]
+        return {p: "masked" if M <= top[k] else "dense" for p, k in
+                (("q", "n"), ("o", "k"), ("gate_up", "gated"), ("down", "k"))}
     from wide_export.kernels.launch import policy_of
     from wide_export.kernels.policy import choose
 
@@ -312,7 +346,10 @@ def table(report: E2EReport):
                   "/".join(a[:2] for a in c.algos.values()))
     graphs = "replayed as CUDA graphs" if all(c.cuda_graph for c in report.cases) else (
         "partly eager (see notes)" if any(c.cuda_graph for c in report.cases) else "timed eagerly")
-    t.caption = f"algos: q/o/gate_up/down (gemv, grouped, tile, dense); both sides {graphs}"
+    if report.algo == "cpu":
+        t.caption = "algos: q/o/gate_up/down (ma = masked CPU kernel, de = dense GEMM + mask); timed eagerly"
+    else:
+        t.caption = f"algos: q/o/gate_up/down (gemv, grouped, tile, dense); both sides {graphs}"
     return t
 
 

@@ -157,6 +157,14 @@ def kernel_ops(algo: str = "auto") -> SimpleNamespace:
                            gemm_k=functools.partial(kernels.masked_gemm_k, algo=algo))
 
 
+def cpu_ops() -> SimpleNamespace:
+    """The WIDE side's ops on CPU: `wide_export.cpu` (compiled kernels or dense + mask, by its policy)."""
+    from wide_export import cpu
+
+    return SimpleNamespace(algo="cpu", router=cpu.router, gemm_n=cpu.masked_gemm_n, gated=cpu.masked_gated_mlp,
+                           gemm_k=cpu.masked_gemm_k)
+
+
 def reference_ops() -> SimpleNamespace:
     """The same ops from the PyTorch oracles (wide_export.ops.reference), for the correctness check."""
     from wide_export.ops import reference as ref

@@ -23,7 +23,11 @@ def bench_e2e(
     layers: Annotated[Optional[int], typer.Option(help="Layers in the timed stack (the preset's by default); "
                                                        "tokens/s scale to the model's layer count.",
                                                   show_default=False)] = None,
-    dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
+    dtype: Annotated[Optional[str], typer.Option(help="fp16 or bf16 (GPU; default fp16); fp32 or bf16 (--device "
+                                                      "cpu; default fp32).", show_default=False)] = None,
+    device: Annotated[str, typer.Option(help="cpu: Llama-3.1-8B layers on this CPU, the WIDE side through the "
+                                             "compiled CPU kernels (wide_export.cpu), real timings; auto: the GPU "
+                                             "(or the tiny preset in the Triton interpreter).")] = "auto",
     algo: Annotated[str, typer.Option(help="Kernel algorithm of the WIDE side (auto follows policy.json).")]
     = "auto",
     output: Annotated[Path, typer.Option(help="Folder for e2e.json and e2e.png.")] = Path("bench-results"),
@@ -46,15 +50,17 @@ def bench_e2e(
     if dry_run:
         from wide_export.bench.e2e import plan_e2e_bench
 
-        name = preset or "llama-3.1-8b"
-        cases = plan_e2e_bench(name, tuple(sparsity), dtype, layers, algo)
+        name = preset or ("llama-3.1-8b-cpu" if device == "cpu" else "llama-3.1-8b")
+        cases = plan_e2e_bench(name, tuple(sparsity), dtype or ("fp32" if device == "cpu" else "fp16"), layers,
+                               algo, device)
         console.print(f"dry run: --preset {name} would time {len(cases)} cases, from {cases[0]} to {cases[-1]}; "
                       f"nothing run", soft_wrap=True)
         return
 
     with console.status("benchmarking") as status:
-        report = run_e2e_bench(preset=preset, sparsities=tuple(sparsity), dtype=dtype, layers=layers, algo=algo,
-                               seed=seed, progress=status.update)
+        report = run_e2e_bench(preset=preset, sparsities=tuple(sparsity),
+                               dtype=dtype or ("fp32" if device == "cpu" else "fp16"), layers=layers, algo=algo,
+                               seed=seed, progress=status.update, device=device)
     json_path, png_path = output / "e2e.json", output / "e2e.png"
     write_json(report, json_path)
     plotted = write_plot(report, png_path)

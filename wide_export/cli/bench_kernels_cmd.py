@@ -16,7 +16,13 @@ def bench_kernels(
                                              "(tokens 1..16384, group sizes 32/128/512, sparsity 25/50/75 %, "
                                              "random and correlated masks, Llama-3.1-8B and Qwen3-8B) or 'tiny' "
                                              "(CPU interpreter smoke run; timings mean nothing).")] = "short",
-    dtype: Annotated[str, typer.Option(help="Activation/weight dtype: bf16 or fp16.")] = "bf16",
+    dtype: Annotated[Optional[str], typer.Option(help="Activation/weight dtype: bf16 or fp16 (GPU; default bf16); "
+                                                      "fp32 or bf16 (--device cpu; default both).",
+                                                 show_default=False)] = None,
+    device: Annotated[str, typer.Option(help="cpu: the compiled CPU kernels (wide_export.cpu) against torch's "
+                                             "dense GEMM, real timings; gpu: the Triton kernels against cuBLAS "
+                                             "(--preset tiny runs them on CPU through the interpreter); auto: gpu.")]
+    = "auto",
     output: Annotated[Path, typer.Option(help="Folder for kernels.json (rewritten after every case), kernels.png "
                                               "and policy-<arch>.json.")] = Path("bench-results"),
     seed: Annotated[int, typer.Option(help="Seed of the random inputs and masks.")] = 0,
@@ -47,6 +53,13 @@ def bench_kernels(
         console.print(f"recorded the measured policy of {archs} into {POLICY_FILE}")
         return
 
+    if device not in ("auto", "cpu", "gpu"):
+        from wide_export.errors import WideError
+
+        raise WideError(f"unknown --device {device!r}", hint="cpu, gpu or auto")
+    if device == "cpu":
+        return _bench_cpu(console, preset, dtype, output, seed)
+    dtype = dtype or "bf16"
     if dry_run:
         from wide_export.bench.kernels import plan_kernel_bench
 
@@ -79,6 +92,26 @@ def bench_kernels(
         console.print(f"measured auto policy: {policy_path} (wide-export bench kernels --record {policy_path})")
     console.print(f"results: {json_path}" + (f", plot: {png_path}" if plotted else
                                               " (no plot: install matplotlib)"))
+
+
+def _bench_cpu(console, preset: str, dtype: Optional[str], output: Path, seed: int) -> None:
+    import json
+
+    from wide_export.bench import cpu_kernels as ck
+    from wide_export.progress import Steps
+
+    json_path, png_path = output / "cpu-kernels.json", output / "cpu-kernels.png"
+    with Steps("bench kernels --device cpu") as steps:
+        report = ck.run_cpu_bench(preset=preset, dtypes=(dtype,) if dtype else ("fp32", "bf16"), seed=seed,
+                                  progress=steps.update, on_row=lambda rep: ck.write_json(rep, json_path))
+    ck.write_json(report, json_path)
+    plotted = ck.write_plot(report, png_path)
+    console.print(ck.table(report))
+    policy_path = output / "cpu-policy.json"
+    policy_path.write_text(json.dumps({report.cpu: report.measured_policy}, indent=2) + "\n")
+    console.print(f"measured policy for {report.cpu}: {json.dumps(report.measured_policy)} ({policy_path}; "
+                  f"wide_export/cpu/policy.json keeps one entry per CPU model)", soft_wrap=True)
+    console.print(f"results: {json_path}" + (f", plot: {png_path}" if plotted else " (no plot: install matplotlib)"))
 
 
 def register(app: typer.Typer) -> None:

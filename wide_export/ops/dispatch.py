@@ -7,14 +7,36 @@ Under `torch.onnx.export(dynamo=True)` each call becomes ONE node of domain
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from wide_export.ops import reference as ref
 from wide_export.ops.spec import DOMAIN, OPSET_VERSION, plugin_attrs
 
 
+_FAST_CPU = [False]  # cpu_kernels(): eager calls on CPU tensors go to wide_export.cpu
+
+
 def _exporting() -> bool:
     return torch.onnx.is_in_onnx_export()
+
+
+@contextlib.contextmanager
+def cpu_kernels(enabled: bool = True):
+    """Within the block, eager calls on CPU tensors run wide_export.cpu (the compiled kernels that skip the
+    weights of skipped groups, or dense + mask where its policy says) instead of the PyTorch reference. For
+    generation that must be fast; verification keeps the reference (outside the block), its oracle."""
+    before = _FAST_CPU[0]
+    _FAST_CPU[0] = enabled
+    try:
+        yield
+    finally:
+        _FAST_CPU[0] = before
+
+
+def _fast(x) -> bool:
+    return _FAST_CPU[0] and x.device.type == "cpu"
 
 
 def _symbolic(op: str, inputs: list, attrs: dict, dtype: torch.dtype, shape) -> torch.Tensor:
@@ -29,7 +51,7 @@ def router(hidden, wc, bc, wr, br) -> torch.Tensor:
     if _exporting():
         shape = (*hidden.shape[:-1], groups)
         return _symbolic("WideRouter", [hidden, wc, bc, wr, br], {"num_groups": groups}, torch.int32, shape)
-    return ref.wide_router(hidden, wc, bc, wr, br)
+    return ref.wide_router(hidden, wc, bc, wr, br)  # ~1 % of a layer's weights: the reference is the CPU path too
 
 
 def gemm_n(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
@@ -38,6 +60,10 @@ def gemm_n(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
         b = bias if bias is not None else torch.zeros(w.shape[0], dtype=x.dtype)
         attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
         return _symbolic("WideMaskedGemmN", [x, w, mask, b], attrs, x.dtype, (*x.shape[:-1], w.shape[0]))
+    if _fast(x):
+        from wide_export import cpu
+
+        return cpu.masked_gemm_n(x, w, mask, group_size, bias)
     return ref.masked_gemm_n(x, w, mask, group_size, bias)
 
 
@@ -45,6 +71,10 @@ def gated_mlp(x, w_gate, w_up, mask, group_size: int) -> torch.Tensor:
     if _exporting():
         return _symbolic("WideMaskedGatedMlp", [x, w_gate, w_up, mask], {"group_size": group_size}, x.dtype,
                          (*x.shape[:-1], w_gate.shape[0]))
+    if _fast(x):
+        from wide_export import cpu
+
+        return cpu.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
     return ref.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
 
 
@@ -53,4 +83,8 @@ def gemm_k(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
         b = bias if bias is not None else torch.zeros(w.shape[0], dtype=x.dtype)  # always wired, as gemm_n
         attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
         return _symbolic("WideMaskedGemmK", [x, w, mask, b], attrs, x.dtype, (*x.shape[:-1], w.shape[0]))
+    if _fast(x):
+        from wide_export import cpu
+
+        return cpu.masked_gemm_k(x, w, mask, group_size, bias)
     return ref.masked_gemm_k(x, w, mask, group_size, bias)

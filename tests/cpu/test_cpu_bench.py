@@ -1,0 +1,90 @@
+"""`bench kernels --device cpu` and `bench e2e --device cpu`: real timings of the CPU kernels next to the dense
+GEMM on the same weights, with the bytes each reads (tiny presets here; figures in docs/kernels.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.helpers import assert_one_line_error
+
+ops = pytest.importorskip("wide_export.cpu.ops")
+pytestmark = pytest.mark.skipif(not ops.available(), reason="no C++ compiler: the CPU kernels are not built")
+
+
+def test_bench_kernels_on_cpu_puts_wide_and_dense_side_by_side(tmp_path):
+    from wide_export.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "kernels", "--device", "cpu", "--preset", "tiny", "--output",
+                                   str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "cpu-kernels.json").read_text())
+    assert data["complete"] and data["copy_bandwidth_gbs"] > 0 and data["isa"]
+    # tiny: 3 shapes x fp32/bf16 x tokens 1/4 x sparsity 0/0.5, every one timed on both sides
+    assert len(data["rows"]) == 24
+    sizes = {"q": (256, 192, 1), "gate_up": (384, 192, 2), "down": (192, 384, 1)}
+    for r in data["rows"]:
+        n, k, mats = sizes[r["shape"]]
+        assert r["weight_bytes"] == n * k * mats * (4 if r["dtype"] == "fp32" else 2)  # by hand
+        assert r["masked_bytes"] == int(r["weight_bytes"] * r["union"])
+        assert r["dense_ms"] > 0 and r["masked_ms"] > 0 and r["speedup"] == pytest.approx(r["dense_ms"] / r["masked_ms"])
+        assert r["union"] == 1.0 if r["sparsity"] == 0 else r["union"] <= 1.0
+    one = [r for r in data["rows"] if r["tokens"] == 1 and r["sparsity"] == 0.5]
+    assert all(r["union"] == pytest.approx(0.5) for r in one)  # one token skips exactly half the groups
+    pol = json.loads((tmp_path / "cpu-policy.json").read_text())
+    assert set(next(iter(pol.values()))["masked_max_m"]) == {"n", "gated", "k"}
+    assert (tmp_path / "cpu-kernels.png").read_bytes()[:4] == b"\x89PNG"
+    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "kernels", "--device", "cpu", "--dtype", "fp16",
+                                                          "--preset", "tiny", "--output", str(tmp_path / "x")]))
+    assert "unknown dtype 'fp16' for the CPU kernels" in line
+
+
+def test_bench_e2e_on_cpu_times_the_kernels_for_real(tmp_path):
+    from wide_export.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "e2e", "--device", "cpu", "--preset", "tiny", "--sparsity", "0.5",
+                                   "--output", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "e2e.json").read_text())
+    assert data["timings_meaningful"] is True and data["device"].startswith("cpu: ") and data["algo"] == "cpu"
+    assert "timings mean nothing" not in res.output
+    decode1 = next(c for c in data["cases"] if c["phase"] == "decode" and c["tokens"] == 1)
+    assert set(decode1["algos"].values()) == {"masked"}  # one token: always the masked kernels
+    check = data["check"]["0.5"]
+    assert check["mask_agreement"] == 1.0 and check["max_rel_error"] < 1e-3
+    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "e2e", "--device", "cpu", "--dtype", "fp16",
+                                                          "--output", str(tmp_path / "x")]))
+    assert "--device cpu runs" in line
+
+
+def test_without_a_compiler_one_warning_line_and_the_dense_path(tmp_path):
+    """No C++ compiler: one warning line (once), every call dense and still right; a benchmark refuses in one
+    line instead of timing dense as WIDE."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from wide_export.cpu import ops
+from wide_export.ops import reference as ref
+x, w = torch.randn(1, 64), torch.randn(96, 64)
+m = torch.tensor([[1, 0, 1]], dtype=torch.int32)
+for _ in range(3):
+    y = ops.masked_gemm_n(x, w, m, 32)
+torch.testing.assert_close(y, ref.masked_gemm_n(x, w, m, 32))
+print(dict(ops.PATHS))
+"""
+    env = {"PATH": str(tmp_path / "empty"), "WIDE_CPU_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert res.returncode == 0, res.stderr
+    warnings = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: no C++ compiler for the CPU kernels"), warnings
+    assert "run dense" in warnings[0]
+    assert res.stdout.strip() == "{('n', 'dense'): 3}"
+    res = subprocess.run([sys.executable, "-m", "wide_export", "bench", "kernels", "--device", "cpu", "--preset",
+                          "tiny", "--output", str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                         check=False)
+    assert res.returncode == 2 and res.stderr.startswith("error: the CPU kernels could not be built"), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -1,0 +1,179 @@
+"""The CPU kernels (wide_export/cpu, C++) against the PyTorch references of wide_export.ops.reference:
+shapes with odd K and N, group sizes 3..256, Llama-3.1-8B and Qwen3 widths, sparsities 0 / 0.25 / 0.5 / 0.9 / 1,
+float32 and bfloat16, 1..64 tokens, fresh random inputs, outputs poisoned with NaN before the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wide_export.ops import reference as ref
+
+cpu = pytest.importorskip("wide_export.cpu.ops")
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C++ compiler: the CPU kernels are not built")
+
+# (N or K grouped width, group size, other dim): odd dims, tiny groups, model widths (8B: hidden 4096, FFN 14336,
+# 32 heads x 128; Qwen3-8B: FFN 12288; Qwen3 q width 4096 with head_dim 128)
+SHAPES = [(21, 3, 17), (15, 5, 33), (96, 32, 13), (256, 128, 40), (4096, 512, 96), (14336, 128, 24),
+          (12288, 256, 24), (768, 256, 4096)]
+SPARSITIES = [0.0, 0.25, 0.5, 0.9, 1.0]
+TOKENS = [1, 2, 3, 16, 64]
+
+
+def _mask(M: int, G: int, s: float, gen) -> torch.Tensor:
+    keep = torch.rand(M, G, generator=gen) >= s
+    if s == 0.0:
+        keep[:] = True
+    if s == 1.0:
+        keep[:] = False
+    return keep.to(torch.int32)
+
+
+def _tol(dtype):
+    return (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
+
+
+def _cases():
+    for i, (width, gs, other) in enumerate(SHAPES):
+        for s in SPARSITIES:
+            for dtype in (torch.float32, torch.bfloat16):
+                M = TOKENS[(i + int(s * 4)) % len(TOKENS)] if width * other < 2**22 else 1 + i % 3
+                yield pytest.param(width, gs, other, s, dtype, M, id=f"{width}x{other}-gs{gs}-s{s}-{str(dtype)[6:]}-M{M}")
+
+
+def _poisoned(M, N, dtype):
+    return torch.full((M, N), float("nan"), dtype=dtype)
+
+
+@pytest.mark.parametrize("width,gs,K,s,dtype,M", list(_cases()))
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_n_matches_reference(width, gs, K, s, dtype, M, bias):
+    gen = torch.Generator().manual_seed(hash((width, gs, K, s, M)) % 2**31)
+    x = torch.randn(M, K, generator=gen).to(dtype)
+    w = (torch.randn(width, K, generator=gen) * 0.05).to(dtype)
+    b = torch.randn(width, generator=gen).to(dtype) if bias else None
+    mask = _mask(M, width // gs, s, gen)
+    out = _poisoned(M, width, dtype)
+    got = cpu.masked_gemm_n(x, w, mask, gs, bias=b, out=out, path="masked")
+    assert got.data_ptr() == out.data_ptr()
+    want = ref.masked_gemm_n(x, w, mask, gs, b)
+    torch.testing.assert_close(got.float(), want.float(), rtol=_tol(dtype)[0], atol=_tol(dtype)[1])
+    assert (got[ref.expand_mask(mask, gs, torch.bool) == 0] == 0).all()  # skipped outputs exactly 0
+
+
+@pytest.mark.parametrize("width,gs,K,s,dtype,M", list(_cases()))
+def test_gated_matches_reference(width, gs, K, s, dtype, M):
+    gen = torch.Generator().manual_seed(hash((width, gs, K, s, M, "g")) % 2**31)
+    x = torch.randn(M, K, generator=gen).to(dtype)
+    wg = (torch.randn(width, K, generator=gen) * 0.05).to(dtype)
+    wu = (torch.randn(width, K, generator=gen) * 0.05).to(dtype)
+    mask = _mask(M, width // gs, s, gen)
+    got = cpu.masked_gated_mlp(x, wg, wu, mask, gs, out=_poisoned(M, width, dtype), path="masked")
+    want = ref.masked_gated_mlp(x, wg, wu, mask, gs)
+    torch.testing.assert_close(got.float(), want.float(), rtol=_tol(dtype)[0], atol=_tol(dtype)[1])
+    assert (got[ref.expand_mask(mask, gs, torch.bool) == 0] == 0).all()
+
+
+@pytest.mark.parametrize("width,gs,N,s,dtype,M", list(_cases()))
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, bias):
+    """K-pruned: `width` is K here (o_proj / down_proj input)."""
+    gen = torch.Generator().manual_seed(hash((width, gs, N, s, M, "k")) % 2**31)
+    x = torch.randn(M, width, generator=gen).to(dtype)
+    w = (torch.randn(N, width, generator=gen) * 0.05).to(dtype)
+    b = torch.randn(N, generator=gen).to(dtype) if bias else None
+    mask = _mask(M, width // gs, s, gen)
+    got = cpu.masked_gemm_k(x, w, mask, gs, bias=b, out=_poisoned(M, N, dtype), path="masked")
+    want = ref.masked_gemm_k(x, w, mask, gs, b)
+    tol = _tol(dtype)
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol[0], atol=tol[1] * max(1.0, (width / 512) ** 0.5))
+
+
+def test_leading_dims_and_the_dense_path_agree():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 64, generator=gen)
+    w = torch.randn(96, 64, generator=gen)
+    mask = _mask(6, 3, 0.5, gen).reshape(2, 3, 3)
+    a = cpu.masked_gemm_n(x, w, mask, 32, path="masked")
+    b = cpu.masked_gemm_n(x, w, mask, 32, path="dense")
+    assert a.shape == (2, 3, 96)
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_shapes_are_refused_not_read_out_of_bounds():
+    x, w = torch.randn(2, 64), torch.randn(96, 64)
+    with pytest.raises(RuntimeError, match="G \\* group_size = N"):
+        cpu.masked_gemm_n(x, w, torch.ones(2, 4, dtype=torch.int32), 32, path="masked")
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        cpu.masked_gemm_n(x, w.to(torch.bfloat16), torch.ones(2, 3, dtype=torch.int32), 32, path="masked")
+
+
+def test_one_and_two_threads_give_the_same_exact_result():
+    """Threads from torch's intra-op pool (torch.set_num_threads): each output block is computed whole by one
+    thread, in the same order, so the result does not depend on the thread count, and matches the reference."""
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(3, 256, generator=gen), torch.randn(512, 256, generator=gen)
+    mask = _mask(3, 2, 0.5, gen)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu.masked_gemm_k(x, w, mask, 128, path="masked")
+        torch.set_num_threads(2)
+        two = cpu.masked_gemm_k(x, w, mask, 128, path="masked")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    torch.testing.assert_close(one, ref.masked_gemm_k(x, w, mask, 128), rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_graphs_keep_the_ops_whole():
+    """torch.compile sees wide_cpu::* through their fake implementations (no graph break, same result)."""
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(1, 128, generator=gen), torch.randn(256, 128, generator=gen)
+    mask = _mask(1, 4, 0.5, gen)
+
+    def f(x, w, mask):
+        out = x.new_empty(1, 256)
+        torch.ops.wide_cpu.gemm_n(x, w, mask, 64, None, out)
+        return out * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, w, mask), 2 * ref.masked_gemm_n(x, w, mask, 64), rtol=1e-4, atol=1e-4)
+
+
+def test_generation_with_the_cpu_kernels_gives_the_reference_tokens(tmp_path):
+    """dispatch.cpu_kernels(): the model's eager calls run wide_export.cpu; float32 greedy tokens equal the
+    reference's, and the masked kernels did serve the decode steps."""
+    from tests.helpers import make_checkpoint
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.model.generate import greedy_generate
+    from wide_export.ops import dispatch
+
+    model = load_wide_model(make_checkpoint(tmp_path / "ck", num_layers=2, seed=3)).model.eval()
+    ids = torch.randint(3, 200, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = greedy_generate(model, ids, torch.ones_like(ids), 6)
+        cpu.PATHS.clear()
+        with dispatch.cpu_kernels():
+            got = greedy_generate(model, ids, torch.ones_like(ids), 6)
+    assert cpu.PATHS["gated", "masked"] > 0 and cpu.PATHS["k", "masked"] > 0, cpu.PATHS
+    assert torch.equal(got, want)
+
+
+def test_bfloat16_model_logits_with_the_cpu_kernels_match_the_reference(tmp_path):
+    """bf16: the kernels round once at the output as the reference does, but sum in another order, so a random
+    model's near-tied argmax may flip; the logits agree to bf16 precision."""
+    from tests.helpers import make_checkpoint
+    from wide_export.checkpoint import load_wide_model
+    from wide_export.ops import dispatch
+
+    model = load_wide_model(make_checkpoint(tmp_path / "ck", num_layers=2, seed=3), dtype="bfloat16").model.eval()
+    ids = torch.randint(3, 200, (1, 1), generator=torch.Generator().manual_seed(0))
+    mask, pos = torch.ones_like(ids), torch.zeros_like(ids)
+    with torch.no_grad():
+        want = model(ids, mask, pos, model.empty_cache(1))[0].float()
+        cpu.PATHS.clear()
+        with dispatch.cpu_kernels():
+            got = model(ids, mask, pos, model.empty_cache(1))[0].float()
+    assert cpu.PATHS["n", "masked"] > 0, cpu.PATHS
+    torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2 * want.abs().max().item())

@@ -1,0 +1,286 @@
+"""`wide-export bench kernels --device cpu`: the CPU kernels (wide_export.cpu) against the dense GEMM they
+replace, on the same weights in one run: milliseconds, the weight bytes each reads, GB/s and the fraction of
+this machine's measured copy bandwidth, and the policy these timings support (which path serves which token
+count), as data for wide_export/cpu/policy.json.
+
+The dense side is what a model without WIDE runs: torch's F.linear (oneDNN / MKL on CPU), gate and up as two
+GEMMs with SiLU-and-mul. Weights rotate through copies that together exceed the last-level cache twice
+(this machine's L3 is read from sysfs), so a call reads its weights from memory as a model's decode step does."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from wide_export.errors import WideError
+
+KINDS = ("n", "gated", "k")
+
+
+@dataclass(frozen=True)
+class CpuPreset:
+    shapes: tuple  # (name, N, K, kind, group_size)
+    tokens: tuple
+    sparsities: tuple
+    reps: int
+    masked_max_tokens: int  # larger token counts time the dense path only (the masked one is far behind there)
+
+
+LLAMA_8B = (("q", 4096, 4096, "n", 512), ("o", 4096, 4096, "k", 512), ("gate_up", 14336, 4096, "gated", 128),
+            ("down", 4096, 14336, "k", 128))
+PRESETS = {
+    "short": CpuPreset(LLAMA_8B, tokens=(1, 2, 4, 8, 16, 64, 512), sparsities=(0.0, 0.5), reps=8,
+                       masked_max_tokens=64),
+    "full": CpuPreset(LLAMA_8B, tokens=(1, 2, 4, 8, 16, 32, 64, 128, 512), sparsities=(0.0, 0.25, 0.5, 0.75),
+                      reps=12, masked_max_tokens=128),
+    "tiny": CpuPreset((("q", 256, 192, "n", 32), ("gate_up", 384, 192, "gated", 32), ("down", 192, 384, "k", 32)),
+                      tokens=(1, 4), sparsities=(0.0, 0.5), reps=2, masked_max_tokens=4),
+}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+@dataclass
+class CpuRow:
+    shape: str
+    kind: str
+    dtype: str
+    N: int
+    K: int
+    group_size: int
+    tokens: int
+    sparsity: float
+    union: float               # fraction of groups some token of the call executes
+    dense_ms: float
+    masked_ms: Optional[float]  # None: not timed (tokens above the preset's masked_max_tokens)
+    auto_path: str              # what the policy in use picks for this call
+    weight_bytes: int           # dense: every weight byte
+    masked_bytes: int           # the executed groups' weight bytes (read once per call)
+    speedup: Optional[float] = None          # dense_ms / masked_ms
+    masked_gbs: Optional[float] = None
+    dense_gbs: float = 0.0
+    masked_pct_of_copy: Optional[float] = None
+    dense_pct_of_copy: float = 0.0
+
+
+@dataclass
+class CpuReport:
+    cpu: str
+    isa: str
+    threads: int
+    preset: str
+    copy_bandwidth_gbs: float
+    l3_bytes: int
+    rows: list = field(default_factory=list)
+    measured_policy: dict = field(default_factory=dict)
+    complete: bool = False
+
+
+def l3_bytes() -> int:
+    """The last-level cache's size from sysfs (0 when unknown)."""
+    best = 0
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        best = max(best, int(text.rstrip("KMG")) * mult)
+    return best
+
+
+def _median_ms(fn: Callable[[int], object], reps: int) -> float:
+    fn(0)
+    times = []
+    for i in range(reps):
+        t = time.perf_counter()
+        fn(i + 1)
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return 1e3 * times[len(times) // 2]
+
+
+def copy_bandwidth_gbs(nbytes: int) -> float:
+    """Read + write bytes per second of one copy of `nbytes` (above the last-level cache), GB/s."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda _: dst.copy_(src), 5)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def _mask(M: int, G: int, s: float, gen):
+    """Every token skips exactly round(G * s) groups, which ones at random."""
+    import torch
+
+    k = round(G * s)
+    order = torch.rand(M, G, generator=gen).argsort(dim=1)
+    keep = torch.ones(M, G, dtype=torch.int32)
+    keep.scatter_(1, order[:, :k], 0)
+    return keep
+
+
+def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
+                  progress: Optional[Callable[[str], None]] = None,
+                  on_row: Optional[Callable[[CpuReport], None]] = None) -> CpuReport:
+    import torch
+    import torch.nn.functional as F
+
+    from wide_export.cpu import ops
+
+    if preset not in PRESETS:
+        raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
+    for d in dtypes:
+        if d not in DTYPES:
+            raise WideError(f"unknown dtype {d!r} for the CPU kernels", hint="fp32 or bf16")
+    from wide_export.cpu.build import find_compiler
+
+    try:
+        find_compiler()  # before ops.available(), which would warn and go on dense
+    except WideError as err:
+        raise WideError(f"the CPU kernels could not be built ({err.message}), so there is nothing to compare",
+                        hint="install g++ (or set CXX) and run it again") from None
+    ops.available()
+    cfg = PRESETS[preset]
+    say = progress or (lambda _m: None)
+    l3 = l3_bytes()
+    say("measuring copy bandwidth")
+    report = CpuReport(cpu=ops.cpu_model(), isa=ops.isa(), threads=torch.get_num_threads(), preset=preset,
+                       copy_bandwidth_gbs=copy_bandwidth_gbs(max(4 * l3, 1 << 28) if preset != "tiny" else 1 << 24),
+                       l3_bytes=l3)
+    gen = torch.Generator().manual_seed(seed)
+    pol = ops.policy()
+    for dname in dtypes:
+        dt = getattr(torch, DTYPES[dname])
+        for name, N, K, kind, gs in cfg.shapes:
+            per = N * K * dt.itemsize * (2 if kind == "gated" else 1)
+            copies = 1 if preset == "tiny" else max(2, math.ceil(2 * l3 / per))
+            say(f"{dname} {name}: {copies} weight copies ({copies * per / 2**30:.1f} GiB)")
+            ws = [torch.empty(N, K, dtype=dt).normal_(0, 0.02, generator=gen) for _ in range(copies)]
+            us = [torch.empty(N, K, dtype=dt).normal_(0, 0.02, generator=gen) for _ in range(copies)] \
+                if kind == "gated" else ws
+            G = (K if kind == "k" else N) // gs
+            for T in cfg.tokens:
+                x = torch.randn(T, K, generator=gen).to(dt)
+                for s in cfg.sparsities:
+                    say(f"{dname} {name} T={T} s={s:.0%}")
+                    mask = _mask(T, G, s, gen)
+                    e = ops._expand(mask, gs, dt)
+
+                    def dense(i, x=x, e=e):
+                        w, u = ws[i % copies], us[i % copies]
+                        if kind == "n":
+                            return F.linear(x, w) * e
+                        if kind == "gated":
+                            return F.silu(F.linear(x, w)) * F.linear(x, u) * e
+                        return F.linear(x * e, w)
+
+                    def masked(i, x=x, mask=mask):
+                        w, u = ws[i % copies], us[i % copies]
+                        if kind == "n":
+                            return ops.masked_gemm_n(x, w, mask, gs, path="masked")
+                        if kind == "gated":
+                            return ops.masked_gated_mlp(x, w, u, mask, gs, path="masked")
+                        return ops.masked_gemm_k(x, w, mask, gs, path="masked")
+
+                    union = float(mask.bool().any(0).float().mean())
+                    d_ms = _median_ms(dense, max(cfg.reps, copies))
+                    m_ms = _median_ms(masked, max(cfg.reps, copies)) if T <= cfg.masked_max_tokens else None
+                    masked_bytes = int(per * union)
+                    auto = "masked" if (T <= pol["masked_max_m"][kind]
+                                        and (T == 1 or union < pol["dense_union_min"])) else "dense"
+                    row = CpuRow(name, kind, dname, N, K, gs, T, s, union, d_ms, m_ms, auto, per, masked_bytes,
+                                 dense_gbs=per / d_ms / 1e6,
+                                 dense_pct_of_copy=100 * per / d_ms / 1e6 / report.copy_bandwidth_gbs)
+                    if m_ms is not None:
+                        row.speedup = d_ms / m_ms
+                        row.masked_gbs = masked_bytes / m_ms / 1e6
+                        row.masked_pct_of_copy = 100 * row.masked_gbs / report.copy_bandwidth_gbs
+                    report.rows.append(row)
+                    if on_row:
+                        on_row(report)
+            del ws, us
+    report.measured_policy = measured_policy(report)
+    report.complete = True
+    return report
+
+
+def measured_policy(report: CpuReport) -> dict:
+    """The policy these rows support: per kind, the largest token count up to which the masked kernel at 50 %
+    sparsity is at least as fast as dense at every count (over every shape and dtype timed); dense above a
+    union of 0.95 unless the masked kernel at sparsity 0 keeps within 3 % of dense at one token."""
+    out = {"masked_max_m": {}, "dense_union_min": 0.95}
+    for kind in KINDS:
+        rows = [r for r in report.rows if r.kind == kind and r.sparsity == 0.5 and r.masked_ms is not None]
+        best = 0
+        for T in sorted({r.tokens for r in rows}):
+            if all(r.masked_ms <= r.dense_ms for r in rows if r.tokens == T):
+                best = T
+            else:
+                break
+        out["masked_max_m"][kind] = max(best, 1)  # one token always masked: the byte floor is the point
+    zero = [r for r in report.rows if r.sparsity == 0.0 and r.tokens == 1 and r.masked_ms is not None]
+    if zero and all(r.masked_ms <= 1.03 * r.dense_ms for r in zero):
+        out["dense_union_min"] = 1.01  # never switch on density alone
+    return out
+
+
+def write_json(report: CpuReport, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(report), indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def table(report: CpuReport):
+    from rich.table import Table
+
+    t = Table(title=f"WIDE CPU kernels vs dense GEMM ({report.cpu}, {report.isa}, {report.threads} threads; copy "
+                    f"bandwidth {report.copy_bandwidth_gbs:.1f} GB/s)")
+    for col in ("dtype", "shape", "tokens", "sparsity", "union", "dense ms", "WIDE ms", "speedup", "dense MB",
+                "WIDE MB", "dense GB/s (% copy)", "WIDE GB/s (% copy)", "auto"):
+        t.add_column(col, justify="right")
+    for r in report.rows:
+        t.add_row(r.dtype, r.shape, str(r.tokens), f"{r.sparsity:.0%}", f"{r.union:.2f}", f"{r.dense_ms:.2f}",
+                  "-" if r.masked_ms is None else f"{r.masked_ms:.2f}",
+                  "-" if r.speedup is None else f"{r.speedup:.2f}x", f"{r.weight_bytes / 1e6:.0f}",
+                  f"{r.masked_bytes / 1e6:.0f}", f"{r.dense_gbs:.1f} ({r.dense_pct_of_copy:.0f}%)",
+                  "-" if r.masked_gbs is None else f"{r.masked_gbs:.1f} ({r.masked_pct_of_copy:.0f}%)", r.auto_path)
+    return t
+
+
+def write_plot(report: CpuReport, path: Path) -> bool:
+    """Speed-up over dense vs tokens, one panel per shape, one line per dtype x sparsity."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    shapes = list(dict.fromkeys(r.shape for r in report.rows))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.6), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        for dt in dict.fromkeys(r.dtype for r in report.rows):
+            for s in sorted({r.sparsity for r in report.rows}):
+                pts = sorted((r.tokens, r.speedup) for r in report.rows
+                             if (r.shape, r.dtype, r.sparsity) == (shape, dt, s) and r.speedup is not None)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"{dt} s={s:.0%}")
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(shape)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("WIDE kernel speed-up vs dense")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"WIDE CPU kernels vs dense ({report.cpu}, {report.threads} threads)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

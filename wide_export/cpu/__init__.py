@@ -1,0 +1,23 @@
+"""CPU kernels of the `wide` masked projections (C++ with AVX2 / FMA, torch custom ops `wide_cpu::*`).
+
+    from wide_export import cpu
+    y = cpu.masked_gemm_n(x, w, mask, group_size, bias=None)   # q_proj: skipped head groups' columns unread
+    y = cpu.masked_gated_mlp(x, w_gate, w_up, mask, group_size) # gate/up + SiLU-and-mul, skipped channels unread
+    y = cpu.masked_gemm_k(x, w, mask, group_size, bias=None)   # o_proj / down_proj: skipped input columns unread
+
+The library is compiled on first use against the installed torch's headers (``build.py``; cached per source,
+torch and compiler), so nothing is downloaded. Which of the masked kernel and the dense GEMM (+ mask) serves
+a call is data (``policy.json``, measured by ``wide-export bench kernels --device cpu``). The PyTorch oracles
+are ``wide_export.ops.reference``."""
+
+from __future__ import annotations
+
+__all__ = ["masked_gemm_n", "masked_gated_mlp", "masked_gemm_k", "router", "isa", "available"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from wide_export.cpu import ops
+
+        return getattr(ops, name)
+    raise AttributeError(f"module 'wide_export.cpu' has no attribute {name!r}")
