@@ -1,6 +1,7 @@
 """The CPU kernels (wide_export/cpu, C++) against the PyTorch references of wide_export.ops.reference:
-shapes with odd K and N, group sizes 3..256, Llama-3.1-8B and Qwen3 widths, sparsities 0 / 0.25 / 0.5 / 0.9 / 1,
-float32 and bfloat16, 1..64 tokens, fresh random inputs, outputs poisoned with NaN before the call."""
+shapes with odd K and N, group sizes 3..512, Llama-3.1-8B and Qwen3 widths, sparsities 0 / 0.25 / 0.5 / 0.9 / 1,
+float32 and bfloat16, 1..64 tokens, fresh random inputs, outputs poisoned with NaN before the call; on every
+instruction-set path this CPU has (AVX-512 BF16, AVX-512, AVX2, scalar)."""
 
 from __future__ import annotations
 
@@ -33,21 +34,35 @@ def _tol(dtype):
     return (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
 
 
+ISAS = ["avx512bf16", "avx512", "avx2", "scalar"]  # every path this CPU runs: the best on every case, the rest
+BEST = torch.ops.wide_cpu.isa().split(" ")[0] if cpu.available() else "scalar"  # on a cross-section
+
+
 def _cases():
-    for i, (width, gs, other) in enumerate(SHAPES):
-        for s in SPARSITIES:
-            for dtype in (torch.float32, torch.bfloat16):
-                M = TOKENS[(i + int(s * 4)) % len(TOKENS)] if width * other < 2**22 else 1 + i % 3
-                yield pytest.param(width, gs, other, s, dtype, M, id=f"{width}x{other}-gs{gs}-s{s}-{str(dtype)[6:]}-M{M}")
+    for isa in ISAS[ISAS.index(BEST):]:
+        for i, (width, gs, other) in enumerate(SHAPES):
+            for s in SPARSITIES if isa == BEST else (0.5, 1.0):
+                for dtype in (torch.float32, torch.bfloat16):
+                    M = TOKENS[(i + int(s * 4)) % len(TOKENS)] if width * other < 2**22 else 1 + i % 3
+                    yield pytest.param(width, gs, other, s, dtype, M, isa,
+                                       id=f"{isa}-{width}x{other}-gs{gs}-s{s}-{str(dtype)[6:]}-M{M}")
+
+
+@pytest.fixture()
+def isa(request):
+    """Run the test on one instruction-set path (wide_cpu::set_isa), then restore the best."""
+    before = torch.ops.wide_cpu.set_isa(request.param)
+    yield request.param
+    torch.ops.wide_cpu.set_isa(before)
 
 
 def _poisoned(M, N, dtype):
     return torch.full((M, N), float("nan"), dtype=dtype)
 
 
-@pytest.mark.parametrize("width,gs,K,s,dtype,M", list(_cases()))
+@pytest.mark.parametrize("width,gs,K,s,dtype,M,isa", list(_cases()), indirect=["isa"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemm_n_matches_reference(width, gs, K, s, dtype, M, bias):
+def test_gemm_n_matches_reference(width, gs, K, s, dtype, M, isa, bias):
     gen = torch.Generator().manual_seed(hash((width, gs, K, s, M)) % 2**31)
     x = torch.randn(M, K, generator=gen).to(dtype)
     w = (torch.randn(width, K, generator=gen) * 0.05).to(dtype)
@@ -61,8 +76,8 @@ def test_gemm_n_matches_reference(width, gs, K, s, dtype, M, bias):
     assert (got[ref.expand_mask(mask, gs, torch.bool) == 0] == 0).all()  # skipped outputs exactly 0
 
 
-@pytest.mark.parametrize("width,gs,K,s,dtype,M", list(_cases()))
-def test_gated_matches_reference(width, gs, K, s, dtype, M):
+@pytest.mark.parametrize("width,gs,K,s,dtype,M,isa", list(_cases()), indirect=["isa"])
+def test_gated_matches_reference(width, gs, K, s, dtype, M, isa):
     gen = torch.Generator().manual_seed(hash((width, gs, K, s, M, "g")) % 2**31)
     x = torch.randn(M, K, generator=gen).to(dtype)
     wg = (torch.randn(width, K, generator=gen) * 0.05).to(dtype)
@@ -74,9 +89,9 @@ def test_gated_matches_reference(width, gs, K, s, dtype, M):
     assert (got[ref.expand_mask(mask, gs, torch.bool) == 0] == 0).all()
 
 
-@pytest.mark.parametrize("width,gs,N,s,dtype,M", list(_cases()))
+@pytest.mark.parametrize("width,gs,N,s,dtype,M,isa", list(_cases()), indirect=["isa"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, bias):
+def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, isa, bias):
     """K-pruned: `width` is K here (o_proj / down_proj input)."""
     gen = torch.Generator().manual_seed(hash((width, gs, N, s, M, "k")) % 2**31)
     x = torch.randn(M, width, generator=gen).to(dtype)

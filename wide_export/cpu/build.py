@@ -17,7 +17,7 @@ from pathlib import Path
 from wide_export.errors import WideError
 
 SOURCE = Path(__file__).with_name("wide_cpu.cpp")
-FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-Wall", "-Wno-unused-function")
+FLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-Wall", "-Wno-unused-function")
 
 
 def find_compiler() -> str:

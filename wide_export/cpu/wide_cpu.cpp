@@ -4,13 +4,15 @@
 //   wide_cpu::gated(x, w_gate, w_up, mask, group_size, out!)  out = silu(x Wg^T) * (x Wu^T), skipped groups 0
 //   wide_cpu::gemm_k(x, w, mask, group_size, bias?, out!)    out = x W^T + b over the executed input groups
 //   wide_cpu::isa() -> str                                   the instruction set the kernels run with
+//   wide_cpu::set_isa(name) -> str                           use a lower one (tests run every path)
 //
 // x [M, K] and w [N, K] (nn.Linear layout) are float32 or bfloat16 (the same dtype; out too), mask [M, G]
-// int32, contiguous. Products in float32 (bf16 widened on load). M is any: each output channel block reads
-// its weight rows once for every token of the call (a group's rows only when some token executes it).
+// int32, contiguous. Products and sums in float32. M is any: each block of output channels reads its weight
+// rows once for every MR tokens of the call (a group's rows only when some token executes it).
 // Threads: at::parallel_for, torch's intra-op pool (OpenMP), so torch.set_num_threads applies. No heap
-// allocation but a per-thread buffer for bf16 activations, grown once. AVX2 + FMA when the CPU has them
-// (checked at run time), else portable scalar code; both are always compiled.
+// allocation on the decode path but the group plan's vectors, kept per thread and grown once.
+// Instruction sets, checked at run time, all compiled: AVX-512 BF16 (bf16 x bf16 pairs through vdpbf16ps),
+// AVX-512 (16 lanes, bf16 widened on load), AVX2 + FMA (8 lanes), else portable scalar code.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -19,20 +21,32 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 constexpr int NR = 4;  // output channels per micro-kernel call
+constexpr int MR = 4;  // activation rows per micro-kernel call (at most)
+using Acc = float[NR][MR];
 
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
+// The instruction set the dot products use: the best this CPU has, or a lower one chosen with set_isa (tests
+// run every path the CPU can). avx512bf16: bf16 pairs multiplied by vdpbf16ps (exact products, float32 sums).
+enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+const char* const kIsaNames[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+
+Isa detect() {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    return __builtin_cpu_supports("avx512bf16") ? kAvx512Bf16 : kAvx512;
+  }
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? kAvx2 : kScalar;
 }
+std::atomic<int> g_isa{detect()};
 
 inline float bf16_to_float(uint16_t v) {
   uint32_t u = static_cast<uint32_t>(v) << 16;
@@ -45,24 +59,25 @@ inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return bf16_to_float(*p); }
 
 // ---------------------------------------------------------------------------------------------------------
-// dot products of `nr` weight rows (w[r] + 0 .. len) with `nm` activation rows (x[m] + 0 .. len, float32),
-// added to acc[r][m]. The AVX2 path keeps nr * nm accumulators in registers.
+// dot products of `nr` weight rows (w[r] + 0 .. len) with `nm` activation rows (x[m] + 0 .. len), added to
+// acc[r][m]; x and w of one dtype (float32, or bf16 as uint16_t), float32 products and sums.
 template <typename T>
-void dots_scalar(const T* const* w, int nr, const float* const* x, int nm, int64_t len, float (*acc)[2]) {
+void dots_scalar(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc) {
   for (int r = 0; r < nr; ++r)
     for (int m = 0; m < nm; ++m) {
       float s = 0.f;
-      for (int64_t k = 0; k < len; ++k) s += load1(w[r] + k) * x[m][k];
+      for (int64_t k = 0; k < len; ++k) s += load1(w[r] + k) * load1(x[m] + k);
       acc[r][m] += s;
     }
 }
 
+// AVX2 + FMA: 8 lanes, bf16 widened on load (a shift into the high half of each float32)
 __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 __attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
   __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+__attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -70,15 +85,15 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
 }
 
 template <typename T, int NRv, int NM>
-__attribute__((target("avx2,fma"))) void dots_avx2_fixed(const T* const* w, const float* const* x, int64_t len,
-                                                         float (*acc)[2]) {
+__attribute__((target("avx2,fma"))) void dots_avx2(const T* const* w, const T* const* x, int64_t len, Acc& acc,
+                                                   int m_at) {
   __m256 a[NRv][NM];
   for (int r = 0; r < NRv; ++r)
     for (int m = 0; m < NM; ++m) a[r][m] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= len; k += 8) {
     __m256 xv[NM];
-    for (int m = 0; m < NM; ++m) xv[m] = _mm256_loadu_ps(x[m] + k);
+    for (int m = 0; m < NM; ++m) xv[m] = load8(x[m] + k);
     for (int r = 0; r < NRv; ++r) {
       __m256 wv = load8(w[r] + k);
       for (int m = 0; m < NM; ++m) a[r][m] = _mm256_fmadd_ps(wv, xv[m], a[r][m]);
@@ -86,40 +101,116 @@ __attribute__((target("avx2,fma"))) void dots_avx2_fixed(const T* const* w, cons
   }
   for (int r = 0; r < NRv; ++r)
     for (int m = 0; m < NM; ++m) {
-      float s = hsum(a[r][m]);
-      for (int64_t t = k; t < len; ++t) s += load1(w[r] + t) * x[m][t];
-      acc[r][m] += s;
+      float s = hsum8(a[r][m]);
+      for (int64_t t = k; t < len; ++t) s += load1(w[r] + t) * load1(x[m] + t);
+      acc[r][m_at + m] += s;
     }
 }
 
-template <typename T>
-void dots(const T* const* w, int nr, const float* const* x, int nm, int64_t len, float (*acc)[2]) {
-  if (!has_avx2()) return dots_scalar(w, nr, x, nm, len, acc);
-  if (nr == NR && nm == 2) return dots_avx2_fixed<T, NR, 2>(w, x, len, acc);
-  if (nr == NR && nm == 1) return dots_avx2_fixed<T, NR, 1>(w, x, len, acc);
-  for (int r = 0; r < nr; ++r) {  // the last channels of a group
-    const T* wr[1] = {w[r]};
-    float one[1][2] = {{0.f, 0.f}};
-    if (nm == 2) dots_avx2_fixed<T, 1, 2>(wr, x, len, one);
-    else dots_avx2_fixed<T, 1, 1>(wr, x, len, one);
-    for (int m = 0; m < nm; ++m) acc[r][m] += one[0][m];
+// AVX-512: 16 lanes; the tail through masked loads (zeros past the end)
+#define WIDE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+WIDE_AVX512 inline __m512 load16(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+WIDE_AVX512 inline __m512 load16(const uint16_t* p, __mmask16 k) {
+  __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+template <typename T, int NRv, int NM>
+WIDE_AVX512 void dots_avx512(const T* const* w, const T* const* x, int64_t len, Acc& acc, int m_at) {
+  __m512 a[NRv][NM];
+  for (int r = 0; r < NRv; ++r)
+    for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < len; k += 16) {
+    const __mmask16 km = len - k >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                       : static_cast<__mmask16>((1u << (len - k)) - 1);
+    __m512 xv[NM];
+    for (int m = 0; m < NM; ++m) xv[m] = load16(x[m] + k, km);
+    for (int r = 0; r < NRv; ++r) {
+      __m512 wv = load16(w[r] + k, km);
+      for (int m = 0; m < NM; ++m) a[r][m] = _mm512_fmadd_ps(wv, xv[m], a[r][m]);
+    }
+  }
+  for (int r = 0; r < NRv; ++r)
+    for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(a[r][m]);
+}
+
+// AVX-512 BF16: 32 bf16 pairs a step, vdpbf16ps (each product exact in float32, summed into 16 lanes)
+#define WIDE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+template <int NRv, int NM>
+WIDE_AVX512BF16 void dots_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t len, Acc& acc,
+                               int m_at) {
+  __m512 a[NRv][NM];
+  for (int r = 0; r < NRv; ++r)
+    for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < len; k += 32) {
+    const __mmask32 km = len - k >= 32 ? ~static_cast<__mmask32>(0)
+                                       : static_cast<__mmask32>((1ull << (len - k)) - 1);
+    __m512bh xv[NM];
+    for (int m = 0; m < NM; ++m) xv[m] = (__m512bh)_mm512_maskz_loadu_epi16(km, x[m] + k);
+    for (int r = 0; r < NRv; ++r) {
+      __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(km, w[r] + k);
+      for (int m = 0; m < NM; ++m) a[r][m] = _mm512_dpbf16_ps(a[r][m], wv, xv[m]);
+    }
+  }
+  for (int r = 0; r < NRv; ++r)
+    for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(a[r][m]);
+}
+
+// One instruction set's kernel over nr (1..NR) x nm (1..MR): full blocks of NR rows at once, the rows of
+// a group's last partial block one at a time; activation rows in chunks the register file holds.
+template <typename T, int NRv, int NM>
+struct Avx2K {
+  static void go(const T* const* w, const T* const* x, int64_t len, Acc& acc, int m_at) {
+    dots_avx2<T, NRv, NM>(w, x, len, acc, m_at);
+  }
+};
+template <typename T, int NRv, int NM>
+struct Avx512K {
+  static void go(const T* const* w, const T* const* x, int64_t len, Acc& acc, int m_at) {
+    dots_avx512<T, NRv, NM>(w, x, len, acc, m_at);
+  }
+};
+template <typename T, int NRv, int NM>
+struct Bf16K {
+  static void go(const T* const* w, const T* const* x, int64_t len, Acc& acc, int m_at) {
+    dots_bf16<NRv, NM>(w, x, len, acc, m_at);
+  }
+};
+
+template <typename T, template <typename, int, int> class K, int CHUNK>
+void dots_blocked(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc) {
+  for (int m0 = 0; m0 < nm; m0 += CHUNK) {
+    const int c = std::min(CHUNK, nm - m0);
+    if (nr == NR) {
+      if (c == 4) K<T, NR, 4>::go(w, x + m0, len, acc, m0);
+      else if (c == 3) K<T, NR, 3>::go(w, x + m0, len, acc, m0);
+      else if (c == 2) K<T, NR, 2>::go(w, x + m0, len, acc, m0);
+      else K<T, NR, 1>::go(w, x + m0, len, acc, m0);
+      continue;
+    }
+    for (int r = 0; r < nr; ++r) {  // a group's last channels, one row at a time
+      Acc one = {};
+      if (c == 4) K<T, 1, 4>::go(w + r, x + m0, len, one, 0);
+      else if (c == 3) K<T, 1, 3>::go(w + r, x + m0, len, one, 0);
+      else if (c == 2) K<T, 1, 2>::go(w + r, x + m0, len, one, 0);
+      else K<T, 1, 1>::go(w + r, x + m0, len, one, 0);
+      for (int m = 0; m < c; ++m) acc[r][m0 + m] += one[0][m];
+    }
   }
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// activations as float32 rows: float32 x is used in place, bf16 x is widened once into a per-thread buffer
 template <typename T>
-const float* as_float(const T* x, int64_t n);
-template <>
-const float* as_float<float>(const float* x, int64_t) { return x; }
-template <>
-const float* as_float<uint16_t>(const uint16_t* x, int64_t n) {
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
-  for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(x[i]);
-  return buf.data();
+void dots(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc) {
+  const int isa = g_isa.load(std::memory_order_relaxed);
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (isa == kAvx512Bf16) return dots_blocked<T, Bf16K, 4>(w, nr, x, nm, len, acc);
+  }
+  if (isa >= kAvx512) return dots_blocked<T, Avx512K, 4>(w, nr, x, nm, len, acc);
+  if (isa == kAvx2) return dots_blocked<T, Avx2K, 2>(w, nr, x, nm, len, acc);
+  dots_scalar(w, nr, x, nm, len, acc);
 }
 
+// ---------------------------------------------------------------------------------------------------------
 inline uint16_t to_bf16(float f) {  // round to nearest even, as torch
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
@@ -157,7 +248,8 @@ void plan_groups(const int32_t* mask, int64_t M, int64_t G, Plan& p) {
   p.start.push_back(p.rows.size());
 }
 
-// N-pruned: outputs of group g are channels [g*gs, (g+1)*gs); only executed groups' weight rows are read.
+// N-pruned: outputs of group g are channels [g*gs, (g+1)*gs); only executed groups' weight rows are read, once
+// per call: each block of NR rows meets every token that executes its group, MR tokens at a time.
 template <typename T>
 void gemm_n_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* out, const Geometry& d,
                  const T* w2 = nullptr) {
@@ -173,7 +265,6 @@ void gemm_n_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* 
   const int64_t blocks_per_group = (d.gs + NR - 1) / NR;
   const int64_t items = static_cast<int64_t>(plan.group.size()) * blocks_per_group;
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
-    const float* xf = as_float<T>(x, d.M * d.K);  // per thread: its own buffer
     for (int64_t it = b; it < e; ++it) {
       const int64_t gi = it / blocks_per_group, blk = it % blocks_per_group;
       const int64_t g = plan.group[gi];
@@ -187,16 +278,17 @@ void gemm_n_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* 
       }
       const int32_t* rows = plan.rows.data() + plan.start[gi];
       const int64_t nrows = plan.start[gi + 1] - plan.start[gi];
-      const int step = gated ? 1 : 2;
-      for (int64_t i = 0; i < nrows; i += step) {
-        const int nm = static_cast<int>(std::min<int64_t>(step, nrows - i));
-        const float* xr[2] = {xf + rows[i] * d.K, nm > 1 ? xf + rows[i + 1] * d.K : nullptr};
-        float acc[NR][2] = {};
+      for (int64_t i = 0; i < nrows; i += MR) {
+        const int nm = static_cast<int>(std::min<int64_t>(MR, nrows - i));
+        const T* xr[MR];
+        for (int m = 0; m < nm; ++m) xr[m] = x + rows[i + m] * d.K;
+        Acc acc = {};
         dots(wr, nr, xr, nm, d.K, acc);
         if (gated) {
-          float up[NR][2] = {};
+          Acc up = {};
           dots(ur, nr, xr, nm, d.K, up);
-          for (int r = 0; r < nr; ++r) put(out + rows[i] * d.N + n0 + r, silu(acc[r][0]) * up[r][0]);
+          for (int m = 0; m < nm; ++m)
+            for (int r = 0; r < nr; ++r) put(out + rows[i + m] * d.N + n0 + r, silu(acc[r][m]) * up[r][m]);
         } else {
           for (int m = 0; m < nm; ++m)
             for (int r = 0; r < nr; ++r)
@@ -208,7 +300,7 @@ void gemm_n_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* 
 }
 
 // K-pruned: every output channel sums over the input groups its token executes; a weight row's segment of
-// group g is read only when some token of the call executes g.
+// group g is read only when some token of the call executes g (once per MR tokens).
 template <typename T>
 void gemm_k_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* out, const Geometry& d) {
   thread_local Plan tl_plan;  // the calling thread's (see gemm_n_impl)
@@ -216,29 +308,26 @@ void gemm_k_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* 
   plan_groups(mask, d.M, d.G, plan);
   const int64_t items = (d.N + NR - 1) / NR;
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
-    const float* xf = as_float<T>(x, d.M * d.K);
     for (int64_t it = b; it < e; ++it) {
       const int64_t n0 = it * NR;
       const int nr = static_cast<int>(std::min<int64_t>(NR, d.N - n0));
-      for (int64_t m0 = 0; m0 < d.M; m0 += 2) {
-        const int nm = static_cast<int>(std::min<int64_t>(2, d.M - m0));
-        float acc[NR][2] = {};
+      for (int64_t m0 = 0; m0 < d.M; m0 += MR) {
+        const int nm = static_cast<int>(std::min<int64_t>(MR, d.M - m0));
+        Acc acc = {};
         for (size_t gi = 0; gi < plan.group.size(); ++gi) {
           const int64_t g = plan.group[gi];
-          const bool on0 = mask[m0 * d.G + g] != 0, on1 = nm > 1 && mask[(m0 + 1) * d.G + g] != 0;
-          if (!on0 && !on1) continue;
+          int on[MR], n_on = 0;  // the block's tokens that execute g
+          for (int m = 0; m < nm; ++m)
+            if (mask[(m0 + m) * d.G + g]) on[n_on++] = m;
+          if (n_on == 0) continue;
           const T* wr[NR];
           for (int r = 0; r < nr; ++r) wr[r] = w + (n0 + r) * d.K + g * d.gs;
-          if (on0 && on1) {
-            const float* xr[2] = {xf + m0 * d.K + g * d.gs, xf + (m0 + 1) * d.K + g * d.gs};
-            dots(wr, nr, xr, 2, d.gs, acc);
-          } else {
-            const int m = on0 ? 0 : 1;
-            const float* xr[1] = {xf + (m0 + m) * d.K + g * d.gs};
-            float one[NR][2] = {};
-            dots(wr, nr, xr, 1, d.gs, one);
-            for (int r = 0; r < nr; ++r) acc[r][m] += one[r][0];
-          }
+          const T* xr[MR];
+          for (int j = 0; j < n_on; ++j) xr[j] = x + (m0 + on[j]) * d.K + g * d.gs;
+          Acc part = {};
+          dots(wr, nr, xr, n_on, d.gs, part);
+          for (int j = 0; j < n_on; ++j)
+            for (int r = 0; r < nr; ++r) acc[r][on[j]] += part[r][j];
         }
         for (int m = 0; m < nm; ++m)
           for (int r = 0; r < nr; ++r)
@@ -313,11 +402,24 @@ void gemm_k(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, in
 }
 
 std::string isa() {
-  std::string s = has_avx2() ? "avx2+fma" : "scalar";
-  s += __builtin_cpu_supports("f16c") ? " f16c" : "";
-  s += __builtin_cpu_supports("avx512f") ? " avx512f" : "";
-  s += __builtin_cpu_supports("avx512bf16") ? " avx512bf16" : "";
+  std::string s = kIsaNames[g_isa.load()];
+  if (g_isa.load() != detect()) s += std::string(" (of ") + kIsaNames[detect()] + ")";
   return s;
+}
+
+// Use a lower instruction set than the best this CPU has ("scalar", "avx2", "avx512", "avx512bf16"); returns
+// the one in use before. Tests run every path the CPU can this way.
+std::string set_isa(const std::string& name) {
+  const std::string before = kIsaNames[g_isa.load()];
+  for (int i = 0; i <= kAvx512Bf16; ++i) {
+    if (name == kIsaNames[i]) {
+      TORCH_CHECK(i <= detect(), "wide_cpu::set_isa: this CPU has no ", name, " (best: ", kIsaNames[detect()], ")");
+      g_isa.store(i);
+      return before;
+    }
+  }
+  TORCH_CHECK(false, "wide_cpu::set_isa: unknown instruction set ", name);
+  return before;
 }
 
 }  // namespace
@@ -327,6 +429,7 @@ TORCH_LIBRARY(wide_cpu, m) {
   m.def("gated(Tensor x, Tensor w_gate, Tensor w_up, Tensor mask, int group_size, Tensor(a!) out) -> ()");
   m.def("gemm_k(Tensor x, Tensor w, Tensor mask, int group_size, Tensor? bias, Tensor(a!) out) -> ()");
   m.def("isa() -> str", &isa);
+  m.def("set_isa(str name) -> str", &set_isa);
 }
 
 TORCH_LIBRARY_IMPL(wide_cpu, CPU, m) {
