@@ -34,6 +34,10 @@ PREFIX = [1] + [(7 * i + 3) % 250 + 3 for i in range(70)]
 PROMPTS = [PREFIX + [5, 7, 9], PREFIX + [50, 60, 70, 80, 90, 100, 110], PREFIX[:40] + [200]]
 CACHED = {"enable_prefix_caching": True, "block_size": 32, "enable_chunked_prefill": True,
           "max_num_batched_tokens": 32, "max_num_seqs": 8}
+# The KV cache of every engine the tests start, whatever the machine's size: 64 MiB holds 64K tokens of these
+# models (about 1 KB each), and two engines (tensor / pipeline parallel ranks, serve beside a test) fit any
+# machine that runs the suite. A fraction (--gpu-memory-utilization) would be of the whole machine on CPU.
+KV_CACHE_BYTES = 64 << 20
 
 
 def checkpoint(folder: Path, family: str) -> Path:
@@ -75,6 +79,22 @@ def export(ckpt: Path, out: Path, *extra: str) -> Path:
     return out
 
 
+def hf_cache(folder: Path, root: Path) -> Path:
+    """`folder` stored as the Hugging Face cache stores a downloaded repository: the snapshot's files are
+    links into the same repository's blobs/. Returns the snapshot folder."""
+    import shutil
+
+    repo = root / "models--org--wide"
+    snapshot = repo / "snapshots" / "0123abcd"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, f in enumerate(sorted(folder.iterdir())):
+        blob = repo / "blobs" / f"{i:040x}"
+        shutil.copyfile(f, blob)
+        (snapshot / f.name).symlink_to(Path("../..") / "blobs" / blob.name)
+    return snapshot
+
+
 def engine_env(ranks: int = 1, **extra: str) -> dict:
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
@@ -91,6 +111,7 @@ def run_engine(folder: Path, tmp: Path, *, prompts=PROMPTS, max_tokens: int = 8,
     from wide_export.vllm.runner import MARK
 
     spec = tmp / f"spec-{len(list(tmp.glob('spec-*')))}.json"
+    llm.setdefault("kv_cache_memory_bytes", KV_CACHE_BYTES)
     spec.write_text(json.dumps({"model": str(folder), "prompts": prompts, "max_tokens": max_tokens,
                                 "rounds": rounds, "llm": llm}))
     before = set(SHM.glob("vllm*")) if SHM.is_dir() else set()

@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from tests.vllm.support import PROMPTS, SHM, checkpoint, engine_env, export, reference_tokens
+from tests.vllm.support import KV_CACHE_BYTES, PROMPTS, SHM, checkpoint, engine_env, export, reference_tokens
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 NEW = 12
@@ -61,8 +61,8 @@ def served(tmp_path_factory):
     before = set(SHM.glob("vllm*")) if SHM.is_dir() else set()
     proc = subprocess.Popen(
         [sys.executable, "-c", "from wide_export.vllm.compat import main; main()", "serve", str(out),
-         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "wide", "--dtype", "float32",
-         "--max-model-len", "256", "--gpu-memory-utilization", "0.1", "--enforce-eager"],
+         "--port", str(port), "--served-model-name", "wide", "--dtype", "float32",  # wide-vllm's default host
+         "--max-model-len", "256", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--enforce-eager"],
         stdout=log, stderr=subprocess.STDOUT, env=engine_env(), start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -119,3 +119,12 @@ def test_batched_prompts_in_one_request(served):
     port, prompts, texts, _ = served
     r = _client(port).completions.create(model="wide", prompt=prompts, max_tokens=NEW, temperature=0)
     assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == texts
+
+
+def test_listens_on_loopback_only_by_default(served):
+    """No --host given: wide-vllm serve listens on 127.0.0.1 (vLLM's own default is every interface)."""
+    from tests.helpers import listening_tcp
+
+    port = served[0]
+    addresses = [a for a in listening_tcp().values() if int(a.rsplit(":", 1)[1], 16) == port]
+    assert addresses and all(a == f"0100007F:{port:04X}" for a in addresses), addresses

@@ -43,8 +43,10 @@ class WeightSource:
             self.readers[shard] = ShardReader(shard)
         t = self.readers[shard].read(key, self.dtype)  # read and cast chunk by chunk: one copy in memory
         if name in self.lora:
+            from wide_export.checkpoint.lora import merged
+
             a, b = self.lora[name]
-            t = (t.float() + (b.float() @ a.float()) * self.lora_scale).to(t.dtype)
+            t = merged(t, a, b, self.lora_scale, name)
         return t
 
     def loader(self, name: str) -> Callable[[], Any]:

@@ -52,6 +52,9 @@ def load_wide_model(
     if dtype not in ("float32", "float16", "bfloat16"):
         raise WideError(f"unsupported dtype {dtype!r}", "use float32, float16 or bfloat16")
     torch_dtype = getattr(torch, dtype)
+    from wide_export.checkpoint.lora import check_lora_scale
+
+    lora_scale = check_lora_scale(lora_scale)
     if model_dir is None:
         if router or lora:
             raise WideError("--router/--lora need --model", "pass the base model folder with --model DIR")

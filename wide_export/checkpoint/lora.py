@@ -9,6 +9,31 @@ from wide_export.checkpoint.torchfile import load_tensor_dict, strip_to_layer_ke
 from wide_export.errors import WideError
 
 LORA_KEY = re.compile(r"^(self_attn|mlp)\.(\w+_proj)\.lora_(A|B)\b")
+# LoRA scales are alpha / r, a few units; a scale this large only makes the merged weights overflow
+MAX_LORA_SCALE = 1000.0
+
+
+def check_lora_scale(scale, what: str = "--lora-scale", hint: str | None = None) -> float:
+    """A finite number of magnitude at most MAX_LORA_SCALE (WideError otherwise)."""
+    import math
+
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
+            or abs(scale) > MAX_LORA_SCALE:
+        raise WideError(f"{what} is {scale!r}: a LoRA scale must be a finite number between "
+                        f"-{MAX_LORA_SCALE:g} and {MAX_LORA_SCALE:g}",
+                        hint or "pass the trainer's lora_alpha / r (the WIDE recipe's default is 2.0)")
+    return float(scale)
+
+
+def merged(weight, a, b, scale: float, name: str):
+    """weight + (B @ A) * scale in weight's dtype; a WideError when a value is no longer finite."""
+    import torch
+
+    out = (weight.float() + (b.float() @ a.float()) * scale).to(weight.dtype)
+    if not bool(torch.isfinite(out).all()):
+        raise WideError(f"merging the LoRA into {name} gives non-finite values (NaN or Inf)",
+                        "check the LoRA file and --lora-scale: the merged weight overflows its dtype")
+    return out
 
 
 def merge_lora(model, path: Path, scale: float) -> int:
@@ -20,7 +45,7 @@ def merge_lora(model, path: Path, scale: float) -> int:
     for name, (a, b) in pairs.items():
         weight = params[name]
         with torch.no_grad():
-            weight.copy_((weight.float() + (b.float() @ a.float()) * scale).to(weight.dtype))
+            weight.copy_(merged(weight, a, b, scale, name))
     return len(pairs)
 
 

@@ -54,6 +54,9 @@ def _check_router(source: str, cfg: WideConfig, layer: int, kind: str, t: dict) 
     if missing:
         raise WideError(f"{where}: missing {', '.join(sorted(missing))}", "the router file is incomplete")
     cw, cb, rw, rb = (t[k] for k in ("compressor.weight", "compressor.bias", "router.weight", "router.bias"))
+    for key in ("compressor.weight", "compressor.bias", "router.weight", "router.bias"):
+        check_finite(t[key], f"{where}.{key}", "the router file is damaged or was saved from a diverged run; "
+                     "pass a router.pth whose values are all finite")
     if cw.dim() != 2 or cw.shape[1] != cfg.hidden_size:
         raise WideError(f"{where}: compressor.weight has shape {list(cw.shape)}, "
                         f"expected [R, {cfg.hidden_size}] (hidden size)", HINT)
@@ -69,6 +72,17 @@ def _check_router(source: str, cfg: WideConfig, layer: int, kind: str, t: dict) 
                    else (cfg.intermediate_size, "FFN channels"))
     if width % groups:
         raise WideError(f"{where}: {groups} groups do not divide the {width} {unit}", HINT)
+
+
+def check_finite(tensor, where: str, hint: str) -> None:
+    """Refuse a tensor that is not floating point or holds NaN / Inf: a router decides nothing sensible on it."""
+    import torch
+
+    if not tensor.is_floating_point():
+        raise WideError(f"{where} is {str(tensor.dtype).replace('torch.', '')}, not a floating-point tensor", hint)
+    bad = int((~torch.isfinite(tensor)).sum())
+    if bad:
+        raise WideError(f"{where} holds {bad} non-finite values (NaN or Inf)", hint)
 
 
 def check_group_flags(cfg: WideConfig, attn_group_size: int | None, ffn_group_size: int | None) -> None:

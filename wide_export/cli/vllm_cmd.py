@@ -20,8 +20,9 @@ def register(app: typer.Typer) -> None:
 
 @user_errors
 def vllm(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to create (config.json with a `wide` "
-                                                                "section, safetensors, tokenizer files).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder to create (config.json with a "
+                                                   "`wide` section, safetensors, tokenizer files).",
+                                                   show_default=False)] = None,
     model: ModelOpt = None,
     router: RouterOpt = None,
     lora: LoraOpt = None,
@@ -32,6 +33,10 @@ def vllm(
         help="Weights dtype: float32, float16, bfloat16, or auto (the checkpoint's own; float32 for the demo). "
              "Routers are always float32.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+    check: Annotated[Optional[Path], typer.Option(
+        "--check", help="Check an existing folder as vLLM will load it (files confined to it, config, shards, "
+                        "routers) and write nothing; `wide-vllm serve` runs the same check.",
+        show_default=False)] = None,
 ) -> None:
     """Write a WIDE model as a Hugging Face-style folder that vLLM runs with the wide-export plugin.
 
@@ -40,12 +45,25 @@ def vllm(
     it is. Serve it with `vllm serve OUTPUT` where wide-export is installed
     (docs/vllm.md).
 
-    Exit codes: 0 written; 2 bad input, nothing written; 130 Ctrl-C, 143
-    SIGTERM: nothing written, an OUTPUT that --force was replacing left as it was.
+    `--check DIR` checks a folder instead (from anywhere: before serving it).
+
+    Exit codes: 0 written (or checked); 2 bad input, nothing written (or a
+    folder refused); 130 Ctrl-C, 143 SIGTERM: nothing written, an OUTPUT that
+    --force was replacing left as it was.
     """
     from wide_export.errors import WideError
     from wide_export.outdir import check_output_dir
 
+    if check is not None:
+        if output is not None:
+            raise WideError("--check reads a folder and --output writes one", "pass one of them")
+        _check(check)
+        return
+    if output is None:
+        raise WideError("no --output given", "pass --output DIR to write a folder, or --check DIR to check one")
+    if force and output.is_symlink():  # --force replaces folders; a link would be swapped, its target kept
+        raise WideError(f"output {output} is a symbolic link (to {output.resolve()})",
+                        f"pass the folder itself as --output ({output.resolve()}), or remove the link")
     if dtype not in DTYPES:
         raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
     check_output_dir(output, force, protect=(model, router, lora))
@@ -87,3 +105,16 @@ def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_
     note = cpu_head_dim_note(cfg.head_dim)
     if note:
         stages.note(note)
+    if not summary["tokenizer"]:
+        stages.note(f"warning: {output} has no tokenizer (the model folder has no tokenizer.json, tokenizer.model "
+                    "or vocab.json): vLLM fails to start on it unless given skip_tokenizer_init "
+                    "(--skip-tokenizer-init) and token ids; copy the tokenizer files into the folder to serve text")
+
+
+def _check(folder: Path) -> None:
+    from wide_export.vllm.check import check_folder
+
+    summary = check_folder(folder)
+    tokenizer = "a tokenizer" if summary["tokenizer"] else "no tokenizer (serve with --skip-tokenizer-init)"
+    typer.echo(f"ok: {folder}: {len(summary['weights'])} weight file(s), {summary['routers']} router tensors, "
+               f"{tokenizer}; every file lies inside the folder")

@@ -20,10 +20,14 @@ def architectures() -> list[str]:
 
 def register() -> None:
     """vLLM plugin entry point: register the WIDE model class under each family's architecture name (lazily,
-    by import path: vLLM imports it only when a folder names one of them)."""
+    by import path: vLLM imports it only when a folder names one of them), and the checks vLLM runs for them
+    before it reads the folder (guard.py)."""
     from vllm import ModelRegistry
+
+    from wide_export.vllm.guard import install
 
     known = set(ModelRegistry.get_supported_archs())
     for name in architectures():
         if name not in known:
             ModelRegistry.register_model(name, MODEL_CLASS)
+    install(architectures())  # the folder's checks before vLLM opens its files (guard.py)

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from wide_export.errors import WideError
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -147,33 +146,6 @@ def write_text_files(loaded, folder: Path) -> list[str]:
     return copied
 
 
-def check_folder(folder: Path) -> int:
-    """Read the written folder back as the plugin will: the config's `wide` section (spec.config_from_hf) and
-    every router tensor's shape from the safetensors headers. Returns the number of router tensors."""
-    from safetensors import safe_open
-    from transformers import AutoConfig
-
-    from wide_export.vllm.spec import config_from_hf, router_shapes
-
-    hf = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    cfg = config_from_hf(hf)
-    shapes = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
-    want = {}
-    for i, r in enumerate(cfg.routing):
-        for kind, groups in (("attention", r.attn_groups), ("ffn", r.ffn_groups)):
-            if groups is not None:
-                want.update({f"model.layers.{i}.router_{kind}.{k}": s
-                             for k, s in router_shapes(cfg, i, kind).items()})
-    got = {k: s for k, s in shapes.items() if ".router_" in k}
-    if got != want:
-        raise WideError(f"the written folder's router tensors do not match its config.json ({len(got)} written, "
-                        f"{len(want)} described)", "this is a bug in wide-export; please report it")
-    return len(got)
-
-
 def export_dense_twin(loaded, folder: Path, dtype: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
     """The same weights as a plain model of the family (vLLM's own class, no routers): the baseline of
     `wide-export bench vllm` and gpu-check's vLLM stage."""
@@ -197,6 +169,8 @@ def export_vllm(loaded, folder: Path, dtype: str, stages=None, max_shard_bytes: 
     text = write_text_files(loaded, folder)
     if hashing is not None:
         hashing.result()
-    (folder / CONFIG).write_text(json.dumps(folder_config(loaded, dtype), indent=2) + "\n")
-    routers = check_folder(folder)
-    return {"weights": files, "text": text, "routers": routers}
+    (folder / CONFIG).write_text(json.dumps(folder_config(loaded, dtype), indent=2, allow_nan=False) + "\n")
+    from wide_export.vllm.check import check_folder as check
+
+    summary = check(folder)
+    return {"weights": files, "text": text, "routers": summary["routers"], "tokenizer": summary["tokenizer"]}

@@ -100,11 +100,16 @@ class _Affine(nn.Module):
         self.name = name
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor) -> None:
+        leaf = "weight" if param is self.weight else "bias"
         if tuple(tensor.shape) != tuple(param.shape):
-            leaf = "weight" if param is self.weight else "bias"
             raise ValueError(f"WIDE: {self.name}.{leaf} has shape {list(tensor.shape)} in the folder, its "
                              f"config.json `wide` section implies {list(param.shape)} (hint: {HINT})")
-        param.data.copy_(tensor.to(torch.float32))
+        if tensor.dtype != torch.float32:
+            raise ValueError(f"WIDE: {self.name}.{leaf} is {str(tensor.dtype).replace('torch.', '')} in the folder; "
+                             f"router tensors are float32 (hint: {HINT})")
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"WIDE: {self.name}.{leaf} holds non-finite values (NaN or Inf) (hint: {HINT})")
+        param.data.copy_(tensor)
 
 
 class WideRouter(nn.Module):
@@ -314,6 +319,18 @@ class WideModel(nn.Module):
         return hidden_states
 
 
+def _readable(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+    """vLLM's (name, tensor) stream of the folder's shards, a damaged or truncated shard reported as ours."""
+    from safetensors import SafetensorError
+
+    try:
+        yield from weights
+    except SafetensorError as err:
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else "unreadable"
+        raise ValueError(f"WIDE: a safetensors file of the folder is truncated or damaged ({first}) (hint: copy the "
+                         f"folder again, or {HINT}; `wide-export vllm --check DIR` names the file)") from None
+
+
 class WideForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     """Registered as Wide{Llama,Mistral,Qwen2,Qwen3}ForCausalLM (model/arch.py's table); the family's
     differences (biases, q/k norm) come from config.json through WideConfig."""
@@ -352,7 +369,7 @@ class WideForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         params = dict(self.named_parameters())
         tied = self.model.wide.tie_word_embeddings
         loaded: set[str] = set()
-        for name, tensor in weights:
+        for name, tensor in _readable(weights):
             if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
                 continue
             target, shard = name, None

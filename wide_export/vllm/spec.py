@@ -119,12 +119,21 @@ def config_from_hf(hf) -> Any:
             if not isinstance(spec, dict):
                 raise WideError(f"{where} is not an object", HINT)
             groups, rank = _int(spec.get("groups"), f"{where} groups"), _int(spec.get("rank"), f"{where} rank")
+            if rank > cfg.hidden_size:  # the compressor maps the hidden size down to the rank
+                raise WideError(f"{where} rank is {rank}, more than the hidden size {cfg.hidden_size}", HINT)
             if width % groups:
                 raise WideError(f"{where}: {groups} groups do not divide the {width} {unit}", HINT)
             if kind == "attention":
                 r.attn_groups, r.attn_rank = groups, rank
             else:
                 r.ffn_groups, r.ffn_rank = groups, rank
+    lora = section.get("lora")
+    if lora is not None:
+        from wide_export.checkpoint.lora import check_lora_scale
+
+        if not isinstance(lora, dict):
+            raise WideError("the `wide` section's lora is not an object", HINT)
+        check_lora_scale(lora.get("scale"), "the `wide` section's lora scale", HINT)
     return cfg
 
 
