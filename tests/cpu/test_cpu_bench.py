@@ -33,8 +33,8 @@ def test_bench_kernels_on_cpu_puts_wide_and_dense_side_by_side(tmp_path):
         assert r["union"] == 1.0 if r["sparsity"] == 0 else r["union"] <= 1.0
     one = [r for r in data["rows"] if r["tokens"] == 1 and r["sparsity"] == 0.5]
     assert all(r["union"] == pytest.approx(0.5) for r in one)  # one token skips exactly half the groups
-    pol = json.loads((tmp_path / "cpu-policy.json").read_text())
-    assert set(next(iter(pol.values()))["masked_max_m"]) == {"n", "gated", "k"}
+    pol = next(iter(json.loads((tmp_path / "cpu-policy.json").read_text()).values()))
+    assert set(pol) == {"float32", "bfloat16"} and set(pol["float32"]["masked_max_m"]) == {"n", "gated", "k"}
     assert (tmp_path / "cpu-kernels.png").read_bytes()[:4] == b"\x89PNG"
     line = assert_one_line_error(CliRunner().invoke(app, ["bench", "kernels", "--device", "cpu", "--dtype", "fp16",
                                                           "--preset", "tiny", "--output", str(tmp_path / "x")]))

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C++ compiler: th
 
 # (N or K grouped width, group size, other dim): odd dims, tiny groups, model widths (8B: hidden 4096, FFN 14336,
 # 32 heads x 128; Qwen3-8B: FFN 12288; Qwen3 q width 4096 with head_dim 128)
-SHAPES = [(21, 3, 17), (15, 5, 33), (96, 32, 13), (256, 128, 40), (4096, 512, 96), (14336, 128, 24),
-          (12288, 256, 24), (768, 256, 4096)]
+SHAPES = [(21, 3, 17), (15, 5, 33), (96, 32, 13), (256, 128, 48), (4096, 512, 96), (14336, 128, 24),
+          (12288, 256, 32), (768, 256, 4096)]
 SPARSITIES = [0.0, 0.25, 0.5, 0.9, 1.0]
 TOKENS = [1, 2, 3, 16, 64]
 
@@ -91,17 +91,57 @@ def test_gated_matches_reference(width, gs, K, s, dtype, M, isa):
 
 @pytest.mark.parametrize("width,gs,N,s,dtype,M,isa", list(_cases()), indirect=["isa"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, isa, bias):
-    """K-pruned: `width` is K here (o_proj / down_proj input)."""
+@pytest.mark.parametrize("packed", [False, True])
+def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, isa, bias, packed):
+    """K-pruned: `width` is K here (o_proj / down_proj input); w as [N, K] or packed [G, N, gs] (pack_k)."""
     gen = torch.Generator().manual_seed(hash((width, gs, N, s, M, "k")) % 2**31)
     x = torch.randn(M, width, generator=gen).to(dtype)
     w = (torch.randn(N, width, generator=gen) * 0.05).to(dtype)
     b = torch.randn(N, generator=gen).to(dtype) if bias else None
     mask = _mask(M, width // gs, s, gen)
-    got = cpu.masked_gemm_k(x, w, mask, gs, bias=b, out=_poisoned(M, N, dtype), path="masked")
+    if packed and N % 16:
+        with pytest.raises(ValueError, match="pack_k needs"):
+            cpu.pack_k(w, gs)
+        return
+    wk = cpu.pack_k(w, gs) if packed else w
+    assert not packed or wk.shape == (width // gs, N // 16, gs, 16)
+    got = cpu.masked_gemm_k(x, wk, mask, gs, bias=b, out=_poisoned(M, N, dtype), path="masked")
     want = ref.masked_gemm_k(x, w, mask, gs, b)
     tol = _tol(dtype)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol[0], atol=tol[1] * max(1.0, (width / 512) ** 0.5))
+
+
+@pytest.mark.parametrize("isa", ISAS[ISAS.index(BEST):], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,threads", [(16 * 37, 1), (16 * 37, 2), (16 * 8, 2), (16 * 4, 1)])
+def test_packed_decode_streams_match_the_reference(isa, dtype, N, threads):
+    """One token on a packed weight: each thread's range in four streams (ranges of 4+ blocks, uneven), the
+    remainder one by one."""
+    gen = torch.Generator().manual_seed(N + threads)
+    x, w = torch.randn(1, 384, generator=gen).to(dtype), (torch.randn(N, 384, generator=gen) * 0.05).to(dtype)
+    b, mask = torch.randn(N, generator=gen).to(dtype), _mask(1, 12, 0.5, gen)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = cpu.masked_gemm_k(x, cpu.pack_k(w, 32), mask, 32, bias=b, out=_poisoned(1, N, dtype), path="masked")
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got.float(), ref.masked_gemm_k(x, w, mask, 32, b).float(), rtol=_tol(dtype)[0],
+                               atol=_tol(dtype)[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_dense_path_of_a_packed_weight_matches_the_reference(dtype):
+    gen = torch.Generator().manual_seed(5)
+    x, w = torch.randn(7, 96, generator=gen).to(dtype), (torch.randn(48, 96, generator=gen) * 0.1).to(dtype)
+    b, mask = torch.randn(48, generator=gen).to(dtype), _mask(7, 3, 0.5, gen)
+    want = ref.masked_gemm_k(x, w, mask, 32, b).float()
+    wp = cpu.pack_k(w, 32)
+    assert torch.equal(cpu.unpack_k(wp), w)
+    for args in ({"w": wp}, {"w": w, "packed": wp}):  # packed alone (unpacked per call), or kept beside w
+        for path in ("dense", "masked"):
+            got = cpu.masked_gemm_k(x, mask=mask, group_size=32, bias=b, path=path, **args)
+            torch.testing.assert_close(got.float(), want, rtol=_tol(dtype)[0], atol=_tol(dtype)[1])
 
 
 def test_leading_dims_and_the_dense_path_agree():

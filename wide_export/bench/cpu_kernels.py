@@ -4,7 +4,8 @@ this machine's measured copy bandwidth, and the policy these timings support (wh
 count), as data for wide_export/cpu/policy.json.
 
 The dense side is what a model without WIDE runs: torch's F.linear (oneDNN / MKL on CPU), gate and up as two
-GEMMs with SiLU-and-mul. Weights rotate through copies that together exceed the last-level cache twice
+GEMMs with SiLU-and-mul. The K-pruned kernels (o, down) read their weights packed per input group (ops.pack_k),
+the layout a WIDE model keeps them in. Weights rotate through copies that together exceed the last-level cache twice
 (this machine's L3 is read from sysfs), so a call reads its weights from memory as a model's decode step does."""
 
 from __future__ import annotations
@@ -154,9 +155,9 @@ def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
                        copy_bandwidth_gbs=copy_bandwidth_gbs(max(4 * l3, 1 << 28) if preset != "tiny" else 1 << 24),
                        l3_bytes=l3)
     gen = torch.Generator().manual_seed(seed)
-    pol = ops.policy()
     for dname in dtypes:
         dt = getattr(torch, DTYPES[dname])
+        pol = ops.policy(DTYPES[dname])
         for name, N, K, kind, gs in cfg.shapes:
             per = N * K * dt.itemsize * (2 if kind == "gated" else 1)
             copies = 1 if preset == "tiny" else max(2, math.ceil(2 * l3 / per))
@@ -164,6 +165,8 @@ def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
             ws = [torch.empty(N, K, dtype=dt).normal_(0, 0.02, generator=gen) for _ in range(copies)]
             us = [torch.empty(N, K, dtype=dt).normal_(0, 0.02, generator=gen) for _ in range(copies)] \
                 if kind == "gated" else ws
+            if kind == "k":  # the masked side reads the layout it is fastest with (ops.pack_k), same values
+                us = [ops.pack_k(w, gs) for w in ws]
             G = (K if kind == "k" else N) // gs
             for T in cfg.tokens:
                 x = torch.randn(T, K, generator=gen).to(dt)
@@ -186,14 +189,13 @@ def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
                             return ops.masked_gemm_n(x, w, mask, gs, path="masked")
                         if kind == "gated":
                             return ops.masked_gated_mlp(x, w, u, mask, gs, path="masked")
-                        return ops.masked_gemm_k(x, w, mask, gs, path="masked")
+                        return ops.masked_gemm_k(x, w, mask, gs, path="masked", packed=u)
 
                     union = float(mask.bool().any(0).float().mean())
                     d_ms = _median_ms(dense, max(cfg.reps, copies))
                     m_ms = _median_ms(masked, max(cfg.reps, copies)) if T <= cfg.masked_max_tokens else None
                     masked_bytes = int(per * union)
-                    auto = "masked" if (T <= pol["masked_max_m"][kind]
-                                        and (T == 1 or union < pol["dense_union_min"])) else "dense"
+                    auto = ops.choose(kind, T, DTYPES[dname], lambda union=union: union)
                     row = CpuRow(name, kind, dname, N, K, gs, T, s, union, d_ms, m_ms, auto, per, masked_bytes,
                                  dense_gbs=per / d_ms / 1e6,
                                  dense_pct_of_copy=100 * per / d_ms / 1e6 / report.copy_bandwidth_gbs)
@@ -211,23 +213,84 @@ def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
 
 
 def measured_policy(report: CpuReport) -> dict:
-    """The policy these rows support: per kind, the largest token count up to which the masked kernel at 50 %
-    sparsity is at least as fast as dense at every count (over every shape and dtype timed); dense above a
-    union of 0.95 unless the masked kernel at sparsity 0 keeps within 3 % of dense at one token."""
-    out = {"masked_max_m": {}, "dense_union_min": 0.95}
-    for kind in KINDS:
-        rows = [r for r in report.rows if r.kind == kind and r.sparsity == 0.5 and r.masked_ms is not None]
-        best = 0
-        for T in sorted({r.tokens for r in rows}):
-            if all(r.masked_ms <= r.dense_ms for r in rows if r.tokens == T):
+    """The policy these rows support, per dtype (wide_export/cpu/policy.json's layout): per kind, the largest
+    token count up to which the masked kernel at 50 % sparsity is at least as fast as dense at every count
+    (over every shape timed; one token always masked); dense where the union of the call's masks is 0.95 or
+    more, except from masked_full_union_min_m tokens on, where the masked kernel at sparsity 0 beat dense by
+    3 % at every count timed (per kind)."""
+    out = {}
+    for dname, dtype in DTYPES.items():
+        rows = [r for r in report.rows if r.dtype == dname and r.masked_ms is not None]
+        if not rows:
+            continue
+        entry = {"masked_max_m": {}, "dense_union_min": 0.95}
+        for kind in KINDS:
+            half = [r for r in rows if r.kind == kind and r.sparsity == 0.5]
+            best = 1
+            for T in sorted({r.tokens for r in half}):
+                if not all(r.masked_ms <= r.dense_ms for r in half if r.tokens == T):
+                    break
                 best = T
-            else:
-                break
-        out["masked_max_m"][kind] = max(best, 1)  # one token always masked: the byte floor is the point
-    zero = [r for r in report.rows if r.sparsity == 0.0 and r.tokens == 1 and r.masked_ms is not None]
-    if zero and all(r.masked_ms <= 1.03 * r.dense_ms for r in zero):
-        out["dense_union_min"] = 1.01  # never switch on density alone
+            entry["masked_max_m"][kind] = best
+        entry["masked_full_union_min_m"] = {}
+        for kind in KINDS:  # from which count on the masked kernel beats dense by 3 % even at sparsity 0
+            zero = sorted((r.tokens, r.masked_ms <= 0.97 * r.dense_ms) for r in rows
+                          if r.kind == kind and r.sparsity == 0.0 and r.tokens <= entry["masked_max_m"][kind])
+            wins = [T for i, (T, _) in enumerate(zero) if all(ok for _, ok in zero[i:])]
+            if wins:
+                entry["masked_full_union_min_m"][kind] = wins[0]
+        out[dtype] = entry
     return out
+
+
+def validate_entry(entry) -> list[str]:
+    """What is wrong with one CPU model's policy entry ({dtype: {"masked_max_m": {kind: int}, "dense_union_min": x}})."""
+    errs = []
+    if not isinstance(entry, dict) or not entry:
+        return ["an entry is a non-empty object of dtypes"]
+    for dtype, e in entry.items():
+        if dtype not in DTYPES.values():
+            errs.append(f"unknown dtype {dtype!r}")
+            continue
+        m = e.get("masked_max_m") if isinstance(e, dict) else None
+        if not isinstance(m, dict) or set(m) != set(KINDS) or not all(isinstance(v, int) and v >= 1 for v in m.values()):
+            errs.append(f"{dtype}: masked_max_m must give each of {list(KINDS)} a token count >= 1")
+        u = e.get("dense_union_min") if isinstance(e, dict) else None
+        if not isinstance(u, (int, float)) or not 0 < u <= 1.01:
+            errs.append(f"{dtype}: dense_union_min must be in (0, 1.01]")
+        f = e.get("masked_full_union_min_m", {}) if isinstance(e, dict) else None
+        if not isinstance(f, dict) or not set(f) <= set(KINDS) or not all(isinstance(v, int) and v >= 1
+                                                                          for v in f.values()):
+            errs.append(f"{dtype}: masked_full_union_min_m must give kinds of {list(KINDS)} a token count >= 1")
+    return errs
+
+
+def record_policy(src: Path, dest: Optional[Path] = None) -> list[str]:
+    """Merge a cpu-policy.json ({cpu model: entry}, written by `bench kernels --device cpu`) into
+    wide_export/cpu/policy.json; returns the CPU models written. A malformed record: one WideError, dest untouched."""
+    from wide_export.cpu.ops import POLICY_FILE
+
+    dest = dest or POLICY_FILE
+    hint = "record the cpu-policy.json that `wide-export bench kernels --device cpu` wrote"
+    try:
+        recorded = json.loads(Path(src).read_text())
+    except FileNotFoundError:
+        raise WideError(f"no CPU policy record at {src}", hint=hint) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WideError(f"{src} is not a JSON policy record ({str(e).splitlines()[0]})", hint=hint) from None
+    if not isinstance(recorded, dict) or not recorded:
+        raise WideError(f"{src} is not a CPU policy record (an object of CPU models)", hint=hint)
+    for model, entry in recorded.items():
+        errs = validate_entry(entry)
+        if model.startswith("_") or errs:
+            raise WideError(f"{src} is not a valid CPU policy record: {model}: {(errs or ['reserved name'])[0]}",
+                            hint=hint)
+    table = json.loads(dest.read_text())
+    table.update(recorded)
+    tmp = dest.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(table, indent=2) + "\n")
+    os.replace(tmp, dest)
+    return list(recorded)
 
 
 def write_json(report: CpuReport, path: Path) -> None:

@@ -150,6 +150,8 @@ def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dt
     gen = torch.Generator(device=device).manual_seed(seed)
     say(f"{n_layers} random {shape.name} layers")
     stack = st.random_stack(shape, n_layers, dt, device, gen)
+    if on_cpu:
+        st.pack_for_cpu(shape, stack)
     where = (f"cpu: {cpu_ops.cpu_model()}, {cpu_ops.isa()}, {torch.get_num_threads()} threads" if on_cpu
              else torch.cuda.get_device_name(0) if cuda else "cpu (Triton interpreter)")
     report = E2EReport(device=where, dtype=dtype, preset=preset, shape=asdict(shape), layers=n_layers,
@@ -189,13 +191,20 @@ def _check_first_layer(shape, layer, h, ops) -> dict:
     return {"mask_agreement": agree, "max_rel_error": err}
 
 
-def _algos(shape, M: int, algo: str, device) -> dict:
-    if algo == "cpu":  # wide_export/cpu/policy.json by token count (a nearly dense union also goes dense)
-        from wide_export.cpu.ops import policy
+def _cpu_paths(wide) -> dict:
+    """Which path each projection's calls took in one WIDE pass (wide_export.cpu.ops.PATHS): masked, dense or
+    mixed (layers apart); o and down share one counter (both K-pruned)."""
+    from wide_export.cpu.ops import PATHS
 
-        top = policy()["masked_max_m"]
-        return {p: "masked" if M <= top[k] else "dense" for p, k in
-                (("q", "n"), ("o", "k"), ("gate_up", "gated"), ("down", "k"))}
+    PATHS.clear()
+    with __import__("torch").no_grad():
+        wide()
+    seen = {k: {p for (kind, p), n in PATHS.items() if kind == k and n} for k in ("n", "gated", "k")}
+    name = {k: (next(iter(v)) if len(v) == 1 else "mixed") for k, v in seen.items()}
+    return {"q": name["n"], "o": name["k"], "gate_up": name["gated"], "down": name["k"]}
+
+
+def _algos(shape, M: int, algo: str, device) -> dict:
     from wide_export.kernels.launch import policy_of
     from wide_export.kernels.policy import choose
 
@@ -245,7 +254,8 @@ def _prefill(shape, stack, ops, T: int, s: float, cfg: E2EPreset, gen, report: E
     d_ms, w_ms, graphed, note = _time_pair(dense, wide, cfg, cuda)
     d_tps, w_tps = _rates((d_ms, w_ms), T, len(stack), shape.model_layers)
     return Case(s, "prefill", T, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed,
-                algos=_algos(shape, T, report.algo, x.device), note=note)
+                algos=_cpu_paths(wide) if report.algo == "cpu" else _algos(shape, T, report.algo, x.device),
+                note=note)
 
 
 def _decode(shape, stack, ops, B: int, s: float, cfg: E2EPreset, gen, model_layers: int, cuda: bool) -> Case:
@@ -276,7 +286,7 @@ def _decode(shape, stack, ops, B: int, s: float, cfg: E2EPreset, gen, model_laye
     d_ms, w_ms, graphed, note = _time_pair(dense, wide, cfg, cuda)
     d_tps, w_tps = _rates((d_ms, w_ms), B, len(stack), model_layers)
     return Case(s, "decode", B, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed,
-                algos=_algos(shape, B, ops.algo, device), note=note)
+                algos=_cpu_paths(wide) if ops.algo == "cpu" else _algos(shape, B, ops.algo, device), note=note)
 
 
 def _time_pair(dense, wide, cfg: E2EPreset, cuda: bool):
@@ -347,7 +357,8 @@ def table(report: E2EReport):
     graphs = "replayed as CUDA graphs" if all(c.cuda_graph for c in report.cases) else (
         "partly eager (see notes)" if any(c.cuda_graph for c in report.cases) else "timed eagerly")
     if report.algo == "cpu":
-        t.caption = "algos: q/o/gate_up/down (ma = masked CPU kernel, de = dense GEMM + mask); timed eagerly"
+        t.caption = ("algos: q/o/gate_up/down as they ran (ma = masked CPU kernel, de = dense GEMM + mask, mi = "
+                     "mixed); timed eagerly")
     else:
         t.caption = f"algos: q/o/gate_up/down (gemv, grouped, tile, dense); both sides {graphs}"
     return t

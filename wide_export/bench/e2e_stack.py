@@ -56,6 +56,8 @@ class Layer:
     wgu: Any                  # dense side: [wg; wu]
     router_attn: list = field(default_factory=list)   # [wc, bc, wr, br] float32
     router_ffn: list = field(default_factory=list)
+    wo_k: Any = None          # WIDE side on CPU: wo / wd packed per input group (wide_export.cpu.pack_k)
+    wd_k: Any = None
 
 
 def random_stack(shape: StackShape, layers: int, dtype, device, generator) -> list[Layer]:
@@ -157,6 +159,16 @@ def kernel_ops(algo: str = "auto") -> SimpleNamespace:
                            gemm_k=functools.partial(kernels.masked_gemm_k, algo=algo))
 
 
+def pack_for_cpu(shape: StackShape, layers: list[Layer]) -> None:
+    """Give the WIDE side's CPU kernels its K-pruned weights in wide_export.cpu's packed layout too (a second
+    copy of wo and wd: the masked kernel reads the packed one, a dense fallback (prefill) [N, K])."""
+    from wide_export import cpu
+
+    for L in layers:
+        L.wo_k = cpu.pack_k(L.wo, shape.attn_group_size)
+        L.wd_k = cpu.pack_k(L.wd, shape.ffn_group_size)
+
+
 def cpu_ops() -> SimpleNamespace:
     """The WIDE side's ops on CPU: `wide_export.cpu` (compiled kernels or dense + mask, by its policy)."""
     from wide_export import cpu
@@ -178,13 +190,20 @@ def _wide_attention(shape: StackShape, L: Layer, h, rotary, ops, cache=None):
     x = _rms(h, L.ln1)
     q = ops.gemm_n(x, L.wq, ma, shape.attn_group_size)
     o = _attention(shape, q, _linear(x, L.wkv), rotary, cache)
-    return h + ops.gemm_k(o, L.wo, ma, shape.attn_group_size), ma
+    return h + _gemm_k(ops, o, L.wo, L.wo_k, ma, shape.attn_group_size), ma
 
 
 def _wide_ffn(shape: StackShape, L: Layer, h, ops):
     mf = ops.router(h, *L.router_ffn)
     y = ops.gated(_rms(h, L.ln2), L.wg, L.wu, mf, shape.ffn_group_size)
-    return h + ops.gemm_k(y, L.wd, mf, shape.ffn_group_size), mf
+    return h + _gemm_k(ops, y, L.wd, L.wd_k, mf, shape.ffn_group_size), mf
+
+
+def _gemm_k(ops, x, w, packed, mask, group_size: int):
+    """The K-pruned projection; the CPU ops get the packed copy for their kernel (their dense path keeps w)."""
+    if packed is not None and getattr(ops, "algo", None) == "cpu":
+        return ops.gemm_k(x, w, mask, group_size, packed=packed)
+    return ops.gemm_k(x, w, mask, group_size)
 
 
 def _linear(x, w):

@@ -55,9 +55,10 @@ def isa() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def policy() -> dict:
+def policy(dtype: str = "float32") -> dict:
+    """{"masked_max_m": {kind: tokens}, "dense_union_min": fraction} for weights of `dtype` on this CPU model."""
     table = json.loads(POLICY_FILE.read_text())
-    return table.get(cpu_model(), table["default"])
+    return table.get(cpu_model(), table["default"])[dtype]
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,11 +82,20 @@ def _masked(kind: str, x2: torch.Tensor, w: torch.Tensor, mask2: torch.Tensor, f
         return force == "masked"
     if x2.device.type != "cpu" or x2.dtype not in _DTYPES or w.dtype != x2.dtype or not available():
         return False
-    p = policy()
-    M = x2.shape[0]
+    return choose(kind, x2.shape[0], str(x2.dtype)[6:], lambda: float(mask2.any(0).float().mean())) == "masked"
+
+
+def choose(kind: str, M: int, dtype: str, union) -> str:
+    """'masked' or 'dense' for a call of M tokens (union(): the fraction of groups some token executes, asked
+    only when it matters), by policy.json: masked up to masked_max_m tokens, unless the union reaches
+    dense_union_min below masked_full_union_min_m tokens (from there the masked kernel wins even at a full
+    union: the dense GEMM of a few tokens is slow, as float32's is in oneDNN)."""
+    p = policy(dtype)
     if M > p["masked_max_m"][kind]:
-        return False
-    return M == 1 or float(mask2.any(0).float().mean()) < p["dense_union_min"]
+        return "dense"
+    if M >= p.get("masked_full_union_min_m", {}).get(kind, M + 1):
+        return "masked"
+    return "masked" if union() < p["dense_union_min"] else "dense"
 
 
 def _flat(x: torch.Tensor, mask: torch.Tensor):
@@ -124,17 +134,43 @@ def masked_gated_mlp(x, w_gate, w_up, mask, group_size: int, out=None, path: str
     return y.reshape(*x.shape[:-1], w_gate.shape[0])
 
 
-def masked_gemm_k(x, w, mask, group_size: int, bias=None, out=None, path: str | None = None):
-    """x W^T + b over the input groups each token executes (skipped input columns ignored)."""
+PACK_KB = 16  # output channels per packed block (wide_cpu.cpp: KB)
+
+
+def pack_k(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """A K-pruned weight [N, K] in the layout the CPU kernel streams: [G, N / 16, group_size, 16], channel
+    n = 16 c + j of input k of group g at [g, c, k, j]. A decode step then reads each executed group's weights
+    as one contiguous run per thread; in [N, K] a skipped group is a gap in every row, which the CPU's
+    prefetchers read much of anyway. masked_gemm_k takes either layout (same results). N a multiple of 16
+    (every model's hidden size is)."""
+    N, K = w.shape
+    if K % group_size or N % PACK_KB:
+        raise ValueError(f"pack_k needs K = {K} a multiple of the group size {group_size} and N = {N} one of "
+                         f"{PACK_KB}")
+    return w.view(N // PACK_KB, PACK_KB, K // group_size, group_size).permute(2, 0, 3, 1).contiguous()
+
+
+def unpack_k(wp: torch.Tensor) -> torch.Tensor:
+    """The [N, K] weight of a pack_k one (a copy)."""
+    G, C, gs, kb = wp.shape
+    return wp.permute(1, 3, 0, 2).reshape(C * kb, G * gs)
+
+
+def masked_gemm_k(x, w, mask, group_size: int, bias=None, out=None, path: str | None = None, packed=None):
+    """x W^T + b over the input groups each token executes (skipped input columns ignored). w [N, K]; `packed`
+    (pack_k of w), when the caller keeps it, is what the masked kernel reads. w may be packed itself: the dense
+    path then unpacks it per call (a copy of the weight; keep both layouts where prefill speed matters)."""
     x2, m2 = _flat(x, mask)
-    if _masked("k", x2, w, m2, path):
+    N = w.shape[0] if w.dim() == 2 else w.shape[1] * PACK_KB
+    kernel_w = packed if packed is not None else w
+    if _masked("k", x2, kernel_w, m2, path):
         PATHS["k", "masked"] += 1
-        y = out if out is not None else x2.new_empty(x2.shape[0], w.shape[0])
-        torch.ops.wide_cpu.gemm_k(x2, w.contiguous(), m2, group_size, bias, y)
+        y = out if out is not None else x2.new_empty(x2.shape[0], N)
+        torch.ops.wide_cpu.gemm_k(x2, kernel_w.contiguous(), m2, group_size, bias, y)
     else:
         PATHS["k", "dense"] += 1
-        y = F.linear(x2 * _expand(m2, group_size, x2.dtype), w, bias)
-    return y.reshape(*x.shape[:-1], w.shape[0])
+        y = F.linear(x2 * _expand(m2, group_size, x2.dtype), w if w.dim() == 2 else unpack_k(w), bias)
+    return y.reshape(*x.shape[:-1], N)
 
 
 def router(hidden, wc, bc, wr, br):

@@ -3,6 +3,7 @@
 //   wide_cpu::gemm_n(x, w, mask, group_size, bias?, out!)    out = (x W^T + b), skipped output groups 0
 //   wide_cpu::gated(x, w_gate, w_up, mask, group_size, out!)  out = silu(x Wg^T) * (x Wu^T), skipped groups 0
 //   wide_cpu::gemm_k(x, w, mask, group_size, bias?, out!)    out = x W^T + b over the executed input groups
+//                                                            (w [N, K], or packed by pack_k: [G, N/16, gs, 16])
 //   wide_cpu::isa() -> str                                   the instruction set the kernels run with
 //   wide_cpu::set_isa(name) -> str                           use a lower one (tests run every path)
 //
@@ -337,10 +338,169 @@ void gemm_k_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* 
   });
 }
 
+// K-pruned over the packed layout of pack_k: w is [G, C, group_size, KB] with C = N / KB, channel
+// n = c * KB + j of group g's input k at [g][c][k][j]. A thread owns a range of chunks c and walks
+// the executed groups one after the other: group g's part for its range is one contiguous stream, multiplied
+// by broadcast activations into KB-wide vector sums (no horizontal reductions), kept per thread between groups.
+constexpr int KB = 16;
+constexpr int PREFETCH_K = 64;  // rows of a block read ahead (4 KB of float32): the next block's start too
+
+template <typename T>
+inline void axpy_block_scalar(const T* blk, int64_t gs, const T* const* xg, int nm, float (*acc)[KB]) {
+  for (int64_t k = 0; k < gs; ++k)
+    for (int m = 0; m < nm; ++m) {
+      const float xv = load1(xg[m] + k);
+      for (int j = 0; j < KB; ++j) acc[m][j] += load1(blk + k * KB + j) * xv;
+    }
+}
+
+template <typename T>
+WIDE_AVX512 void axpy_block_avx512(const T* blk, int64_t gs, const T* const* xg, int nm, float (*acc)[KB]) {
+  __m512 a[MR], b[MR];  // two partial sums a row (even / odd k): FMA latency, not bandwidth, bounds one chain
+  for (int m = 0; m < nm; ++m) a[m] = _mm512_loadu_ps(acc[m]), b[m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 2 <= gs; k += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(blk + (k + PREFETCH_K) * KB), _MM_HINT_T0);
+    const __m512 w0 = load16(blk + k * KB, 0xFFFF), w1 = load16(blk + (k + 1) * KB, 0xFFFF);
+    for (int m = 0; m < nm; ++m) {
+      a[m] = _mm512_fmadd_ps(w0, _mm512_set1_ps(load1(xg[m] + k)), a[m]);
+      b[m] = _mm512_fmadd_ps(w1, _mm512_set1_ps(load1(xg[m] + k + 1)), b[m]);
+    }
+  }
+  for (; k < gs; ++k) {
+    const __m512 w0 = load16(blk + k * KB, 0xFFFF);
+    for (int m = 0; m < nm; ++m) a[m] = _mm512_fmadd_ps(w0, _mm512_set1_ps(load1(xg[m] + k)), a[m]);
+  }
+  for (int m = 0; m < nm; ++m) _mm512_storeu_ps(acc[m], _mm512_add_ps(a[m], b[m]));
+}
+
+// One token, four blocks at once (four streams a thread: one stream leaves most of a core's bandwidth unused)
+template <typename T>
+WIDE_AVX512 void axpy4_avx512(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
+  __m512 a[4];
+  for (int i = 0; i < 4; ++i) a[i] = _mm512_loadu_ps(acc[i]);
+  for (int64_t k = 0; k < gs; ++k) {
+    const __m512 xv = _mm512_set1_ps(load1(xg + k));
+    for (int i = 0; i < 4; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk[i] + (k + PREFETCH_K) * KB), _MM_HINT_T0);
+      a[i] = _mm512_fmadd_ps(load16(blk[i] + k * KB, 0xFFFF), xv, a[i]);
+    }
+  }
+  for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc[i], a[i]);
+}
+
+template <typename T>
+__attribute__((target("avx2,fma"))) void axpy4_avx2(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
+  __m256 lo[4], hi[4];
+  for (int i = 0; i < 4; ++i) lo[i] = _mm256_loadu_ps(acc[i]), hi[i] = _mm256_loadu_ps(acc[i] + 8);
+  for (int64_t k = 0; k < gs; ++k) {
+    const __m256 xv = _mm256_set1_ps(load1(xg + k));
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = _mm256_fmadd_ps(load8(blk[i] + k * KB), xv, lo[i]);
+      hi[i] = _mm256_fmadd_ps(load8(blk[i] + k * KB + 8), xv, hi[i]);
+    }
+  }
+  for (int i = 0; i < 4; ++i) _mm256_storeu_ps(acc[i], lo[i]), _mm256_storeu_ps(acc[i] + 8, hi[i]);
+}
+
+template <typename T>
+void axpy4(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
+  const int isa = g_isa.load(std::memory_order_relaxed);
+  if (isa >= kAvx512) return axpy4_avx512(blk, gs, xg, acc);
+  if (isa == kAvx2) return axpy4_avx2(blk, gs, xg, acc);
+  for (int i = 0; i < 4; ++i) {
+    const T* one[1] = {xg};
+    axpy_block_scalar(blk[i], gs, one, 1, &acc[i]);
+  }
+}
+
+template <typename T>
+__attribute__((target("avx2,fma"))) void axpy_block_avx2(const T* blk, int64_t gs, const T* const* xg, int nm,
+                                                         float (*acc)[KB]) {
+  __m256 lo[MR], hi[MR];
+  for (int m = 0; m < nm; ++m) lo[m] = _mm256_loadu_ps(acc[m]), hi[m] = _mm256_loadu_ps(acc[m] + 8);
+  for (int64_t k = 0; k < gs; ++k) {
+    const __m256 w0 = load8(blk + k * KB), w1 = load8(blk + k * KB + 8);
+    for (int m = 0; m < nm; ++m) {
+      const __m256 xv = _mm256_set1_ps(load1(xg[m] + k));
+      lo[m] = _mm256_fmadd_ps(w0, xv, lo[m]);
+      hi[m] = _mm256_fmadd_ps(w1, xv, hi[m]);
+    }
+  }
+  for (int m = 0; m < nm; ++m) _mm256_storeu_ps(acc[m], lo[m]), _mm256_storeu_ps(acc[m] + 8, hi[m]);
+}
+
+template <typename T>
+void axpy_block(const T* blk, int64_t gs, const T* const* xg, int nm, float (*acc)[KB]) {
+  const int isa = g_isa.load(std::memory_order_relaxed);
+  if (isa >= kAvx512) return axpy_block_avx512(blk, gs, xg, nm, acc);
+  if (isa == kAvx2) return axpy_block_avx2(blk, gs, xg, nm, acc);
+  axpy_block_scalar(blk, gs, xg, nm, acc);
+}
+
+template <typename T>
+void gemm_k_packed_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* out, const Geometry& d) {
+  thread_local Plan tl_plan;  // the calling thread's (see gemm_n_impl)
+  Plan& plan = tl_plan;
+  plan_groups(mask, d.M, d.G, plan);
+  const int64_t C = (d.N + KB - 1) / KB;
+  at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
+    thread_local std::vector<float> buf;  // [chunk][row][KB] sums of this thread's range, grown once
+    const int64_t need = (ce - cb) * d.M * KB;
+    if (static_cast<int64_t>(buf.size()) < need) buf.resize(need);
+    std::fill(buf.begin(), buf.begin() + need, 0.f);
+    for (size_t gi = 0; gi < plan.group.size(); ++gi) {
+      const int64_t g = plan.group[gi];
+      const int32_t* rows = plan.rows.data() + plan.start[gi];
+      const int64_t nrows = plan.start[gi + 1] - plan.start[gi];
+      int64_t c_done = cb;  // one token: four quarters of the range at once, as four streams
+      if (nrows == 1 && ce - cb >= 4) {
+        const int64_t q = (ce - cb) / 4;
+        const T* xg = x + rows[0] * d.K + g * d.gs;
+        for (int64_t i = 0; i < q; ++i) {
+          const T* blk[4];
+          float acc[4][KB];
+          for (int j = 0; j < 4; ++j) {
+            const int64_t c = cb + j * q + i;
+            blk[j] = w + ((g * C + c) * d.gs) * KB;
+            std::memcpy(acc[j], &buf[((c - cb) * d.M + rows[0]) * KB], sizeof acc[j]);
+          }
+          axpy4(blk, d.gs, xg, acc);
+          for (int j = 0; j < 4; ++j)
+            std::memcpy(&buf[((cb + j * q + i - cb) * d.M + rows[0]) * KB], acc[j], sizeof acc[j]);
+        }
+        c_done = cb + 4 * q;
+      }
+      for (int64_t c = c_done; c < ce; ++c) {
+        const T* blk = w + ((g * C + c) * d.gs) * KB;
+        for (int64_t i = 0; i < nrows; i += MR) {
+          const int nm = static_cast<int>(std::min<int64_t>(MR, nrows - i));
+          const T* xg[MR];
+          float acc[MR][KB];
+          for (int m = 0; m < nm; ++m) {
+            xg[m] = x + rows[i + m] * d.K + g * d.gs;
+            std::memcpy(acc[m], &buf[((c - cb) * d.M + rows[i + m]) * KB], sizeof acc[m]);
+          }
+          axpy_block(blk, d.gs, xg, nm, acc);
+          for (int m = 0; m < nm; ++m)
+            std::memcpy(&buf[((c - cb) * d.M + rows[i + m]) * KB], acc[m], sizeof acc[m]);
+        }
+      }
+    }
+    for (int64_t m = 0; m < d.M; ++m)
+      for (int64_t c = cb; c < ce; ++c)
+        for (int j = 0; j < KB; ++j) {
+          const int64_t n = c * KB + j;
+          put(out + m * d.N + n, buf[((c - cb) * d.M + m) * KB + j] + (bias ? load1(bias + n) : 0.f));
+        }
+  });
+}
+
 // ---------------------------------------------------------------------------------------------------------
-Geometry check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, int64_t group_size,
-               const at::Tensor& out, bool k_pruned, const char* op) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && mask.dim() == 2 && out.dim() == 2, op, ": x, w, mask, out must be 2-D");
+// wN x wK: the weight's [N, K] (a packed w's too: its layout is checked by gemm_k)
+Geometry check(const at::Tensor& x, const at::Tensor& w, int64_t wN, int64_t wK, const at::Tensor& mask,
+               int64_t group_size, const at::Tensor& out, bool k_pruned, const char* op) {
+  TORCH_CHECK(x.dim() == 2 && mask.dim() == 2 && out.dim() == 2, op, ": x, mask, out must be 2-D");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && mask.is_contiguous() && out.is_contiguous(), op,
               ": tensors must be contiguous");
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), op, ": CPU tensors only");
@@ -348,12 +508,18 @@ Geometry check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask,
               ": x, w and out must share a dtype");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op, ": float32 or bfloat16 only");
   TORCH_CHECK(mask.scalar_type() == at::kInt, op, ": mask must be int32");
-  Geometry d{x.size(0), w.size(0), x.size(1), mask.size(1), group_size};
-  TORCH_CHECK(w.size(1) == d.K, op, ": w is [N, K] with K = x.size(1)");
+  Geometry d{x.size(0), wN, x.size(1), mask.size(1), group_size};
+  TORCH_CHECK(wK == d.K, op, ": w is [N, K] with K = x.size(1)");
   TORCH_CHECK(mask.size(0) == d.M && group_size > 0 && d.G * group_size == (k_pruned ? d.K : d.N), op,
               ": mask must be [M, G] with G * group_size = ", k_pruned ? "K" : "N");
   TORCH_CHECK(out.size(0) == d.M && out.size(1) == d.N, op, ": out must be [M, N]");
   return d;
+}
+
+Geometry check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, int64_t group_size,
+               const at::Tensor& out, bool k_pruned, const char* op) {
+  TORCH_CHECK(w.dim() == 2, op, ": w must be 2-D");
+  return check(x, w, w.size(0), w.size(1), mask, group_size, out, k_pruned, op);
 }
 
 template <typename F>
@@ -391,13 +557,23 @@ void gated(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up
 
 void gemm_k(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, int64_t group_size,
             const std::optional<at::Tensor>& bias, at::Tensor& out) {
-  Geometry d = check(x, w, mask, group_size, out, true, "wide_cpu::gemm_k");
+  const bool packed = w.dim() == 4;  // [G, N / KB, group_size, KB] from pack_k
+  TORCH_CHECK(!packed || (w.size(0) == mask.size(-1) && w.size(2) == group_size && w.size(3) == KB),
+              "wide_cpu::gemm_k: a packed w is [G, N / ", KB, ", group_size, ", KB, "] (pack_k)");
+  TORCH_CHECK(packed || w.dim() == 2, "wide_cpu::gemm_k: w must be [N, K] or packed");
+  Geometry d = packed ? check(x, w, w.size(1) * KB, w.size(0) * w.size(2), mask, group_size, out, true,
+                              "wide_cpu::gemm_k")
+                      : check(x, w, mask, group_size, out, true, "wide_cpu::gemm_k");
   TORCH_CHECK(!bias || (bias->numel() == d.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous()),
               "wide_cpu::gemm_k: bias must be [N] of x's dtype");
+  TORCH_CHECK(!packed || (w.is_contiguous() && w.scalar_type() == x.scalar_type()), "wide_cpu::gemm_k: bad packed w");
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    gemm_k_impl<T>(ptr<T>(x), ptr<T>(w), mask.data_ptr<int32_t>(), bias ? ptr<T>(*bias) : nullptr,
-                   static_cast<T*>(out.data_ptr()), d);
+    const T* b = bias ? ptr<T>(*bias) : nullptr;
+    if (packed)
+      gemm_k_packed_impl<T>(ptr<T>(x), ptr<T>(w), mask.data_ptr<int32_t>(), b, static_cast<T*>(out.data_ptr()), d);
+    else
+      gemm_k_impl<T>(ptr<T>(x), ptr<T>(w), mask.data_ptr<int32_t>(), b, static_cast<T*>(out.data_ptr()), d);
   });
 }
 
