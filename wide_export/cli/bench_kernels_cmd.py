@@ -45,6 +45,12 @@ def bench_kernels(
     from rich.console import Console
 
     console = Console(highlight=False)
+    if record is not None and device == "cpu":
+        from wide_export.bench.cpu_kernels import record_policy as record_cpu
+        from wide_export.cpu.ops import POLICY_FILE as CPU_POLICY
+
+        console.print(f"recorded the measured CPU policy of {', '.join(record_cpu(record))} into {CPU_POLICY}")
+        return
     if record is not None:
         from wide_export.bench.kernels import record_policy
         from wide_export.kernels.policy import POLICY_FILE
@@ -100,6 +106,9 @@ def _bench_cpu(console, preset: str, dtype: Optional[str], output: Path, seed: i
     from wide_export.bench import cpu_kernels as ck
     from wide_export.progress import Steps
 
+    from rich.console import Console
+
+    console = Console(highlight=False, width=max(Console().width, 170))  # the table has 13 columns
     json_path, png_path = output / "cpu-kernels.json", output / "cpu-kernels.png"
     with Steps("bench kernels --device cpu") as steps:
         report = ck.run_cpu_bench(preset=preset, dtypes=(dtype,) if dtype else ("fp32", "bf16"), seed=seed,
@@ -110,7 +119,8 @@ def _bench_cpu(console, preset: str, dtype: Optional[str], output: Path, seed: i
     policy_path = output / "cpu-policy.json"
     policy_path.write_text(json.dumps({report.cpu: report.measured_policy}, indent=2) + "\n")
     console.print(f"measured policy for {report.cpu}: {json.dumps(report.measured_policy)} ({policy_path}; "
-                  f"wide_export/cpu/policy.json keeps one entry per CPU model)", soft_wrap=True)
+                  f"wide-export bench kernels --device cpu --record {policy_path} makes it this CPU model's "
+                  f"entry in wide_export/cpu/policy.json)", soft_wrap=True)
     console.print(f"results: {json_path}" + (f", plot: {png_path}" if plotted else " (no plot: install matplotlib)"))
 
 
