@@ -88,3 +88,30 @@ print(dict(ops.PATHS))
                          check=False)
     assert res.returncode == 2 and res.stderr.startswith("error: the CPU kernels could not be built"), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_record_merges_a_measured_cpu_policy_and_refuses_a_malformed_one(tmp_path):
+    import shutil
+
+    from wide_export.bench.cpu_kernels import record_policy
+    from wide_export.cpu.ops import POLICY_FILE
+    from wide_export.errors import WideError
+
+    dest = tmp_path / "policy.json"
+    shutil.copy(POLICY_FILE, dest)
+    entry = {"float32": {"masked_max_m": {"n": 8, "gated": 8, "k": 4}, "dense_union_min": 0.9,
+                         "masked_full_union_min_m": {"n": 4}}}
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"Some CPU": entry}))
+    assert record_policy(good, dest) == ["Some CPU"]
+    table = json.loads(dest.read_text())
+    assert table["Some CPU"] == entry and "default" in table
+    before = dest.read_text()
+    for bad in ({"Some CPU": {"float32": {"masked_max_m": {"n": 0, "gated": 8, "k": 4}, "dense_union_min": 0.9}}},
+                {"Some CPU": {"float16": entry["float32"]}}, {"_doc": entry}, [], "x"):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(WideError, match="not a"):
+            record_policy(tmp_path / "bad.json", dest)
+    with pytest.raises(WideError, match="no policy record"):
+        record_policy(tmp_path / "missing.json", dest)
+    assert dest.read_text() == before  # refused records leave the table as it was

@@ -1,4 +1,4 @@
-"""What the GPU benchmarks share: the device and dtype checks, and the timer."""
+"""What the benchmarks share: the device and dtype checks, the timer, reading a policy record, pyplot."""
 
 from __future__ import annotations
 
@@ -55,3 +55,29 @@ def time_ms(fn: Callable[[int], object], reps: int, warmup: int, cuda: bool) -> 
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def read_record(src, hint: str):
+    """The JSON of a measured-policy record a benchmark wrote (`bench kernels --record FILE`); one WideError
+    line when it is missing or not JSON."""
+    import json
+    from pathlib import Path
+
+    try:
+        return json.loads(Path(src).read_text())
+    except FileNotFoundError:
+        raise WideError(f"no policy record at {src}", hint=hint) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WideError(f"{src} is not a JSON policy record ({str(e).splitlines()[0]})", hint=hint) from None
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only), or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt

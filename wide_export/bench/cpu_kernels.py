@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from wide_export.bench.common import pyplot, read_record
 from wide_export.errors import WideError
 
 KINDS = ("n", "gated", "k")
@@ -272,12 +273,7 @@ def record_policy(src: Path, dest: Optional[Path] = None) -> list[str]:
 
     dest = dest or POLICY_FILE
     hint = "record the cpu-policy.json that `wide-export bench kernels --device cpu` wrote"
-    try:
-        recorded = json.loads(Path(src).read_text())
-    except FileNotFoundError:
-        raise WideError(f"no CPU policy record at {src}", hint=hint) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WideError(f"{src} is not a JSON policy record ({str(e).splitlines()[0]})", hint=hint) from None
+    recorded = read_record(src, hint)
     if not isinstance(recorded, dict) or not recorded:
         raise WideError(f"{src} is not a CPU policy record (an object of CPU models)", hint=hint)
     for model, entry in recorded.items():
@@ -319,12 +315,8 @@ def table(report: CpuReport):
 
 def write_plot(report: CpuReport, path: Path) -> bool:
     """Speed-up over dense vs tokens, one panel per shape, one line per dtype x sparsity."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     shapes = list(dict.fromkeys(r.shape for r in report.rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.6), squeeze=False)

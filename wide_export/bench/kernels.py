@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.bench.common import cuda_or_tiny, time_ms, torch_dtype
+from wide_export.bench.common import cuda_or_tiny, read_record, time_ms, torch_dtype
 from wide_export.errors import WideError
 
 # Projection shapes (model, name, N, K, kernel): Llama-3.1-8B and Qwen3-8B (recipes/).
@@ -479,12 +479,7 @@ def record_policy(src: Path, dest: Optional[Path] = None) -> str:
 
     dest = dest or pol.POLICY_FILE
     hint = "record the policy-<arch>.json that `wide-export bench kernels` wrote on a GPU"
-    try:
-        recorded = json.loads(Path(src).read_text())
-    except FileNotFoundError:
-        raise WideError(f"no policy record at {src}", hint=hint) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WideError(f"{src} is not a JSON policy record ({str(e).splitlines()[0]})", hint=hint) from None
+    recorded = read_record(src, hint)
     table = json.loads(dest.read_text())
     merged, errs = pol.merge_recorded(recorded, table)
     if errs:
