@@ -50,13 +50,15 @@ def available() -> bool:
 
 
 def isa() -> str:
-    """The instruction set the kernels use on this CPU ('avx2+fma f16c', 'scalar', ...; '' if not built)."""
+    """The instruction set the kernels use ('avx512bf16', 'avx512', 'avx2', 'scalar'; a lower one than the CPU's
+    best is followed by '(of BEST)'; '' when the library could not be built)."""
     return _load()
 
 
 @functools.lru_cache(maxsize=None)
 def policy(dtype: str = "float32") -> dict:
-    """{"masked_max_m": {kind: tokens}, "dense_union_min": fraction} for weights of `dtype` on this CPU model."""
+    """This CPU model's entry for weights of `dtype` (policy.json: masked_max_m, dense_union_min and
+    masked_full_union_min_m; the `default` entry for a CPU model without one)."""
     table = json.loads(POLICY_FILE.read_text())
     return table.get(cpu_model(), table["default"])[dtype]
 

@@ -16,7 +16,6 @@
 // AVX-512 (16 lanes, bf16 widened on load), AVX2 + FMA (8 lanes), else portable scalar code.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
