@@ -153,6 +153,12 @@ def test_leading_dims_and_the_dense_path_agree():
     b = cpu.masked_gemm_n(x, w, mask, 32, path="dense")
     assert a.shape == (2, 3, 96)
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    x_before, wk = x.clone(), torch.randn(40, 64, generator=gen)
+    mk = _mask(6, 2, 0.5, gen).reshape(2, 3, 2)
+    for path in ("dense", "masked"):  # the K-pruned paths zero skipped inputs in a copy, never in x
+        got = cpu.masked_gemm_k(x, wk, mk, 32, path=path)
+        torch.testing.assert_close(got, ref.masked_gemm_k(x, wk, mk, 32), rtol=1e-4, atol=1e-4)
+        assert torch.equal(x, x_before)
 
 
 def test_bad_shapes_are_refused_not_read_out_of_bounds():

@@ -110,6 +110,13 @@ def _expand(mask2: torch.Tensor, group_size: int, dtype) -> torch.Tensor:
     return mask2.to(dtype).repeat_interleave(group_size, dim=-1)
 
 
+def _zero_skipped_(y: torch.Tensor, mask2: torch.Tensor) -> torch.Tensor:
+    """y [M, G * gs] with the channels of skipped groups set to 0, in place (no [M, N] mask is built)."""
+    M, G = mask2.shape
+    y.view(M, G, -1).mul_(mask2.to(y.dtype).unsqueeze(-1))
+    return y
+
+
 def masked_gemm_n(x, w, mask, group_size: int, bias=None, out=None, path: str | None = None):
     """(x W^T + b) with the outputs of skipped groups exactly 0; x [.., K], w [N, K], mask [.., N/group_size]."""
     x2, m2 = _flat(x, mask)
@@ -119,7 +126,7 @@ def masked_gemm_n(x, w, mask, group_size: int, bias=None, out=None, path: str | 
         torch.ops.wide_cpu.gemm_n(x2, w.contiguous(), m2, group_size, bias, y)
     else:
         PATHS["n", "dense"] += 1
-        y = F.linear(x2, w, bias) * _expand(m2, group_size, x2.dtype)
+        y = _zero_skipped_(F.linear(x2, w, bias), m2)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
@@ -132,7 +139,8 @@ def masked_gated_mlp(x, w_gate, w_up, mask, group_size: int, out=None, path: str
         torch.ops.wide_cpu.gated(x2, w_gate.contiguous(), w_up.contiguous(), m2, group_size, y)
     else:
         PATHS["gated", "dense"] += 1
-        y = F.silu(F.linear(x2, w_gate)) * F.linear(x2, w_up) * _expand(m2, group_size, x2.dtype)
+        y = F.silu(F.linear(x2, w_gate), inplace=True).mul_(F.linear(x2, w_up))
+        _zero_skipped_(y, m2)
     return y.reshape(*x.shape[:-1], w_gate.shape[0])
 
 
@@ -171,7 +179,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, out=None, path: str | 
         torch.ops.wide_cpu.gemm_k(x2, kernel_w.contiguous(), m2, group_size, bias, y)
     else:
         PATHS["k", "dense"] += 1
-        y = F.linear(x2 * _expand(m2, group_size, x2.dtype), w if w.dim() == 2 else unpack_k(w), bias)
+        y = F.linear(_zero_skipped_(x2.clone(), m2), w if w.dim() == 2 else unpack_k(w), bias)
     return y.reshape(*x.shape[:-1], N)
 
 
