@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.bench.common import pyplot, read_record
+from wide_export.bench.common import CPU_DTYPES, pyplot, read_record
 from wide_export.errors import WideError
 
 KINDS = ("n", "gated", "k")
@@ -43,7 +43,7 @@ PRESETS = {
     "tiny": CpuPreset((("q", 256, 192, "n", 32), ("gate_up", 384, 192, "gated", 32), ("down", 192, 384, "k", 32)),
                       tokens=(1, 4), sparsities=(0.0, 0.5), reps=2, masked_max_tokens=4),
 }
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+DTYPES = CPU_DTYPES
 
 
 @dataclass
@@ -140,14 +140,7 @@ def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
     for d in dtypes:
         if d not in DTYPES:
             raise WideError(f"unknown dtype {d!r} for the CPU kernels", hint="fp32 or bf16")
-    from wide_export.cpu.build import find_compiler
-
-    try:
-        find_compiler()  # before ops.available(), which would warn and go on dense
-    except WideError as err:
-        raise WideError(f"the CPU kernels could not be built ({err.message}), so there is nothing to compare",
-                        hint="install g++ (or set CXX) and run it again") from None
-    ops.available()
+    ops.require(", so there is nothing to compare")
     cfg = PRESETS[preset]
     say = progress or (lambda _m: None)
     l3 = l3_bytes()

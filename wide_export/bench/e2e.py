@@ -20,10 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.bench.common import cuda_or_tiny, time_ms, torch_dtype
+from wide_export.bench.common import CPU_DTYPES, cuda_or_tiny, time_ms, torch_dtype
 from wide_export.errors import WideError
 
-CPU_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # what wide_export.cpu's kernels take
 PAPER = {"prefill": 1.68, "decode": 1.55}  # WIDE paper, end to end at 50 % sparsity (RTX 5090)
 
 
@@ -91,7 +90,7 @@ def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16
     kernels imported (Triton included), no tensor made: `bench e2e --dry-run` (scripts/gpu-check.sh's CI dry
     run: the benchmark starts on the device's Python before a GPU is spent on it)."""
     from wide_export.bench import e2e_stack as st
-    from wide_export.kernels import launch, sources  # noqa: F401 - what the WIDE side launches
+    from wide_export.kernels.policy import ALGOS
 
     if preset not in PRESETS:
         raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
@@ -106,9 +105,11 @@ def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16
         raise WideError(f"sparsities must lie in [0, 1), got {list(sparsities)}", hint="e.g. --sparsity 0.5")
     if layers is not None and layers < 1:
         raise WideError(f"--layers {layers} must be at least 1", hint="e.g. --layers 4")
-    if algo not in launch.ALGOS:
-        raise WideError(f"unknown algorithm {algo!r}", hint=f"one of {list(launch.ALGOS)}")
-    if device != "cpu":
+    if algo not in ALGOS:
+        raise WideError(f"unknown algorithm {algo!r}", hint=f"one of {list(ALGOS)}")
+    if device != "cpu":  # what the WIDE side launches on a GPU (Triton, our kernels); --device cpu needs neither
+        from wide_export.kernels import launch, sources  # noqa: F401
+
         st.kernel_ops(algo)
     cfg = PRESETS[preset]
     return [line for s in sparsities
@@ -130,14 +131,8 @@ def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dt
     plan_e2e_bench(preset, sparsities, dtype, layers, algo, device)
     if on_cpu:
         from wide_export.cpu import ops as cpu_ops
-        from wide_export.cpu.build import find_compiler
 
-        try:
-            find_compiler()  # before cpu_ops.available(), which would warn and go on dense
-        except WideError as err:
-            raise WideError(f"the CPU kernels could not be built ({err.message}): the WIDE side would be dense",
-                            hint="install g++ (or set CXX) and run it again") from None
-        cpu_ops.available()
+        cpu_ops.require(": the WIDE side would be dense")
         cuda, dt = False, getattr(torch, CPU_DTYPES[dtype])
     else:
         cuda = cuda_or_tiny(f"bench e2e --preset {preset}", preset)
@@ -191,17 +186,17 @@ def _check_first_layer(shape, layer, h, ops) -> dict:
     return {"mask_agreement": agree, "max_rel_error": err}
 
 
-def _cpu_paths(wide) -> dict:
-    """Which path each projection's calls took in one WIDE pass (wide_export.cpu.ops.PATHS): masked, dense or
-    mixed (layers apart); o and down share one counter (both K-pruned)."""
+def _timed_with_paths(timed):
+    """(timed(), paths): which path each projection's calls took in the WIDE passes timed() ran
+    (wide_export.cpu.ops.PATHS): masked, dense or mixed (layers apart); o and down share one counter (both
+    K-pruned)."""
     from wide_export.cpu.ops import PATHS
 
     PATHS.clear()
-    with __import__("torch").no_grad():
-        wide()
+    result = timed()
     seen = {k: {p for (kind, p), n in PATHS.items() if kind == k and n} for k in ("n", "gated", "k")}
     name = {k: (next(iter(v)) if len(v) == 1 else "mixed") for k, v in seen.items()}
-    return {"q": name["n"], "o": name["k"], "gate_up": name["gated"], "down": name["k"]}
+    return result, {"q": name["n"], "o": name["k"], "gate_up": name["gated"], "down": name["k"]}
 
 
 def _algos(shape, M: int, algo: str, device) -> dict:
@@ -251,11 +246,13 @@ def _prefill(shape, stack, ops, T: int, s: float, cfg: E2EPreset, gen, report: E
             wide(masks)
             report.realized[str(s)] = {kind: 1.0 - torch.cat([m[j].flatten() for m in masks]).float().mean().item()
                                        for j, kind in enumerate(("attention", "ffn"))}
-    d_ms, w_ms, graphed, note = _time_pair(dense, wide, cfg, cuda)
+    if report.algo == "cpu":
+        (d_ms, w_ms, graphed, note), algos = _timed_with_paths(lambda: _time_pair(dense, wide, cfg, cuda))
+    else:
+        (d_ms, w_ms, graphed, note), algos = _time_pair(dense, wide, cfg, cuda), _algos(shape, T, report.algo,
+                                                                                       x.device)
     d_tps, w_tps = _rates((d_ms, w_ms), T, len(stack), shape.model_layers)
-    return Case(s, "prefill", T, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed,
-                algos=_cpu_paths(wide) if report.algo == "cpu" else _algos(shape, T, report.algo, x.device),
-                note=note)
+    return Case(s, "prefill", T, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed, algos=algos, note=note)
 
 
 def _decode(shape, stack, ops, B: int, s: float, cfg: E2EPreset, gen, model_layers: int, cuda: bool) -> Case:
@@ -283,10 +280,12 @@ def _decode(shape, stack, ops, B: int, s: float, cfg: E2EPreset, gen, model_laye
             h = st.wide_layer(shape, L, h, rotary, ops, c)
         return h
 
-    d_ms, w_ms, graphed, note = _time_pair(dense, wide, cfg, cuda)
+    if ops.algo == "cpu":
+        (d_ms, w_ms, graphed, note), algos = _timed_with_paths(lambda: _time_pair(dense, wide, cfg, cuda))
+    else:
+        (d_ms, w_ms, graphed, note), algos = _time_pair(dense, wide, cfg, cuda), _algos(shape, B, ops.algo, device)
     d_tps, w_tps = _rates((d_ms, w_ms), B, len(stack), model_layers)
-    return Case(s, "decode", B, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed,
-                algos=_cpu_paths(wide) if ops.algo == "cpu" else _algos(shape, B, ops.algo, device), note=note)
+    return Case(s, "decode", B, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed, algos=algos, note=note)
 
 
 def _time_pair(dense, wide, cfg: E2EPreset, cuda: bool):

@@ -64,7 +64,7 @@ def bench_kernels(
 
         raise WideError(f"unknown --device {device!r}", hint="cpu, gpu or auto")
     if device == "cpu":
-        return _bench_cpu(console, preset, dtype, output, seed)
+        return _bench_cpu(preset, dtype, output, seed)
     dtype = dtype or "bf16"
     if dry_run:
         from wide_export.bench.kernels import plan_kernel_bench
@@ -100,7 +100,7 @@ def bench_kernels(
                                               " (no plot: install matplotlib)"))
 
 
-def _bench_cpu(console, preset: str, dtype: Optional[str], output: Path, seed: int) -> None:
+def _bench_cpu(preset: str, dtype: Optional[str], output: Path, seed: int) -> None:
     import json
 
     from wide_export.bench import cpu_kernels as ck

@@ -49,6 +49,20 @@ def available() -> bool:
     return bool(_load())
 
 
+def require(why: str) -> None:
+    """Load the kernels, or one WideError saying they cannot be built and `why` that matters (for a benchmark,
+    which must not time the dense path as WIDE's): no compiler is refused here, before available() would
+    warn and go on dense."""
+    from wide_export.cpu.build import find_compiler
+
+    try:
+        find_compiler()
+    except WideError as err:
+        raise WideError(f"the CPU kernels could not be built ({err.message}){why}",
+                        hint="install g++ (or set CXX) and run it again") from None
+    available()
+
+
 def isa() -> str:
     """The instruction set the kernels use ('avx512bf16', 'avx512', 'avx2', 'scalar'; a lower one than the CPU's
     best is followed by '(of BEST)'; '' when the library could not be built)."""

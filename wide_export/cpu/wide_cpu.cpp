@@ -248,6 +248,14 @@ void plan_groups(const int32_t* mask, int64_t M, int64_t G, Plan& p) {
   p.start.push_back(p.rows.size());
 }
 
+// The plan of this call, in the calling thread's own Plan (grown once). Kernels take it by reference before
+// at::parallel_for: a lambda naming a thread_local would see each worker's own, empty one.
+Plan& call_plan(const int32_t* mask, int64_t M, int64_t G) {
+  thread_local Plan plan;
+  plan_groups(mask, M, G, plan);
+  return plan;
+}
+
 // N-pruned: outputs of group g are channels [g*gs, (g+1)*gs); only executed groups' weight rows are read, once
 // per call: each block of NR rows meets every token that executes its group, MR tokens at a time.
 template <typename T>
@@ -259,9 +267,7 @@ void gemm_n_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* 
     for (int64_t m = b; m < e; ++m)
       for (int64_t n = 0; n < d.N; ++n) put(out + m * d.N + n, 0.f);
   });
-  thread_local Plan tl_plan;  // the calling thread's; a lambda would see each worker's own thread_local
-  Plan& plan = tl_plan;
-  plan_groups(mask, d.M, d.G, plan);
+  Plan& plan = call_plan(mask, d.M, d.G);
   const int64_t blocks_per_group = (d.gs + NR - 1) / NR;
   const int64_t items = static_cast<int64_t>(plan.group.size()) * blocks_per_group;
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
@@ -303,9 +309,7 @@ void gemm_n_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* 
 // group g is read only when some token of the call executes g (once per MR tokens).
 template <typename T>
 void gemm_k_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* out, const Geometry& d) {
-  thread_local Plan tl_plan;  // the calling thread's (see gemm_n_impl)
-  Plan& plan = tl_plan;
-  plan_groups(mask, d.M, d.G, plan);
+  Plan& plan = call_plan(mask, d.M, d.G);
   const int64_t items = (d.N + NR - 1) / NR;
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
     for (int64_t it = b; it < e; ++it) {
@@ -439,9 +443,7 @@ void axpy_block(const T* blk, int64_t gs, const T* const* xg, int nm, float (*ac
 
 template <typename T>
 void gemm_k_packed_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* out, const Geometry& d) {
-  thread_local Plan tl_plan;  // the calling thread's (see gemm_n_impl)
-  Plan& plan = tl_plan;
-  plan_groups(mask, d.M, d.G, plan);
+  Plan& plan = call_plan(mask, d.M, d.G);
   const int64_t C = (d.N + KB - 1) / KB;
   at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
     thread_local std::vector<float> buf;  // [chunk][row][KB] sums of this thread's range, grown once
