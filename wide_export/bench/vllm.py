@@ -8,8 +8,16 @@ inter-token latency and decode tokens/s). Prompts are random token ids, fresh
 for every request set, so no prefix-cache hit flatters either side. The WIDE
 side's greedy tokens on a fixed batch are compared with the PyTorch reference
 (wide_export.model) when the weights are float32. The hardware is named in the
-report; CPU figures are labelled as such (vLLM's CPU backend computes the masks
-natively: the dense GEMMs run whole, so WIDE cannot be faster there).
+report; CPU figures are labelled as such. On CPU the WIDE side runs
+wide_export.cpu's kernels (the plugin's default there), which read only the
+executed groups' weights.
+
+A preset's routers are set to `sparsity` (bench/routers.py: each group skipped by
+that fraction of random tokens, per token). The report gives the weight bytes one
+decode token reads on each side (the linear layers and the LM head; WIDE's routed
+ones scaled by the measured executed fraction), the GB/s that makes at batch 1,
+that as a fraction of this machine's measured copy bandwidth, and each engine's
+resident memory after load.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from wide_export.bench.routers import calibrate, measure
 from wide_export.errors import WideError
 from wide_export.model.synthetic import SyntheticSpec
 
@@ -31,6 +40,11 @@ PRESETS = {
     # head_dim 64 (vLLM's CPU attention takes 32 and up), group sizes 2 heads / 128 channels, ~12 M parameters
     "small": SyntheticSpec(arch="llama", vocab_size=1024, hidden_size=512, intermediate_size=1536, num_layers=4,
                            num_heads=8, num_kv_heads=2, attn_groups=4, ffn_groups=12, rank=32, seed=0),
+    # issue 49's 0.37 B Llama (6 layers, hidden 2048, FFN 8192, 16 / 4 heads, vocab 4096): 1.5 GB of float32
+    # weights, 3x this machine's last-level cache, so decode reads them from memory. Groups: 2 heads, 128 channels
+    "llama-0.4b": SyntheticSpec(arch="llama", vocab_size=4096, hidden_size=2048, intermediate_size=8192,
+                                num_layers=6, num_heads=16, num_kv_heads=4, attn_groups=8, ffn_groups=64, rank=64,
+                                max_position_embeddings=4096, seed=0),
 }
 METRICS = ("ttft_s", "itl_s", "prefill_tok_s", "decode_tok_s")
 CHECK_PROMPTS = [[1, 5, 7, 9, 11], [1, 50, 60, 70, 80, 90, 100], [1, 200, 3]]
@@ -45,6 +59,16 @@ class Bench:
     rows: list[dict]  # per side and batch: the runner's timings
     tokens_equal_reference: bool | None  # None: not float32, no exact reference
     settings: dict
+    sparsity: dict  # kind -> fraction of groups skipped on random tokens (the reference's routers)
+    decode_bytes: dict  # side -> weight bytes one decode token reads (batch 1)
+    rss_mib: dict  # side -> the engine's resident memory after load (its process and children), MiB
+    copy_gbs: float | None  # this machine's copy bandwidth (read + write), GB/s; None on CUDA
+
+    def bandwidth(self, side: str) -> tuple[float, float | None]:
+        """(GB/s, % of copy bandwidth) of `side`'s batch-1 decode (the smallest batch timed)."""
+        row = min((r for r in self.rows if r["side"] == side), key=lambda r: r["batch"])
+        gbs = self.decode_bytes[side] * row["decode_tok_s"] / row["batch"] / 1e9
+        return gbs, (100 * gbs / self.copy_gbs if self.copy_gbs else None)
 
     def ratio(self, batch: int, metric: str) -> float:
         wide, dense = (next(r for r in self.rows if r["side"] == side and r["batch"] == batch)
@@ -55,7 +79,10 @@ class Bench:
         batches = sorted({r["batch"] for r in self.rows})
         return {"hardware": self.hardware, "device": self.device, "dtype": self.dtype, "rows": self.rows,
                 "ratios": {str(b): {m: self.ratio(b, m) for m in METRICS} for b in batches},
-                "tokens_equal_reference": self.tokens_equal_reference, "settings": self.settings}
+                "tokens_equal_reference": self.tokens_equal_reference, "settings": self.settings,
+                "sparsity": self.sparsity, "decode_bytes": self.decode_bytes, "rss_mib": self.rss_mib,
+                "copy_gbs": self.copy_gbs,
+                "decode_gbs": {side: self.bandwidth(side)[0] for side in ("wide", "dense")}}
 
 
 def hardware() -> tuple[str, str]:
@@ -113,8 +140,22 @@ def _reference_tokens(loaded_fp32) -> list[list[int]]:
     return out
 
 
+def decode_bytes(cfg, itemsize: int, skipped: dict[str, float]) -> int:
+    """Weight bytes one decode token reads: every layer's q/k/v, o, gate/up and down and the LM head (the
+    embedding's one row aside); the routed parts scaled by the executed fraction 1 - skipped[kind] (q and o of
+    skipped head groups, gate/up and down of skipped channel groups; k and v are always read)."""
+    h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    total = cfg.vocab_size * h
+    for layer, r in enumerate(cfg.routing):
+        attn = 1 - skipped.get("attention", 0.0) if r.attn_groups else 1.0
+        ffn = 1 - skipped.get("ffn", 0.0) if r.ffn_groups else 1.0
+        total += 2 * kv * h + attn * 2 * q * h + ffn * 3 * cfg.intermediate_size * h
+    return int(total * itemsize)
+
+
 def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lora: Path | None = None,
                    lora_scale: float = 2.0, preset: str = "small", dtype: str = "float32",
+                   sparsity: float | None = None,
                    batches: tuple[int, ...] = (1, 16), prompt_len: int = 128, new: int = 32,
                    max_model_len: int = 512, timeout: float = 900,
                    progress: Callable[[str], None] | None = None) -> Bench:
@@ -123,23 +164,38 @@ def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lor
     from wide_export.vllm.export import export_dense_twin, export_vllm
 
     say = progress or (lambda _m: None)
+    preset_run = model is None
     if model is None and preset not in PRESETS:
         raise WideError(f"unknown --preset {preset}", f"choose one of {', '.join(PRESETS)}, or pass --model DIR")
     if not batches or min(batches) < 1:
         raise WideError(f"--batch {list(batches)}: batch sizes must be >= 1", "e.g. --batch 1 --batch 16")
     if new < 2:
         raise WideError(f"--new {new}: decode is timed over the tokens after the first", "pass --new 2 or more")
-    if prompt_len < 1 or prompt_len + new > max_model_len:
-        raise WideError(f"--prompt-len {prompt_len} + --new {new} must fit in {max_model_len} tokens",
-                        "lower --prompt-len or --new")
+    if model is not None and sparsity is not None:
+        raise WideError("--sparsity sets a preset's random routers; a checkpoint's routers are its own",
+                        "drop --sparsity, or run a --preset")
+    if sparsity is not None and not 0 <= sparsity < 1:
+        raise WideError(f"--sparsity {sparsity} must be in [0, 1)", "e.g. --sparsity 0.5")
+    if prompt_len < 1:
+        raise WideError(f"--prompt-len {prompt_len} must be >= 1", "e.g. --prompt-len 128")
+    max_model_len = max(max_model_len, prompt_len + new)
     device, name = hardware()
     with tempfile.TemporaryDirectory(prefix="wide-bench-vllm-") as tmp:
         work = Path(tmp)
         if model is None:
             say(f"writing the {preset} preset checkpoint")
             model = write_checkpoint(work / "ckpt", PRESETS[preset])
+            if sparsity is not None:
+                say(f"setting its routers to sparsity {sparsity}")
+                calibrate(model, sparsity)
+        say("measuring the routers' sparsity on random tokens")
+        skipped = measure(load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale, dtype=dtype,
+                                          checksums=False).model)
         loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale, dtype=dtype, lazy=True,
                                  checksums=False)
+        itemsize = 4 if dtype == "float32" else 2
+        nbytes = {"wide": decode_bytes(loaded.config, itemsize, skipped), "dense": decode_bytes(loaded.config,
+                                                                                                 itemsize, {})}
         say("writing the WIDE folder and its dense twin")
         (work / "wide").mkdir()
         (work / "dense").mkdir()
@@ -148,12 +204,13 @@ def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lor
         llm = {"dtype": dtype, "max_model_len": max_model_len, "max_num_seqs": max(batches),
                "gpu_memory_utilization": 0.1 if device == "cpu" else 0.5}
         timings = [{"batch": b, "prompt_len": prompt_len, "new": new} for b in batches]
-        rows, wide_tokens = [], None
+        rows, wide_tokens, rss = [], None, {}
         for side in ("wide", "dense"):
             say(f"vLLM: {side} (engine start, warm-up, {len(batches)} batch sizes)")
             result = _engine(work / side, work, {"llm": llm, "timings": timings, "prompts": CHECK_PROMPTS,
                                                  "max_tokens": CHECK_TOKENS}, timeout)
             rows += [{"side": side, **t} for t in result["timings"]]
+            rss[side] = result.get("rss_mib")
             if side == "wide":
                 wide_tokens = result["tokens"]
         equal = None
@@ -161,9 +218,15 @@ def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lor
             say("PyTorch reference tokens")
             equal = wide_tokens == _reference_tokens(load_wide_model(model, router=router, lora=lora,
                                                                      lora_scale=lora_scale, checksums=False))
-    settings = {"model": str(model) if model else f"preset {preset}", "batches": list(batches),
-                "prompt_len": prompt_len, "new": new, "max_model_len": max_model_len}
-    return Bench(name, device, dtype, rows, equal, settings)
+        copy_gbs = None
+        if device == "cpu":
+            from wide_export.bench.cpu_kernels import copy_bandwidth_gbs
+
+            say("measuring copy bandwidth")
+            copy_gbs = copy_bandwidth_gbs(1 << 29)
+    settings = {"model": f"preset {preset}" if preset_run else str(model), "batches": list(batches),
+                "prompt_len": prompt_len, "new": new, "max_model_len": max_model_len, "set_sparsity": sparsity}
+    return Bench(name, device, dtype, rows, equal, settings, skipped, nbytes, rss, copy_gbs)
 
 
 def table(bench: Bench):
@@ -181,6 +244,20 @@ def table(bench: Bench):
             label_m, scale, unit = units[m]
             t.add_row(str(b), f"{label_m} ({unit})", f"{w[m] * scale:.1f}", f"{d[m] * scale:.1f}",
                       f"{bench.ratio(b, m):.2f}x")
+    b1 = min(r["batch"] for r in bench.rows)
+    wide_bw, dense_bw = bench.bandwidth("wide"), bench.bandwidth("dense")
+    t.add_row("", "weight MB / decode token", f"{bench.decode_bytes['wide'] / 1e6:.0f}",
+              f"{bench.decode_bytes['dense'] / 1e6:.0f}",
+              f"{bench.decode_bytes['wide'] / bench.decode_bytes['dense']:.2f}x", end_section=False)
+    t.add_row(str(b1), "decode GB/s", f"{wide_bw[0]:.1f}", f"{dense_bw[0]:.1f}", f"{wide_bw[0] / dense_bw[0]:.2f}x")
+    if bench.copy_gbs:
+        t.add_row(str(b1), f"% of copy bandwidth ({bench.copy_gbs:.1f} GB/s)", f"{wide_bw[1]:.0f} %",
+                  f"{dense_bw[1]:.0f} %", "")
+    if all(bench.rss_mib.get(s) for s in ("wide", "dense")):
+        t.add_row("", "resident memory after load (MiB)", f"{bench.rss_mib['wide']:.0f}",
+                  f"{bench.rss_mib['dense']:.0f}", f"{bench.rss_mib['wide'] / bench.rss_mib['dense']:.2f}x")
+    t.caption = ("groups skipped on random tokens: " + ", ".join(f"{k} {v:.0%}" for k, v in bench.sparsity.items())
+                 if bench.sparsity else "no routed groups")
     return t
 
 

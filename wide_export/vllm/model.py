@@ -16,13 +16,18 @@ your own checkpoint"):
   channels (MergedColumnParallelLinear), so it applies that slice of the mask:
   spec.check_world refuses a size that would split a group.
 
-Two paths compute the same thing. `native` (any device): the mask multiplies the
+Three paths compute the same thing. `native` (any device): the mask multiplies the
 activations and vLLM's layers run as they are. `triton` (CUDA, unquantised layers
 without LoRA wrappers): the router and the masked gate/up and down GEMMs run our
-kernels as torch custom ops (ops.py), which skip the weights of skipped groups;
-o_proj / down_proj partial sums are all-reduced as RowParallelLinear does.
-`--additional-config '{"wide_kernels": "auto|native|triton"}'` or `WIDE_VLLM_KERNELS`; auto = triton on
-CUDA. The CUDA path has not run on a GPU yet (none was lent); on CPU only its router runs (tests/vllm).
+Triton kernels as torch custom ops (ops.py), which skip the weights of skipped
+groups. `cpu` (vLLM's CPU backend, unquantised, no LoRA adapters): q_proj,
+gate/up + SiLU, o_proj and down_proj of routed sublayers run wide_export.cpu's
+compiled kernels as custom ops; those layers keep their own weight layout
+(q/k/v and gate/up as loaded, o_proj / down_proj packed for the K-pruned kernel)
+instead of vLLM's repacked copy, so the weights stay one copy. o_proj / down_proj
+partial sums are all-reduced as RowParallelLinear does.
+`--additional-config '{"wide_kernels": "auto|native|triton|cpu"}'` or `WIDE_VLLM_KERNELS`; auto = triton
+on CUDA, cpu on CPU.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
                               tensor_model_parallel_all_reduce)
+from vllm.logger import init_logger
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -54,26 +60,31 @@ from vllm.sequence import IntermediateTensors
 from wide_export.errors import WideError
 from wide_export.vllm.spec import HINT, check_world, config_from_hf, router_shapes
 
+logger = init_logger(__name__)
 KERNELS_ENV = "WIDE_VLLM_KERNELS"
 # HF weight name part -> (vLLM fused parameter part, shard id), as vLLM's Llama loads them
 STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
 
 
-def use_kernels(vllm_config: VllmConfig) -> bool:
-    """Whether the router and masked projections run our Triton kernels: `--additional-config
-    '{"wide_kernels": ...}'`, else WIDE_VLLM_KERNELS; auto (the default) = on CUDA. The choice is written into
-    additional_config, which vLLM hashes into its compile-cache key: a graph compiled in one mode is never
-    reloaded in the other (the environment variable alone is not part of that key)."""
+MODES = ("auto", "native", "triton", "cpu")
+
+
+def kernel_mode(vllm_config: VllmConfig) -> str:
+    """'native', 'triton' or 'cpu': `--additional-config '{"wide_kernels": ...}'`, else WIDE_VLLM_KERNELS; auto
+    (the default) = triton on CUDA, cpu on CPU. The choice is written into additional_config, which vLLM hashes
+    into its compile-cache key: a graph compiled in one mode is never reloaded in another (the environment
+    variable alone is not part of that key)."""
     extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
     mode = extra.get("wide_kernels") or os.environ.get(KERNELS_ENV, "auto")
-    if mode not in ("auto", "native", "triton"):
+    if mode not in MODES:
         raise ValueError(f"WIDE: kernels {mode!r} (additional_config wide_kernels / {KERNELS_ENV}): "
-                         "choose auto, native or triton")
-    on = vllm_config.device_config.device_type == "cuda" if mode == "auto" else mode == "triton"
+                         f"choose one of {', '.join(MODES)}")
+    if mode == "auto":
+        mode = {"cuda": "triton", "cpu": "cpu"}.get(vllm_config.device_config.device_type, "native")
     if isinstance(vllm_config.additional_config, dict):
-        vllm_config.additional_config["wide_kernels"] = "triton" if on else "native"
-    return on
+        vllm_config.additional_config["wide_kernels"] = mode
+    return mode
 
 
 def _fail(err: WideError) -> ValueError:
@@ -86,6 +97,45 @@ def _plain(layer: nn.Module, cls: type) -> bool:
     weight = getattr(layer, "weight", None)
     return (type(layer) is cls and isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
             and isinstance(weight, torch.Tensor) and weight.dim() == 2)
+
+
+def _cpu_layers(vllm_config: VllmConfig) -> str | None:
+    """Why routed sublayers cannot run wide_export.cpu's kernels (None: they can): they need unquantised
+    weights of float32 or bfloat16 (the kernels' dtypes), no LoRA adapters (their wrappers call the layer's
+    own GEMM on `weight`), and the kernels built (a C++ compiler)."""
+    from wide_export import cpu
+
+    if vllm_config.quant_config is not None or vllm_config.lora_config is not None:
+        return "quantised layers or LoRA adapters"
+    if vllm_config.model_config.dtype not in (torch.float32, torch.bfloat16):
+        return f"dtype {str(vllm_config.model_config.dtype).replace('torch.', '')} (the kernels take float32, bfloat16)"
+    if not cpu.available():  # it has printed why
+        return "the kernels could not be built"
+    return None
+
+
+def _own_weight(*layers: nn.Module) -> None:
+    """Keep vLLM's CPU backend from repacking these layers' weights for its GEMM (and emptying `weight`): our
+    kernels read them (vLLM's flag for layers whose weight another op reads; their own GEMM is F.linear)."""
+    for layer in layers:
+        layer._cpu_skip_gemm_dispatch = True
+
+
+def _pack_k(layer: nn.Module, group_size: int) -> None:
+    """Replace a K-pruned layer's [N, K] weight with the CPU kernel's packed layout (wide_export.cpu.pack_k),
+    kept as `layer.wide_packed`: one copy of the weight, streamed whole per executed group at decode."""
+    from wide_export.cpu import pack_k
+
+    w = layer.weight.data
+    if w.dim() != 2 or w.shape[0] % 16:
+        return  # not loaded as [N, K] (e.g. dummy weights), or N not a multiple of 16: the [N, K] kernel
+    layer.register_buffer("wide_packed", pack_k(w, group_size), persistent=False)
+    layer.weight = nn.Parameter(w.new_empty(0), requires_grad=False)
+
+
+def _k_weight(layer: nn.Module) -> torch.Tensor:
+    packed = getattr(layer, "wide_packed", None)
+    return layer.weight if packed is None else packed
 
 
 class _Affine(nn.Module):
@@ -150,7 +200,7 @@ def _row_parallel(layer: RowParallelLinear, y: torch.Tensor) -> torch.Tensor:
 
 
 class WideAttention(nn.Module):
-    def __init__(self, hf, cfg, layer: int, cache_config, quant_config, prefix: str, kernels: bool):
+    def __init__(self, hf, cfg, layer: int, cache_config, quant_config, prefix: str, mode: str):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
         self.head_dim = cfg.head_dim
@@ -175,29 +225,51 @@ class WideAttention(nn.Module):
                               cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
         heads = cfg.attn_group_size(layer)
         self.group_width = None if heads is None else heads * self.head_dim  # o_proj input channels per group
-        self.kernels = kernels
+        self.mode = mode if heads is not None else "native"
+        if self.mode == "cpu":
+            _own_weight(self.qkv_proj, self.o_proj)
+
+    def pack(self) -> None:
+        """After loading: o_proj's weight in the CPU kernel's layout (mode cpu)."""
+        if self.mode == "cpu":
+            _pack_k(self.o_proj, self.group_width)
 
     def _qk_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         by_head = x.view(*x.shape[:-1], x.shape[-1] // self.head_dim, self.head_dim)
         return norm(by_head).view(x.shape)
 
+    def _qkv_cpu(self, x: torch.Tensor, mask: torch.Tensor):
+        """q of the executed head groups only (the others' q is 0: their attention output is never read), k
+        and v dense (the KV cache stays complete)."""
+        w, b, q = self.qkv_proj.weight, self.qkv_proj.bias, self.q_size
+        qs = torch.ops.wide_vllm.cpu_gemm_n(x, w[:q], mask, self.group_width, None if b is None else b[:q])
+        kv = nn.functional.linear(x, w[q:], None if b is None else b[q:])
+        k, v = kv.split([self.kv_size, self.kv_size], dim=-1)
+        return qs, k, v
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        qkv, _ = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if mask is not None and self.mode == "cpu":
+            q, k, v = self._qkv_cpu(x, mask)
+        else:
+            qkv, _ = self.qkv_proj(x)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
             q, k = self._qk_norm(q, self.q_norm), self._qk_norm(k, self.k_norm)
         q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q, k, v)
         if mask is None:
             return self.o_proj(o)[0]
-        if self.kernels and _plain(self.o_proj, RowParallelLinear):
+        if self.mode == "cpu":
+            return _row_parallel(self.o_proj, torch.ops.wide_vllm.cpu_gemm_k(o, _k_weight(self.o_proj), mask,
+                                                                             self.group_width))
+        if self.mode == "triton" and _plain(self.o_proj, RowParallelLinear):
             return _row_parallel(self.o_proj, torch.ops.wide_vllm.masked_gemm_k(o, self.o_proj.weight, mask,
                                                                                  self.group_width))
         return self.o_proj(_zero_skipped(o, mask))[0]
 
 
 class WideMLP(nn.Module):
-    def __init__(self, cfg, layer: int, quant_config, prefix: str, kernels: bool):
+    def __init__(self, cfg, layer: int, quant_config, prefix: str, mode: str):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False,
                                                        quant_config=quant_config, prefix=f"{prefix}.gate_up_proj")
@@ -205,13 +277,26 @@ class WideMLP(nn.Module):
                                            quant_config=quant_config, prefix=f"{prefix}.down_proj")
         self.act_fn = SiluAndMul()
         self.group_size = cfg.ffn_group_size(layer)
-        self.kernels = kernels
+        self.mode = mode if self.group_size is not None else "native"
+        if self.mode == "cpu":
+            _own_weight(self.gate_up_proj, self.down_proj)
+
+    def pack(self) -> None:
+        """After loading: down_proj's weight in the CPU kernel's layout (mode cpu)."""
+        if self.mode == "cpu":
+            _pack_k(self.down_proj, self.group_size)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if mask is not None and self.kernels and _plain(self.gate_up_proj, MergedColumnParallelLinear) \
-                and _plain(self.down_proj, RowParallelLinear):
+        if mask is not None and self.mode == "cpu":
             w = self.gate_up_proj.weight
             n = w.shape[0] // 2  # this rank's channels: gate rows, then up rows
+            y = torch.ops.wide_vllm.cpu_gated(x, w[:n], w[n:], mask, self.group_size)
+            return _row_parallel(self.down_proj, torch.ops.wide_vllm.cpu_gemm_k(y, _k_weight(self.down_proj), mask,
+                                                                                self.group_size))
+        if mask is not None and self.mode == "triton" and _plain(self.gate_up_proj, MergedColumnParallelLinear) \
+                and _plain(self.down_proj, RowParallelLinear):
+            w = self.gate_up_proj.weight
+            n = w.shape[0] // 2
             y = torch.ops.wide_vllm.masked_gated_mlp(x, w[:n], w[n:], mask, self.group_size)
             return _row_parallel(self.down_proj, torch.ops.wide_vllm.masked_gemm_k(y, self.down_proj.weight, mask,
                                                                                     self.group_size))
@@ -222,14 +307,15 @@ class WideMLP(nn.Module):
 
 
 class WideDecoderLayer(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, cfg, prefix: str, kernels: bool):
+    def __init__(self, vllm_config: VllmConfig, cfg, prefix: str, mode: str):
         super().__init__()
         hf = vllm_config.model_config.hf_config
         quant_config = vllm_config.quant_config
         self.index = layer = extract_layer_index(prefix)
+        kernels = mode == "triton"  # the router's Triton kernel; on CPU the router is two small torch GEMMs
         self.self_attn = WideAttention(hf, cfg, layer, vllm_config.cache_config, quant_config,
-                                       f"{prefix}.self_attn", kernels)
-        self.mlp = WideMLP(cfg, layer, quant_config, f"{prefix}.mlp", kernels)
+                                       f"{prefix}.self_attn", mode)
+        self.mlp = WideMLP(cfg, layer, quant_config, f"{prefix}.mlp", mode)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         r, tp, rank = cfg.routing[layer], get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
@@ -284,7 +370,16 @@ class WideModel(nn.Module):
         hf = vllm_config.model_config.hf_config
         self.wide = cfg = wide_config(vllm_config)
         self.config = hf
-        kernels = use_kernels(vllm_config)
+        mode = kernel_mode(vllm_config)
+        if mode == "cpu":
+            why = _cpu_layers(vllm_config)
+            if why is None:
+                from wide_export import cpu
+
+                logger.info("WIDE: the CPU kernels (%s) serve the routed projections", cpu.isa())
+            else:
+                logger.warning("WIDE: the masked projections run native on CPU (%s)", why)
+                mode = "native"
         pp = get_pp_group()
         if pp.is_first_rank or (cfg.tie_word_embeddings and pp.is_last_rank):
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
@@ -292,12 +387,12 @@ class WideModel(nn.Module):
         else:
             self.embed_tokens = PPMissingLayer()
         self.start_layer, self.end_layer, self.layers = make_layers(
-            cfg.num_layers, lambda prefix: WideDecoderLayer(vllm_config, cfg, prefix, kernels),
+            cfg.num_layers, lambda prefix: WideDecoderLayer(vllm_config, cfg, prefix, mode),
             prefix=f"{prefix}.layers")
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps) if pp.is_last_rank else PPMissingLayer()
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states", "residual"], cfg.hidden_size)
-        if kernels:
+        if mode != "native":
             import wide_export.vllm.ops  # noqa: F401  registers torch.ops.wide_vllm
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -394,4 +489,7 @@ class WideForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         if missing:
             raise ValueError(f"WIDE: the folder lacks {len(missing)} router tensors its config.json describes, "
                              f"e.g. {missing[0]} (hint: {HINT})")
+        for layer in islice(self.model.layers, self.model.start_layer, self.model.end_layer):
+            layer.self_attn.pack()
+            layer.mlp.pack()
         return loaded

@@ -11,6 +11,13 @@ the host and read no device value, so a decode step needs no device-to-host copy
   wide_vllm::masked_gated_mlp(x, wg, wu, mask, gs)  -> silu(x Wg^T) * (x Wu^T), skipped groups 0
   wide_vllm::masked_gemm_k(x, w, mask, gs)          -> x W^T with skipped input groups ignored (no bias)
 
+and on CPU tensors, wide_export.cpu's compiled kernels (or, where its measured policy says so, the dense GEMM
+with the mask applied: a choice made from the mask's values, which is why the whole call is one op):
+
+  wide_vllm::cpu_gemm_n(x, w, mask, gs, bias)       -> x W^T + b, outputs of skipped groups 0 (q_proj)
+  wide_vllm::cpu_gated(x, wg, wu, mask, gs)         -> silu(x Wg^T) * (x Wu^T), skipped groups 0
+  wide_vllm::cpu_gemm_k(x, w, mask, gs)             -> x W^T, skipped input groups ignored; w [N, K] or packed
+
 The PyTorch references of the same ops are wide_export.ops.reference; the
 kernels are tested against them in tests/kernels.
 """
@@ -57,3 +64,42 @@ def masked_gemm_k(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, group_si
 @masked_gemm_k.register_fake
 def _gemm_k_fake(x, w, mask, group_size):
     return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::cpu_gemm_n", mutates_args=())
+def cpu_gemm_n(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, group_size: int,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    from wide_export import cpu
+
+    return cpu.masked_gemm_n(x, w, mask, group_size, bias=bias)
+
+
+@cpu_gemm_n.register_fake
+def _cpu_gemm_n_fake(x, w, mask, group_size, bias):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::cpu_gated", mutates_args=())
+def cpu_gated(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, mask: torch.Tensor,
+              group_size: int) -> torch.Tensor:
+    from wide_export import cpu
+
+    return cpu.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
+
+
+@cpu_gated.register_fake
+def _cpu_gated_fake(x, w_gate, w_up, mask, group_size):
+    return x.new_empty((*x.shape[:-1], w_gate.shape[0]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::cpu_gemm_k", mutates_args=())
+def cpu_gemm_k(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+    from wide_export import cpu
+
+    return cpu.masked_gemm_k(x, w, mask, group_size)
+
+
+@cpu_gemm_k.register_fake
+def _cpu_gemm_k_fake(x, w, mask, group_size):
+    n = w.shape[0] if w.dim() == 2 else w.shape[1] * w.shape[3]  # [N, K], or packed [G, N / 16, gs, 16]
+    return x.new_empty((*x.shape[:-1], n))

@@ -10,6 +10,8 @@ which needs the `__main__` guard, and keeps process-wide state): the tests and
   rounds        how many times the batch is generated (prefix caching is seen from round 2)
   llm           keyword arguments of vllm.LLM (dtype, enforce_eager, tensor_parallel_size, ...)
   timings       list of {"batch": B, "prompt_len": P, "new": N}: time a prefill-only and a full request
+The result's `rss_mib` is the resident memory of this process and its children after load; `cpu_paths` counts which path served the CPU kernels' calls (kind/masked, kind/dense) where the
+model ran in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), before the timings.
 """
 
 from __future__ import annotations
@@ -56,11 +58,38 @@ def _timed(llm, params_cls, batch: int, prompt_len: int, new: int, vocab: int) -
             "prefill_tok_s": batch * prompt_len / first, "decode_tok_s": batch / step}
 
 
+def rss_mib(pid: int | None = None) -> float | None:
+    """Resident memory of process `pid` (this one) and all its descendants (vLLM's engine core and workers),
+    MiB, from /proc; None where /proc is not there."""
+    import os
+    from pathlib import Path
+
+    root = pid or os.getpid()
+    try:
+        parent = {}
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            except OSError:
+                continue
+            parent[int(status.parent.name)] = (int(fields["PPid"]), int(fields.get("VmRSS", "0 kB").split()[0]))
+    except OSError:
+        return None
+    if root not in parent:
+        return None
+    total, todo = 0, [root]
+    while todo:
+        p = todo.pop()
+        total += parent[p][1]
+        todo += [c for c, (pp, _) in parent.items() if pp == p]
+    return total / 1024
+
+
 def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=spec["model"], **{**DEFAULTS, **spec.get("llm", {})})
-    out: dict = {"tokens": [], "rounds": []}
+    out: dict = {"tokens": [], "rounds": [], "rss_mib": rss_mib()}
     params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0, ignore_eos=True)
     for _ in range(spec.get("rounds", 1)):
         results = llm.generate([{"prompt_token_ids": p} for p in spec.get("prompts", [])], params, use_tqdm=False)
@@ -68,6 +97,8 @@ def run(spec: dict) -> dict:
     out["tokens"] = out["rounds"][0] if out["rounds"] else []
     out["prefix_cache_hits"] = _metric(llm, "vllm:prefix_cache_hits")
     vocab = llm.llm_engine.model_config.get_vocab_size()
+    ops = sys.modules.get("wide_export.cpu.ops")  # the CPU kernels' calls, where the model ran in this process
+    out["cpu_paths"] = {f"{kind}/{path}": n for (kind, path), n in ops.PATHS.items()} if ops else {}
     out["timings"] = [_timed(llm, SamplingParams, t["batch"], t["prompt_len"], t["new"], vocab)
                       for t in spec.get("timings", [])]
     return out
