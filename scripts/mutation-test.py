@@ -86,6 +86,7 @@ TESTS: dict[str, list[str]] = {
     "wide_export/signals.py": ["tests/faults/test_interrupt_publish.py", "tests/cli/test_interrupt_races.py"],
     "wide_export/export/genai_config.py": ["tests/export/test_genai_special_tokens.py",
                                            "tests/export/test_genai_config_contract.py"],
+    "wide_export/export/gguf.py": ["tests/export/test_gguf.py"],
     "wide_export/verify/tolerances.py": ["tests/verify/test_tolerances.py", "tests/verify/test_compare.py"],
     "wide_export/verify/compare.py": ["tests/verify/test_compare.py", "tests/verify/test_compare_report.py"],
     "wide_export/verify/slices.py": ["tests/verify/test_slices_units.py"],

@@ -41,18 +41,28 @@ def _has_vllm() -> tuple[bool, str]:
                    "(README: .venv-vllm, pip install -e '.[vllm-test]')")
 
 
+@functools.lru_cache(maxsize=None)
+def _has_llamacpp() -> tuple[bool, str]:
+    from wide_export.bench.llamacpp import unavailable_reason
+
+    why = unavailable_reason()
+    return why is None, (why or "").replace("llama.cpp rows skipped: ", "")
+
+
 def pytest_collection_modifyitems(config, items):
     checks = {
         "gpu": _has_gpu,
         "trt": _has_trt,
         "vllm": _has_vllm,
+        "llamacpp": _has_llamacpp,
         "slow": lambda: (os.environ.get("WIDE_RUN_SLOW") == "1", "slow test; set WIDE_RUN_SLOW=1 to run"),
     }
     for item in items:
         for name, check in checks.items():
-            # tests/vllm also holds tests that need no vLLM (the folder, the custom ops): for `vllm` the marker
-            # decides, not the folder's name among the item's keywords
-            marked = item.get_closest_marker(name) is not None if name == "vllm" else name in item.keywords
+            # tests/vllm (tests/llamacpp) also holds tests that need no vLLM (llama.cpp): for those markers the
+            # marker decides, not the folder's name among the item's keywords
+            marked = (item.get_closest_marker(name) is not None if name in ("vllm", "llamacpp")
+                      else name in item.keywords)
             if marked:
                 ok, why = check()
                 if not ok:

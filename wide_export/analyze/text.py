@@ -13,6 +13,12 @@ SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "tokenizer_config.json"
 
 def load_tokenizer(model_dir: Path) -> Callable[[str], list[int]]:
     """text -> ids with the folder's tokenizer (special tokens, e.g. BOS, added as the tokenizer says)."""
+    return load_codec(model_dir)[0]
+
+
+def load_codec(model_dir: Path) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    """(encode, decode) with the folder's tokenizer: text -> ids (special tokens added as the tokenizer says),
+    ids -> text (special tokens left out)."""
     model_dir = Path(model_dir)
     fast = model_dir / TOKENIZER_FILE
     if fast.is_file():
@@ -23,7 +29,7 @@ def load_tokenizer(model_dir: Path) -> Callable[[str], list[int]]:
         except Exception as err:  # the tokenizers library raises a bare Exception on bad JSON
             raise WideError(f"cannot read {fast}: {str(err).splitlines()[0][:160]}",
                             "the tokenizer file looks damaged; save it again with save_pretrained") from None
-        return lambda text: tok.encode(text).ids
+        return (lambda text: tok.encode(text).ids), (lambda ids: tok.decode(ids, skip_special_tokens=True))
     if any((model_dir / f).is_file() for f in SLOW_TOKENIZER_FILES):
         from transformers import AutoTokenizer
 
@@ -32,7 +38,7 @@ def load_tokenizer(model_dir: Path) -> Callable[[str], list[int]]:
         except Exception as err:  # noqa: BLE001 - any failure here means "no usable tokenizer"
             raise WideError(f"cannot load the tokenizer of {model_dir}: {str(err).splitlines()[0][:160]}",
                             f"put the model's {TOKENIZER_FILE} in the folder") from None
-        return lambda text: list(tok(text)["input_ids"])
+        return (lambda text: list(tok(text)["input_ids"])), (lambda ids: tok.decode(ids, skip_special_tokens=True))
     raise WideError(f"{model_dir} has no tokenizer ({TOKENIZER_FILE})",
                     "copy the model's tokenizer files next to config.json "
                     "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR))")

@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "wide_export.cli.trt_cmd",
     "wide_export.cli.triton_cmd",  # triton + serve
     "wide_export.cli.vllm_cmd",
+    "wide_export.cli.generate_cmd",
+    "wide_export.cli.gguf_cmd",
     "wide_export.cli.bench_cmd",
     "wide_export.cli.bench_kernels_cmd",
     "wide_export.cli.bench_e2e_cmd",

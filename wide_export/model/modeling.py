@@ -22,6 +22,27 @@ from wide_export.ops.reference import router_logits
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
+class StaticKV:
+    """One layer's preallocated KV cache for generation: k, v [B, kvh, capacity, D], the first `length`
+    positions filled. Attention writes a step's keys and values in place and attends over the filled view, so
+    a decode step copies no past (the tuple cache concatenates it anew each step)."""
+
+    def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype):
+        self.k = torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> KV:
+        n, t = self.length, k.shape[2]
+        if n + t > self.k.shape[2]:
+            raise WideError(f"the KV cache holds {self.k.shape[2]} positions, {n + t} were asked for",
+                            hint="allocate the cache for prompt + new tokens (static_cache(batch, capacity))")
+        self.k[:, :, n:n + t] = k
+        self.v[:, :, n:n + t] = v
+        self.length = n + t
+        return self.k[:, :, :n + t], self.v[:, :, :n + t]
+
+
 class RMSNorm(nn.Module):
     """Llama RMSNorm: normalise in float32, scale in the input dtype (as transformers)."""
 
@@ -88,7 +109,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, cos, sin, allowed, past: KV, mask, group_heads: int | None):
+    def forward(self, x, cos, sin, allowed, past: KV | StaticKV, mask, group_heads: int | None):
         b, t, _ = x.shape
         if mask is None:
             q = self.q_proj(x)
@@ -102,17 +123,27 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k = torch.cat([past[0], k], dim=2)
-        v = torch.cat([past[1], v], dim=2)
+        if isinstance(past, StaticKV):
+            k, v = past.append(k, v)
+            present = past
+        else:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+            present = (k, v)
         o = self._attend(q, k, v, allowed)
         o = o.transpose(1, 2).reshape(b, t, self.hq * self.d)
         if mask is None:
             out = self.o_proj(o)
         else:
-            out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d, self.o_proj.bias)
-        return out, (k, v)
+            out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d, self.o_proj.bias,
+                                  packed=getattr(self.o_proj, "wide_packed", None))
+        return out, present
 
     def _attend(self, q, k, v, allowed):
+        if dispatch.fast_cpu(q):  # generation: torch's fused attention, the KV heads shared without copies
+            floor = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+            return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=floor,
+                                                              enable_gqa=self.hq != self.hkv)
         rep = self.hq // self.hkv
         if rep > 1:  # GQA: repeat kv heads (transformers' repeat_kv)
             b, h, s, d = k.shape
@@ -137,7 +168,8 @@ class MLP(nn.Module):
         if mask is None:
             return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
         y = dispatch.gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, mask, group_size)
-        return dispatch.gemm_k(y, self.down_proj.weight, mask, group_size)
+        return dispatch.gemm_k(y, self.down_proj.weight, mask, group_size,
+                               packed=getattr(self.down_proj, "wide_packed", None))
 
 
 class DecoderLayer(nn.Module):
@@ -208,6 +240,11 @@ class WideForCausalLM(nn.Module):
         z = torch.zeros(batch, c.num_key_value_heads, 0, c.head_dim, dtype=self.dtype)
         return [(z, z) for _ in range(c.num_layers)]
 
+    def static_cache(self, batch: int, capacity: int) -> list[StaticKV]:
+        """A preallocated cache of `capacity` positions per layer, for generation (StaticKV)."""
+        c = self.config
+        return [StaticKV(batch, c.num_key_value_heads, capacity, c.head_dim, self.dtype) for _ in range(c.num_layers)]
+
     def set_force_execute(self, on: bool) -> None:
         """Make every router execute every group (the dense base model), for testing."""
         for layer in self.model.layers:
@@ -218,7 +255,7 @@ class WideForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
-        past_key_values: list[KV],
+        past_key_values: list[KV] | list[StaticKV],
         collect: Collector | None = None,
     ) -> tuple[torch.Tensor, list[KV]]:
         """logits [B, T, V] float32 and the presents [B, kvh, P+T, D] per layer.

@@ -35,8 +35,10 @@ def cpu_kernels(enabled: bool = True):
         _FAST_CPU[0] = before
 
 
-def _fast(x) -> bool:
-    return _FAST_CPU[0] and x.device.type == "cpu"
+def fast_cpu(x) -> bool:
+    """Whether calls on `x` take the fast CPU path (inside cpu_kernels(), a CPU tensor, not exporting)."""
+    return _FAST_CPU[0] and x.device.type == "cpu" and not _exporting()
+
 
 
 def _symbolic(op: str, inputs: list, attrs: dict, dtype: torch.dtype, shape) -> torch.Tensor:
@@ -60,7 +62,7 @@ def gemm_n(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
         b = bias if bias is not None else torch.zeros(w.shape[0], dtype=x.dtype)
         attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
         return _symbolic("WideMaskedGemmN", [x, w, mask, b], attrs, x.dtype, (*x.shape[:-1], w.shape[0]))
-    if _fast(x):
+    if fast_cpu(x):
         from wide_export import cpu
 
         return cpu.masked_gemm_n(x, w, mask, group_size, bias)
@@ -71,20 +73,22 @@ def gated_mlp(x, w_gate, w_up, mask, group_size: int) -> torch.Tensor:
     if _exporting():
         return _symbolic("WideMaskedGatedMlp", [x, w_gate, w_up, mask], {"group_size": group_size}, x.dtype,
                          (*x.shape[:-1], w_gate.shape[0]))
-    if _fast(x):
+    if fast_cpu(x):
         from wide_export import cpu
 
         return cpu.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
     return ref.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
 
 
-def gemm_k(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
+def gemm_k(x, w, mask, group_size: int, bias=None, packed=None) -> torch.Tensor:
+    """x W^T + b over the input groups each token executes. `packed` (wide_export.cpu.pack_k of w, where the
+    caller keeps one) is what the fast CPU path's kernel reads; the reference and the export ignore it."""
     if _exporting():
         b = bias if bias is not None else torch.zeros(w.shape[0], dtype=x.dtype)  # always wired, as gemm_n
         attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
         return _symbolic("WideMaskedGemmK", [x, w, mask, b], attrs, x.dtype, (*x.shape[:-1], w.shape[0]))
-    if _fast(x):
+    if fast_cpu(x):
         from wide_export import cpu
 
-        return cpu.masked_gemm_k(x, w, mask, group_size, bias)
+        return cpu.masked_gemm_k(x, w, mask, group_size, bias, packed=packed)
     return ref.masked_gemm_k(x, w, mask, group_size, bias)

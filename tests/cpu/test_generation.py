@@ -1,0 +1,137 @@
+"""Fast CPU generation (wide_export.cpu.generation, model/generate.generate, `wide-export generate`): the
+reference model with the compiled kernels, packed o / down weights, torch's fused attention and a
+preallocated KV cache gives the greedy tokens of transformers with the routers hooked on by hand
+(tests/model/hf_routing.py, independent of wide_export); the sampler; the command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import assert_one_line_error, make_checkpoint
+from tests.model.hf_routing import load_routed_hf
+from wide_export.cpu import ops as cpu
+
+SPECS = {
+    "llama": dict(arch="llama", attention_bias=True, num_heads=8, num_kv_heads=2, hidden_size=128,
+                  intermediate_size=192, attn_groups=4, ffn_groups=12, seed=3),
+    "qwen3": dict(arch="qwen3", hidden_size=96, num_heads=4, num_kv_heads=2, head_dim=32, attn_groups=2,
+                  intermediate_size=192, ffn_groups=12, seed=6),
+    "mistral": dict(arch="mistral", sparse_target="attention", hidden_size=128, num_heads=8, num_kv_heads=4,
+                    attn_groups=2, seed=4),
+}
+
+
+def _hf_greedy(ckpt, prompts, n: int, routed: bool = True) -> list[list[int]]:
+    ref = load_routed_hf(ckpt)
+    if not routed:
+        ref.remove()
+    ref.model.generation_config.eos_token_id = None
+    out = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        with torch.no_grad():
+            new = ref.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                     pad_token_id=0)
+        out.append(new[0, len(p):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("arch", sorted(SPECS))
+def test_fast_generation_gives_the_greedy_tokens_of_transformers_with_routers(tmp_path, arch):
+    from wide_export.cpu.generation import CpuGenerator
+
+    ckpt = make_checkpoint(tmp_path / "ck", num_layers=2, **SPECS[arch])
+    gen = torch.Generator().manual_seed(1)
+    prompts = torch.randint(3, 250, (2, 11), generator=gen).tolist()
+    want = _hf_greedy(ckpt, prompts, 10)
+    assert want != _hf_greedy(ckpt, prompts, 10, routed=False), "the routers change no token here"
+    g = CpuGenerator.load(ckpt)
+    packed = [m for m in g.model.modules() if hasattr(m, "wide_packed")]
+    assert packed, "no K-pruned weight was packed"
+    cpu.PATHS.clear()
+    got = g.run(prompts, 10, stop_at_eos=False)
+    assert got.tokens == want
+    assert got.steps == 10 and got.prefill_s > 0 and got.decode_s > 0
+    for kind in ("n", "k") + (("gated",) if arch != "mistral" else ()):
+        assert cpu.PATHS[kind, "masked"] > 0, cpu.PATHS
+
+
+def test_dense_flag_gives_the_base_models_tokens(tmp_path):
+    from wide_export.cpu.generation import CpuGenerator
+
+    ckpt = make_checkpoint(tmp_path / "ck", num_layers=2, **SPECS["llama"])
+    prompts = [[5, 9, 17, 33, 65, 129, 7]]
+    assert CpuGenerator.load(ckpt, dense=True).run(prompts, 8, stop_at_eos=False).tokens == \
+        _hf_greedy(ckpt, prompts, 8, routed=False)
+
+
+def test_the_static_cache_refuses_more_positions_than_it_holds(tmp_path):
+    from wide_export.errors import WideError
+    from wide_export.model.modeling import StaticKV
+
+    kv = StaticKV(1, 2, 4, 8, torch.float32)
+    k = torch.randn(1, 2, 3, 8)
+    got_k, _ = kv.append(k, k)
+    assert torch.equal(got_k, k) and kv.length == 3
+    with pytest.raises(WideError, match="holds 4 positions"):
+        kv.append(k, k)
+
+
+def test_sampling_greedy_top_k_top_p_and_seed():
+    from wide_export.model.generate import Sampling
+
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]]))
+    assert Sampling()(logits).tolist() == [1, 0]
+    assert Sampling(temperature=1.0, top_k=1)(logits).tolist() == [1, 0]
+    draws = torch.stack([Sampling(temperature=1.0, top_p=0.5, seed=s)(logits) for s in range(50)])
+    assert (draws[:, 0] == 1).all() and (draws[:, 1] == 0).all()  # the top token alone reaches 0.5
+    draws = torch.stack([Sampling(temperature=1.0, top_p=0.85, seed=s)(logits) for s in range(300)])
+    assert set(draws[:, 0].tolist()) == {1, 2}  # 0.6 + 0.3 reach 0.85: token 0 (0.1) is cut
+    assert abs(float((draws[:, 0] == 1).float().mean()) - 2 / 3) < 0.1  # renormalised 0.6 / 0.9
+    a, b = Sampling(temperature=0.9, seed=7), Sampling(temperature=0.9, seed=7)
+    assert [a(logits).tolist() for _ in range(5)] == [b(logits).tolist() for _ in range(5)]
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, "-c", "from wide_export.cli import main; main()", "generate", *args],
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_generate_command_streams_the_demo_models_text_with_stats():
+    done = _cli("--prompt", "hello", "--max-new", "6", "--stats")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("\n") and len(done.stdout) > 1
+    assert "decode" in done.stderr and "tok/s" in done.stderr and "WIDE" in done.stderr
+
+
+def test_generate_command_ids_on_a_folder_without_tokenizer_equal_the_library(tmp_path):
+    from wide_export.cpu.generation import CpuGenerator
+
+    ckpt = make_checkpoint(tmp_path / "ck", num_layers=2, **SPECS["llama"])
+    done = _cli("--model", str(ckpt), "--ids", "1,2,3,4", "--max-new", "5")
+    assert done.returncode == 0, done.stderr
+    want = CpuGenerator.load(ckpt).run([[1, 2, 3, 4]], 5).tokens[0]
+    assert [int(t) for t in done.stdout.split()] == want
+
+
+@pytest.mark.parametrize("args,fragment", [
+    ((), "--prompt TEXT or as --ids"),
+    (("--prompt", "a", "--ids", "1"), "--prompt TEXT or as --ids"),
+    (("--ids", "1,x"), "not a list of token ids"),
+    (("--ids", "1", "--max-new", "0"), "--max-new 0"),
+    (("--ids", "1", "--top-p", "0"), "--top-p"),
+    (("--ids", "1", "--dtype", "float16"), "float16"),
+    (("--ids", "99999"), "outside the vocabulary"),
+])
+def test_generate_command_refuses_bad_input_in_one_line(args, fragment):
+    line = assert_one_line_error(_cli(*args))
+    assert fragment in line
+
+
+def test_generate_command_needs_ids_where_the_folder_has_no_tokenizer(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ck", num_layers=1)
+    assert "--ids" in assert_one_line_error(_cli("--model", str(ckpt), "--prompt", "hi"))
