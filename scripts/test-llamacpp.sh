@@ -13,4 +13,4 @@ VENV=${LLAMACPP_VENV:-.venv-llamacpp}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet -e '.[llamacpp]' 'pytest>=8' 'pytest-timeout>=2.3' 'filelock>=3.12'
-"$VENV/bin/python" -m pytest -m llamacpp tests/llamacpp -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pytest -m llamacpp tests/llamacpp tests/bench/test_generate_bench.py -p no:cacheprovider "$@"

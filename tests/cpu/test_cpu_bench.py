@@ -115,3 +115,36 @@ def test_record_merges_a_measured_cpu_policy_and_refuses_a_malformed_one(tmp_pat
     with pytest.raises(WideError, match="no policy record"):
         record_policy(tmp_path / "missing.json", dest)
     assert dest.read_text() == before  # refused records leave the table as it was
+
+
+def _row(kind, tokens, sparsity, dense_ms, masked_ms, dtype="fp32"):
+    from wide_export.bench.cpu_kernels import CpuRow
+
+    return CpuRow("s", kind, dtype, 64, 64, 16, tokens, sparsity, 1.0, dense_ms, masked_ms, "dense", 1, 1)
+
+
+def test_measured_cpu_policy_reads_the_full_union_run_and_the_choice_follows_it(monkeypatch):
+    """Hand-made timings: at 50 % the masked kernel wins up to 32 tokens; at sparsity 0 it wins (by 3 % or
+    more) at 4, 8 and 16 tokens only. The policy says so, and ops.choose then takes the masked kernel at a
+    full union from 4 to 16 tokens, dense at 2 and 32 (where the union decides)."""
+    from wide_export.bench.cpu_kernels import CpuReport, measured_policy, validate_entry
+    from wide_export.cpu import ops
+
+    half = {1: (2.0, 1.0), 2: (2.0, 1.1), 4: (4.0, 2.0), 8: (6.0, 3.0), 16: (8.0, 5.0), 32: (9.0, 8.9),
+            64: (10.0, 12.0)}
+    zero = {1: (2.0, 2.1), 2: (2.0, 2.2), 4: (4.0, 3.0), 8: (6.0, 5.0), 16: (8.0, 7.5), 32: (9.0, 12.0),
+            64: (10.0, 20.0)}
+    rows = [_row(kind, t, 0.5, *half[t]) for kind in ("n", "gated", "k") for t in half]
+    rows += [_row(kind, t, 0.0, *zero[t]) for kind in ("n", "gated", "k") for t in zero]
+    report = CpuReport(cpu="c", isa="avx2", threads=2, preset="short", copy_bandwidth_gbs=10.0, l3_bytes=1,
+                       rows=rows)
+    entry = measured_policy(report)["float32"]
+    assert entry["masked_max_m"] == {"n": 32, "gated": 32, "k": 32}
+    assert entry["masked_full_union_min_m"] == {"n": 4, "gated": 4, "k": 4}
+    assert entry["masked_full_union_max_m"] == {"n": 16, "gated": 16, "k": 16}
+    assert validate_entry({"float32": entry}) == []
+    monkeypatch.setattr(ops, "policy", lambda dtype="float32": entry)
+    full, partial = (lambda: 1.0), (lambda: 0.5)
+    assert [ops.choose("gated", m, "float32", full) for m in (1, 2, 4, 16, 32, 64)] == \
+        ["dense", "dense", "masked", "masked", "dense", "dense"]
+    assert [ops.choose("k", m, "float32", partial) for m in (1, 32, 64)] == ["masked", "masked", "dense"]

@@ -91,9 +91,11 @@ def test_gated_matches_reference(width, gs, K, s, dtype, M, isa):
 
 @pytest.mark.parametrize("width,gs,N,s,dtype,M,isa", list(_cases()), indirect=["isa"])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("packed", [False, True])
-def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, isa, bias, packed):
-    """K-pruned: `width` is K here (o_proj / down_proj input); w as [N, K] or packed [G, N, gs] (pack_k)."""
+@pytest.mark.parametrize("layout", ["nk", "packed", "kt"])
+def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, isa, bias, layout):
+    """K-pruned: `width` is K here (o_proj / down_proj input); w as [N, K], packed [G, N, gs] (pack_k) or
+    transposed [K, N] (masked_gemm_kt)."""
+    packed = layout == "packed"
     gen = torch.Generator().manual_seed(hash((width, gs, N, s, M, "k")) % 2**31)
     x = torch.randn(M, width, generator=gen).to(dtype)
     w = (torch.randn(N, width, generator=gen) * 0.05).to(dtype)
@@ -105,7 +107,10 @@ def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, isa, bias, packed):
         return
     wk = cpu.pack_k(w, gs) if packed else w
     assert not packed or wk.shape == (width // gs, N // 16, gs, 16)
-    got = cpu.masked_gemm_k(x, wk, mask, gs, bias=b, out=_poisoned(M, N, dtype), path="masked")
+    if layout == "kt":
+        got = cpu.masked_gemm_kt(x, w.t().contiguous(), mask, gs, bias=b, out=_poisoned(M, N, dtype), path="masked")
+    else:
+        got = cpu.masked_gemm_k(x, wk, mask, gs, bias=b, out=_poisoned(M, N, dtype), path="masked")
     want = ref.masked_gemm_k(x, w, mask, gs, b)
     tol = _tol(dtype)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol[0], atol=tol[1] * max(1.0, (width / 512) ** 0.5))
@@ -130,6 +135,38 @@ def test_packed_decode_streams_match_the_reference(isa, dtype, N, threads):
                                atol=_tol(dtype)[1])
 
 
+@pytest.mark.parametrize("isa", ISAS[ISAS.index(BEST):], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("groups,threads,M", [(12, 1, 1), (12, 2, 1), (1, 2, 1), (3, 2, 9), (5, 3, 20)])
+def test_transposed_weight_split_over_threads_matches_the_reference(isa, dtype, groups, threads, M):
+    """wt = W^T: threads split the executed groups (fewer groups than threads too) into partial sums summed
+    at the end; more tokens than a pass takes (8) and N-tiles (N = 2000: a tile of 256 floats at 20 tokens)."""
+    gen = torch.Generator().manual_seed(groups * 10 + threads + M)
+    N, gs = 2000 if M > 8 else 144, 32
+    x, w = torch.randn(M, groups * gs, generator=gen).to(dtype), (torch.randn(N, groups * gs, generator=gen) * 0.05).to(dtype)
+    b, mask = torch.randn(N, generator=gen).to(dtype), _mask(M, groups, 0.4, gen)
+    mask[0, 0] = 1
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = cpu.masked_gemm_kt(x, w.t().contiguous(), mask, gs, bias=b, out=_poisoned(M, N, dtype), path="masked")
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got.float(), ref.masked_gemm_k(x, w, mask, gs, b).float(), rtol=_tol(dtype)[0],
+                               atol=_tol(dtype)[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_dense_path_of_a_transposed_weight_reads_it_as_it_is(dtype):
+    gen = torch.Generator().manual_seed(6)
+    x, w = torch.randn(7, 96, generator=gen).to(dtype), (torch.randn(48, 96, generator=gen) * 0.1).to(dtype)
+    b, mask = torch.randn(48, generator=gen).to(dtype), _mask(7, 3, 0.5, gen)
+    want = ref.masked_gemm_k(x, w, mask, 32, b).float()
+    for path in ("dense", "masked"):
+        got = cpu.masked_gemm_kt(x, w.t().contiguous(), mask, 32, bias=b, path=path)
+        torch.testing.assert_close(got.float(), want, rtol=_tol(dtype)[0], atol=_tol(dtype)[1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_dense_path_of_a_packed_weight_matches_the_reference(dtype):
     gen = torch.Generator().manual_seed(5)
@@ -138,7 +175,7 @@ def test_the_dense_path_of_a_packed_weight_matches_the_reference(dtype):
     want = ref.masked_gemm_k(x, w, mask, 32, b).float()
     wp = cpu.pack_k(w, 32)
     assert torch.equal(cpu.unpack_k(wp), w)
-    for args in ({"w": wp}, {"w": w, "packed": wp}):  # packed alone (unpacked per call), or kept beside w
+    for args in ({"w": wp}, {"w": w, "packed": wp}):  # packed alone (slabs per call), or kept beside w
         for path in ("dense", "masked"):
             got = cpu.masked_gemm_k(x, mask=mask, group_size=32, bias=b, path=path, **args)
             torch.testing.assert_close(got.float(), want, rtol=_tol(dtype)[0], atol=_tol(dtype)[1])

@@ -1,5 +1,5 @@
 """Fast CPU generation (wide_export.cpu.generation, model/generate.generate, `wide-export generate`): the
-reference model with the compiled kernels, packed o / down weights, torch's fused attention and a
+reference model with the compiled kernels, o / down weights stored as W^T, torch's fused attention and a
 preallocated KV cache gives the greedy tokens of transformers with the routers hooked on by hand
 (tests/model/hf_routing.py, independent of wide_export); the sampler; the command."""
 
@@ -50,13 +50,14 @@ def test_fast_generation_gives_the_greedy_tokens_of_transformers_with_routers(tm
     want = _hf_greedy(ckpt, prompts, 10)
     assert want != _hf_greedy(ckpt, prompts, 10, routed=False), "the routers change no token here"
     g = CpuGenerator.load(ckpt)
-    packed = [m for m in g.model.modules() if hasattr(m, "wide_packed")]
-    assert packed, "no K-pruned weight was packed"
+    laid = [n for n, p in g.model.named_parameters() if n.endswith(("o_proj.weight", "down_proj.weight"))
+            and p.t().is_contiguous() and not p.is_contiguous()]
+    assert laid, "no K-pruned weight was stored as W^T"
     cpu.PATHS.clear()
     got = g.run(prompts, 10, stop_at_eos=False)
     assert got.tokens == want
     assert got.steps == 10 and got.prefill_s > 0 and got.decode_s > 0
-    for kind in ("n", "k") + (("gated",) if arch != "mistral" else ()):
+    for kind in ("n", "kt") + (("gated",) if arch != "mistral" else ()):
         assert cpu.PATHS[kind, "masked"] > 0, cpu.PATHS
 
 

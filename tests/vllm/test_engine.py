@@ -66,7 +66,7 @@ def test_cpu_kernels_serve_the_routed_projections(llama, tmp_path):
     _, out, want = llama
     got = run_engine(out, tmp_path, env=engine_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"), enforce_eager=True)
     assert got["tokens"] == want
-    for kind in ("n", "gated", "k"):
+    for kind in ("n", "gated", "kt"):
         assert got["cpu_paths"].get(f"{kind}/masked", 0) > 0, got["cpu_paths"]
 
 

@@ -68,9 +68,7 @@ def test_opcheck_and_compile(ops):
 @pytest.mark.parametrize("t,k,n,gs", [(1, 64, 96, 16), (3, 128, 256, 64), (17, 96, 128, 32)])
 def test_cpu_ops_equal_the_references(ops, dtype, t, k, n, gs):
     """The CPU kernels' ops (mode cpu) on what the plugin passes: a bool mask slice, q rows of a fused qkv
-    weight with its bias, gate / up halves of gate_up, down packed or [N, K]; masks all off, all on, mixed."""
-    from wide_export import cpu
-
+    weight with its bias, gate / up halves of gate_up, down as W^T; masks all off, all on, mixed."""
     gen = torch.Generator().manual_seed(7 * k + t)
     x = torch.randn(t, k, generator=gen).to(dtype)
     qkv = torch.randn(n + 32, k, generator=gen).div(k**0.5).to(dtype)
@@ -87,14 +85,11 @@ def test_cpu_ops_equal_the_references(ops, dtype, t, k, n, gs):
         assert (q.view(t, -1, gs)[~mask] == 0).all() and (y.view(t, -1, gs)[~mask] == 0).all()
         o = torch.randn(t, n, generator=gen).to(dtype)  # attention output: skipped heads' channels not 0
         want = reference.masked_gemm_k(o, down, mask, gs)
-        torch.testing.assert_close(ops.cpu_gemm_k(o, down, mask, gs), want, **tol)
-        if k % 16 == 0:
-            torch.testing.assert_close(ops.cpu_gemm_k(o, cpu.pack_k(down, gs), mask, gs), want, **tol)
+        torch.testing.assert_close(ops.cpu_gemm_kt(o, down.t().contiguous(), mask, gs), want, **tol)
+        torch.testing.assert_close(ops.cpu_gemm_kt(o, down.t(), mask, gs), want, **tol)  # a view: copied
 
 
 def test_cpu_ops_opcheck_and_compile(ops):
-    from wide_export import cpu
-
     gen = torch.Generator().manual_seed(1)
     x, w = torch.randn(5, 64, generator=gen), torch.randn(32, 64, generator=gen) / 8
     b = torch.randn(32, generator=gen)
@@ -102,11 +97,11 @@ def test_cpu_ops_opcheck_and_compile(ops):
     wd = torch.randn(64, 32, generator=gen) / 6
     torch.library.opcheck(ops.cpu_gemm_n.default, (x, w, mask, 16, b))
     torch.library.opcheck(ops.cpu_gated.default, (x, w, w.clone(), mask, 16))
-    torch.library.opcheck(ops.cpu_gemm_k.default, (x[:, :32].contiguous(), cpu.pack_k(wd, 16), mask, 16))
+    torch.library.opcheck(ops.cpu_gemm_kt.default, (x[:, :32].contiguous(), wd.t().contiguous(), mask, 16))
 
     def layer(xx, m):
         q = ops.cpu_gemm_n(xx, w, m, 16, b)
-        return ops.cpu_gemm_k(ops.cpu_gated(xx, w, w, m, 16) + q, cpu.pack_k(wd, 16), m, 16)
+        return ops.cpu_gemm_kt(ops.cpu_gated(xx, w, w, m, 16) + q, wd.t().contiguous(), m, 16)
 
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x, mask), layer(x, mask))

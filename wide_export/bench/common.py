@@ -11,6 +11,39 @@ TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 CPU_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # --device cpu: what wide_export.cpu's kernels take
 
 
+def _model_presets() -> dict:
+    from wide_export.model.synthetic import SyntheticSpec
+
+    return {
+        # tests: 2 layers, hidden 128, head_dim 32 (what llama.cpp and vLLM's CPU attention take)
+        "tiny": SyntheticSpec(arch="llama", vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2,
+                              num_heads=4, num_kv_heads=2, attn_groups=2, ffn_groups=8, rank=16, seed=1),
+        # a 0.37 B Llama (6 layers, hidden 2048, FFN 8192, 16 / 4 heads of 128, vocab 4096): 1.5 GB of float32
+        # weights, 3x the last-level cache of the 2-core machine the CPU figures come from, so decode reads
+        # them from memory. Groups: 2 heads (8 per layer), 128 FFN channels (64 per layer)
+        "llama-0.4b": SyntheticSpec(arch="llama", vocab_size=4096, hidden_size=2048, intermediate_size=8192,
+                                    num_layers=6, num_heads=16, num_kv_heads=4, attn_groups=8, ffn_groups=64,
+                                    rank=64, max_position_embeddings=4096, seed=0),
+    }
+
+
+MODEL_PRESETS = _model_presets()  # whole random-weight checkpoints the generation benchmarks write
+
+
+def decode_bytes(cfg, itemsize: int, skipped: dict[str, float]) -> int:
+    """Weight bytes one decode token reads (cfg: a WideConfig): every layer's q/k/v, o, gate/up and down and
+    the LM head (the embedding's one row aside); the routed parts scaled by the executed fraction
+    1 - skipped[kind] (q and o of skipped head groups, gate/up and down of skipped channel groups; k and v
+    are always read)."""
+    h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    total = cfg.vocab_size * h
+    for r in cfg.routing:
+        attn = 1 - skipped.get("attention", 0.0) if r.attn_groups else 1.0
+        ffn = 1 - skipped.get("ffn", 0.0) if r.ffn_groups else 1.0
+        total += 2 * kv * h + attn * 2 * q * h + ffn * 3 * cfg.intermediate_size * h
+    return int(total * itemsize)
+
+
 def cuda_or_tiny(command: str, preset: str, hint: str = "run it on a machine with an NVIDIA GPU") -> bool:
     """True with a CUDA GPU; without one only the 'tiny' preset runs (CPU interpreter), else a WideError."""
     import torch

@@ -40,6 +40,11 @@ PRESETS = {
                        masked_max_tokens=64),
     "full": CpuPreset(LLAMA_8B, tokens=(1, 2, 4, 8, 16, 32, 64, 128, 512), sparsities=(0.0, 0.25, 0.5, 0.75),
                       reps=12, masked_max_tokens=128),
+    # the 0.37 B Llama the generation and vLLM benchmarks run (bench/common.MODEL_PRESETS)
+    "llama-0.4b": CpuPreset((("q", 2048, 2048, "n", 256), ("o", 2048, 2048, "k", 256),
+                             ("gate_up", 8192, 2048, "gated", 128), ("down", 2048, 8192, "k", 128)),
+                            tokens=(1, 2, 4, 8, 16, 32, 64, 512), sparsities=(0.0, 0.5), reps=10,
+                            masked_max_tokens=64),
     "tiny": CpuPreset((("q", 256, 192, "n", 32), ("gate_up", 384, 192, "gated", 32), ("down", 192, 384, "k", 32)),
                       tokens=(1, 4), sparsities=(0.0, 0.5), reps=2, masked_max_tokens=4),
 }
@@ -159,8 +164,8 @@ def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
             ws = [torch.empty(N, K, dtype=dt).normal_(0, 0.02, generator=gen) for _ in range(copies)]
             us = [torch.empty(N, K, dtype=dt).normal_(0, 0.02, generator=gen) for _ in range(copies)] \
                 if kind == "gated" else ws
-            if kind == "k":  # the masked side reads the layout it is fastest with (ops.pack_k), same values
-                us = [ops.pack_k(w, gs) for w in ws]
+            if kind == "k":  # the masked side reads W^T [K, N], the layout the plugin and generation keep
+                us = [w.t().contiguous() for w in ws]
             G = (K if kind == "k" else N) // gs
             for T in cfg.tokens:
                 x = torch.randn(T, K, generator=gen).to(dt)
@@ -183,7 +188,7 @@ def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
                             return ops.masked_gemm_n(x, w, mask, gs, path="masked")
                         if kind == "gated":
                             return ops.masked_gated_mlp(x, w, u, mask, gs, path="masked")
-                        return ops.masked_gemm_k(x, w, mask, gs, path="masked", packed=u)
+                        return ops.masked_gemm_kt(x, u, mask, gs, path="masked")
 
                     union = float(mask.bool().any(0).float().mean())
                     d_ms = _median_ms(dense, max(cfg.reps, copies))
@@ -210,8 +215,8 @@ def measured_policy(report: CpuReport) -> dict:
     """The policy these rows support, per dtype (wide_export/cpu/policy.json's layout): per kind, the largest
     token count up to which the masked kernel at 50 % sparsity is at least as fast as dense at every count
     (over every shape timed; one token always masked); dense where the union of the call's masks is 0.95 or
-    more, except from masked_full_union_min_m tokens on, where the masked kernel at sparsity 0 beat dense by
-    3 % at every count timed (per kind)."""
+    more, except from masked_full_union_min_m to masked_full_union_max_m tokens, the first run of counts where
+    the masked kernel at sparsity 0 beat dense by 3 % (per kind, every shape)."""
     out = {}
     for dname, dtype in DTYPES.items():
         rows = [r for r in report.rows if r.dtype == dname and r.masked_ms is not None]
@@ -226,13 +231,20 @@ def measured_policy(report: CpuReport) -> dict:
                     break
                 best = T
             entry["masked_max_m"][kind] = best
-        entry["masked_full_union_min_m"] = {}
-        for kind in KINDS:  # from which count on the masked kernel beats dense by 3 % even at sparsity 0
-            zero = sorted((r.tokens, r.masked_ms <= 0.97 * r.dense_ms) for r in rows
-                          if r.kind == kind and r.sparsity == 0.0 and r.tokens <= entry["masked_max_m"][kind])
-            wins = [T for i, (T, _) in enumerate(zero) if all(ok for _, ok in zero[i:])]
-            if wins:
-                entry["masked_full_union_min_m"][kind] = wins[0]
+        entry["masked_full_union_min_m"], entry["masked_full_union_max_m"] = {}, {}
+        for kind in KINDS:  # the counts where the masked kernel beats dense by 3 % even at sparsity 0 (the first
+            # run of them, every shape of the kind)
+            counts = sorted({r.tokens for r in rows if r.kind == kind and r.sparsity == 0.0
+                             and r.tokens <= entry["masked_max_m"][kind]})
+            wins = [all(r.masked_ms <= 0.97 * r.dense_ms for r in rows
+                        if r.kind == kind and r.sparsity == 0.0 and r.tokens == T) for T in counts]
+            if True in wins:
+                first = wins.index(True)
+                last = first
+                while last + 1 < len(wins) and wins[last + 1]:
+                    last += 1
+                entry["masked_full_union_min_m"][kind] = counts[first]
+                entry["masked_full_union_max_m"][kind] = counts[last]
         out[dtype] = entry
     return out
 
@@ -252,10 +264,11 @@ def validate_entry(entry) -> list[str]:
         u = e.get("dense_union_min") if isinstance(e, dict) else None
         if not isinstance(u, (int, float)) or not 0 < u <= 1.01:
             errs.append(f"{dtype}: dense_union_min must be in (0, 1.01]")
-        f = e.get("masked_full_union_min_m", {}) if isinstance(e, dict) else None
-        if not isinstance(f, dict) or not set(f) <= set(KINDS) or not all(isinstance(v, int) and v >= 1
-                                                                          for v in f.values()):
-            errs.append(f"{dtype}: masked_full_union_min_m must give kinds of {list(KINDS)} a token count >= 1")
+        for key in ("masked_full_union_min_m", "masked_full_union_max_m"):
+            f = e.get(key, {}) if isinstance(e, dict) else None
+            if not isinstance(f, dict) or not set(f) <= set(KINDS) or not all(isinstance(v, int) and v >= 1
+                                                                              for v in f.values()):
+                errs.append(f"{dtype}: {key} must give kinds of {list(KINDS)} a token count >= 1")
     return errs
 
 

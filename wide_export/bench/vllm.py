@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from wide_export.bench.common import MODEL_PRESETS, decode_bytes
 from wide_export.bench.routers import calibrate, measure
 from wide_export.errors import WideError
 from wide_export.model.synthetic import SyntheticSpec
@@ -40,11 +41,7 @@ PRESETS = {
     # head_dim 64 (vLLM's CPU attention takes 32 and up), group sizes 2 heads / 128 channels, ~12 M parameters
     "small": SyntheticSpec(arch="llama", vocab_size=1024, hidden_size=512, intermediate_size=1536, num_layers=4,
                            num_heads=8, num_kv_heads=2, attn_groups=4, ffn_groups=12, rank=32, seed=0),
-    # issue 49's 0.37 B Llama (6 layers, hidden 2048, FFN 8192, 16 / 4 heads, vocab 4096): 1.5 GB of float32
-    # weights, 3x this machine's last-level cache, so decode reads them from memory. Groups: 2 heads, 128 channels
-    "llama-0.4b": SyntheticSpec(arch="llama", vocab_size=4096, hidden_size=2048, intermediate_size=8192,
-                                num_layers=6, num_heads=16, num_kv_heads=4, attn_groups=8, ffn_groups=64, rank=64,
-                                max_position_embeddings=4096, seed=0),
+    **MODEL_PRESETS,
 }
 METRICS = ("ttft_s", "itl_s", "prefill_tok_s", "decode_tok_s")
 CHECK_PROMPTS = [[1, 5, 7, 9, 11], [1, 50, 60, 70, 80, 90, 100], [1, 200, 3]]
@@ -138,19 +135,6 @@ def _reference_tokens(loaded_fp32) -> list[list[int]]:
     for p in CHECK_PROMPTS:
         out.append(greedy_generate(loaded_fp32.model, torch.tensor([p]), max_new_tokens=CHECK_TOKENS)[0].tolist())
     return out
-
-
-def decode_bytes(cfg, itemsize: int, skipped: dict[str, float]) -> int:
-    """Weight bytes one decode token reads: every layer's q/k/v, o, gate/up and down and the LM head (the
-    embedding's one row aside); the routed parts scaled by the executed fraction 1 - skipped[kind] (q and o of
-    skipped head groups, gate/up and down of skipped channel groups; k and v are always read)."""
-    h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    total = cfg.vocab_size * h
-    for layer, r in enumerate(cfg.routing):
-        attn = 1 - skipped.get("attention", 0.0) if r.attn_groups else 1.0
-        ffn = 1 - skipped.get("ffn", 0.0) if r.ffn_groups else 1.0
-        total += 2 * kv * h + attn * 2 * q * h + ffn * 3 * cfg.intermediate_size * h
-    return int(total * itemsize)
 
 
 def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lora: Path | None = None,

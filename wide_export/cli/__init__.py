@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "wide_export.cli.bench_kernels_cmd",
     "wide_export.cli.bench_e2e_cmd",
     "wide_export.cli.bench_vllm_cmd",
+    "wide_export.cli.bench_generate_cmd",
     "wide_export.cli.analyze_cmd",
     "wide_export.cli.run_tp_cmd",
 ]

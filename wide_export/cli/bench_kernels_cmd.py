@@ -15,7 +15,8 @@ def bench_kernels(
     preset: Annotated[str, typer.Option(help="Grid to run: 'short' (minutes, Llama-3.1-8B shapes), 'full' "
                                              "(tokens 1..16384, group sizes 32/128/512, sparsity 25/50/75 %, "
                                              "random and correlated masks, Llama-3.1-8B and Qwen3-8B) or 'tiny' "
-                                             "(CPU interpreter smoke run; timings mean nothing).")] = "short",
+                                             "(CPU interpreter smoke run; timings mean nothing); --device cpu "
+                                             "also 'llama-0.4b' (the generation benchmarks' model).")] = "short",
     dtype: Annotated[Optional[str], typer.Option(help="Activation/weight dtype: bf16 or fp16 (GPU; default bf16); "
                                                       "fp32 or bf16 (--device cpu; default both).",
                                                  show_default=False)] = None,

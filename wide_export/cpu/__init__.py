@@ -14,7 +14,7 @@ are ``wide_export.ops.reference``."""
 
 from __future__ import annotations
 
-__all__ = ["masked_gemm_n", "masked_gated_mlp", "masked_gemm_k", "pack_k", "unpack_k", "router", "isa", "available"]
+__all__ = ["masked_gemm_n", "masked_gated_mlp", "masked_gemm_k", "masked_gemm_kt", "pack_k", "unpack_k", "router", "isa", "available"]
 
 
 def __getattr__(name: str):

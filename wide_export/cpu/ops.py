@@ -104,12 +104,15 @@ def _masked(kind: str, x2: torch.Tensor, w: torch.Tensor, mask2: torch.Tensor, f
 def choose(kind: str, M: int, dtype: str, union) -> str:
     """'masked' or 'dense' for a call of M tokens (union(): the fraction of groups some token executes, asked
     only when it matters), by policy.json: masked up to masked_max_m tokens, unless the union reaches
-    dense_union_min below masked_full_union_min_m tokens (from there the masked kernel wins even at a full
-    union: the dense GEMM of a few tokens is slow, as float32's is in oneDNN)."""
+    dense_union_min, where the call reads every group's weights anyway; except from masked_full_union_min_m
+    to masked_full_union_max_m tokens (default masked_max_m), where the masked kernel wins even at a full
+    union (a dense GEMM of a few tokens is slow, as float32's is in oneDNN / MKL)."""
     p = policy(dtype)
     if M > p["masked_max_m"][kind]:
         return "dense"
-    if M >= p.get("masked_full_union_min_m", {}).get(kind, M + 1):
+    lo = p.get("masked_full_union_min_m", {}).get(kind)
+    hi = p.get("masked_full_union_max_m", {}).get(kind, p["masked_max_m"][kind])
+    if lo is not None and lo <= M <= hi:
         return "masked"
     return "masked" if union() < p["dense_union_min"] else "dense"
 
@@ -183,7 +186,10 @@ def unpack_k(wp: torch.Tensor) -> torch.Tensor:
 def masked_gemm_k(x, w, mask, group_size: int, bias=None, out=None, path: str | None = None, packed=None):
     """x W^T + b over the input groups each token executes (skipped input columns ignored). w [N, K]; `packed`
     (pack_k of w), when the caller keeps it, is what the masked kernel reads. w may be packed itself: the dense
-    path then unpacks it per call (a copy of the weight; keep both layouts where prefill speed matters)."""
+    path then runs one GEMM per executed group on that group's slice (_dense_packed). A w that is the transposed
+    view of a contiguous W^T [K, N] (w = wt.t()) goes to masked_gemm_kt."""
+    if packed is None and w.dim() == 2 and not w.is_contiguous() and w.t().is_contiguous():
+        return masked_gemm_kt(x, w.t(), mask, group_size, bias, out, path)  # W^T's storage: cpu.model.prepare
     x2, m2 = _flat(x, mask)
     N = w.shape[0] if w.dim() == 2 else w.shape[1] * PACK_KB
     kernel_w = packed if packed is not None else w
@@ -191,9 +197,50 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, out=None, path: str | 
         PATHS["k", "masked"] += 1
         y = out if out is not None else x2.new_empty(x2.shape[0], N)
         torch.ops.wide_cpu.gemm_k(x2, kernel_w.contiguous(), m2, group_size, bias, y)
+    elif w.dim() == 2:
+        PATHS["k", "dense"] += 1
+        y = F.linear(_zero_skipped_(x2.clone(), m2), w, bias)
     else:
         PATHS["k", "dense"] += 1
-        y = F.linear(_zero_skipped_(x2.clone(), m2), w if w.dim() == 2 else unpack_k(w), bias)
+        y = _dense_packed(_zero_skipped_(x2.clone(), m2), w, m2, bias)
+    return y.reshape(*x.shape[:-1], N)
+
+
+SLAB_BYTES = 8 << 20  # _dense_packed's weight slab: a few groups' [gs, N] slices, made while they are in cache
+
+
+def _dense_packed(xz: torch.Tensor, wp: torch.Tensor, m2: torch.Tensor, bias) -> torch.Tensor:
+    """x W^T from a packed weight alone ([G, N/16, gs, 16]; xz with skipped groups' columns already 0): the
+    groups some token executes, a slab of them at a time laid out as [groups * gs, N] (a copy that stays in
+    cache), one GEMM per slab, summed. No copy of the whole weight is made (the vLLM plugin keeps no [N, K])."""
+    G, C, gs, kb = wp.shape
+    M, N = xz.shape[0], C * kb
+    y = xz.new_zeros(M, N) if bias is None else bias.to(xz.dtype).expand(M, N).clone()
+    xg = xz.view(M, G, gs)
+    per = max(1, SLAB_BYTES // (gs * N * xz.element_size()))
+    slab = xz.new_empty(per * gs, N)
+    groups = m2.any(0).nonzero().flatten()
+    for start in range(0, len(groups), per):
+        chunk = groups[start:start + per]
+        n = len(chunk)
+        slab[:n * gs].view(n, gs, C, kb).copy_(wp[chunk].transpose(1, 2))
+        y.addmm_(xg[:, chunk].reshape(M, n * gs), slab[:n * gs])
+    return y
+
+
+def masked_gemm_kt(x, wt, mask, group_size: int, bias=None, out=None, path: str | None = None):
+    """x W^T + b over the input groups each token executes, from wt = W^T [K, N] contiguous (w.t().contiguous()):
+    each group's weights one contiguous block for the masked kernel, and the dense GEMM's operand as it is
+    (F.linear(x, wt.t())), so one copy serves decode and prefill. The policy is gemm_k's."""
+    x2, m2 = _flat(x, mask)
+    N = wt.shape[1]
+    if _masked("k", x2, wt, m2, path):
+        PATHS["kt", "masked"] += 1
+        y = out if out is not None else x2.new_empty(x2.shape[0], N)
+        torch.ops.wide_cpu.gemm_kt(x2, wt.contiguous(), m2, group_size, bias, y)
+    else:
+        PATHS["kt", "dense"] += 1
+        y = F.linear(_zero_skipped_(x2.clone(), m2), wt.t(), bias)
     return y.reshape(*x.shape[:-1], N)
 
 

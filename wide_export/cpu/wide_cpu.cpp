@@ -4,6 +4,7 @@
 //   wide_cpu::gated(x, w_gate, w_up, mask, group_size, out!)  out = silu(x Wg^T) * (x Wu^T), skipped groups 0
 //   wide_cpu::gemm_k(x, w, mask, group_size, bias?, out!)    out = x W^T + b over the executed input groups
 //                                                            (w [N, K], or packed by pack_k: [G, N/16, gs, 16])
+//   wide_cpu::gemm_kt(x, wt, mask, group_size, bias?, out!)  the same from wt = W^T [K, N] (row-major)
 //   wide_cpu::isa() -> str                                   the instruction set the kernels run with
 //   wide_cpu::set_isa(name) -> str                           use a lower one (tests run every path)
 //
@@ -497,6 +498,127 @@ void gemm_k_packed_impl(const T* x, const T* w, const int32_t* mask, const T* bi
   });
 }
 
+// K-pruned over the transposed weight wt = W^T [K, N] (row-major): group g's weights are rows
+// [g*gs, (g+1)*gs), one contiguous block, and the dense GEMM reads the same tensor (F.linear(x, wt.t())), so
+// a caller keeps this one copy for decode and prefill alike. Threads split the executed groups (not the
+// outputs): each streams its groups' blocks front to back, eight rows at a time, into its own [M, N] float32
+// partial sums (an N-tile at a time when many tokens share a group, so they stay in cache); the partials are
+// summed at the end.
+constexpr int KT_ROWS = 8;                  // weight rows per pass: eight streams, one accumulator load / store
+constexpr int KT_TOKENS = 8;                // tokens per pass over a group
+constexpr int64_t KT_ACC_BYTES = 32 << 10;  // a pass's accumulators: about an L1 data cache
+
+// acc[m][0 .. len) += sum_i xs[m][i] * w[i][0 .. len), i < nw <= KT_ROWS, m < nm
+template <typename T>
+void rows_axpy_scalar(const T* const* w, int nw, int64_t len, const float (*xs)[KT_ROWS], int nm,
+                      float* const* acc) {
+  for (int64_t n = 0; n < len; ++n) {
+    float wv[KT_ROWS];
+    for (int i = 0; i < nw; ++i) wv[i] = load1(w[i] + n);
+    for (int m = 0; m < nm; ++m) {
+      float a = acc[m][n];
+      for (int i = 0; i < nw; ++i) a += wv[i] * xs[m][i];
+      acc[m][n] = a;
+    }
+  }
+}
+
+template <typename T>
+WIDE_AVX512 void rows_axpy_avx512(const T* const* w, int nw, int64_t len, const float (*xs)[KT_ROWS], int nm,
+                                  float* const* acc) {
+  for (int64_t n = 0; n < len; n += 16) {
+    const __mmask16 km = len - n >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                       : static_cast<__mmask16>((1u << (len - n)) - 1);
+    __m512 wv[KT_ROWS];
+    for (int i = 0; i < nw; ++i) wv[i] = load16(w[i] + n, km);
+    for (int m = 0; m < nm; ++m) {
+      __m512 a = _mm512_maskz_loadu_ps(km, acc[m] + n);
+      for (int i = 0; i < nw; ++i) a = _mm512_fmadd_ps(wv[i], _mm512_set1_ps(xs[m][i]), a);
+      _mm512_mask_storeu_ps(acc[m] + n, km, a);
+    }
+  }
+}
+
+template <typename T>
+__attribute__((target("avx2,fma"))) void rows_axpy_avx2(const T* const* w, int nw, int64_t len,
+                                                        const float (*xs)[KT_ROWS], int nm, float* const* acc) {
+  int64_t n = 0;
+  for (; n + 8 <= len; n += 8) {
+    __m256 wv[KT_ROWS];
+    for (int i = 0; i < nw; ++i) wv[i] = load8(w[i] + n);
+    for (int m = 0; m < nm; ++m) {
+      __m256 a = _mm256_loadu_ps(acc[m] + n);
+      for (int i = 0; i < nw; ++i) a = _mm256_fmadd_ps(wv[i], _mm256_set1_ps(xs[m][i]), a);
+      _mm256_storeu_ps(acc[m] + n, a);
+    }
+  }
+  if (n < len) {
+    const T* tail[KT_ROWS];
+    float* tacc[KT_TOKENS];
+    for (int i = 0; i < nw; ++i) tail[i] = w[i] + n;
+    for (int m = 0; m < nm; ++m) tacc[m] = acc[m] + n;
+    rows_axpy_scalar(tail, nw, len - n, xs, nm, tacc);
+  }
+}
+
+template <typename T>
+void rows_axpy(const T* const* w, int nw, int64_t len, const float (*xs)[KT_ROWS], int nm, float* const* acc) {
+  const int isa = g_isa.load(std::memory_order_relaxed);
+  if (isa >= kAvx512) return rows_axpy_avx512(w, nw, len, xs, nm, acc);
+  if (isa == kAvx2) return rows_axpy_avx2(w, nw, len, xs, nm, acc);
+  rows_axpy_scalar(w, nw, len, xs, nm, acc);
+}
+
+// The calling thread's buffer of every worker's partial sums (grown once), zeroed, taken before
+// at::parallel_for (as call_plan)
+std::vector<float>& call_partials(int64_t n) {
+  thread_local std::vector<float> part;
+  if (static_cast<int64_t>(part.size()) < n) part.resize(n);
+  std::fill(part.begin(), part.begin() + n, 0.f);
+  return part;
+}
+
+template <typename T>
+void gemm_kt_impl(const T* x, const T* wt, const int32_t* mask, const T* bias, T* out, const Geometry& d) {
+  Plan& plan = call_plan(mask, d.M, d.G);
+  const int64_t MN = d.M * d.N;
+  const int nt = std::max(1, at::get_num_threads());
+  std::vector<float>& part = call_partials(nt * MN);
+  at::parallel_for(0, static_cast<int64_t>(plan.group.size()), 1, [&](int64_t b, int64_t e) {
+    float* mine = part.data() + std::min(at::get_thread_num(), nt - 1) * MN;
+    for (int64_t gi = b; gi < e; ++gi) {
+      const int64_t g = plan.group[gi];
+      const int32_t* rows = plan.rows.data() + plan.start[gi];
+      const int64_t nrows = plan.start[gi + 1] - plan.start[gi];
+      for (int64_t i = 0; i < nrows; i += KT_TOKENS) {
+        const int nm = static_cast<int>(std::min<int64_t>(KT_TOKENS, nrows - i));
+        const int64_t tile = std::min<int64_t>(d.N, std::max<int64_t>(256, KT_ACC_BYTES / 4 / nm / 16 * 16));
+        for (int64_t n0 = 0; n0 < d.N; n0 += tile) {
+          const int64_t len = std::min(tile, d.N - n0);
+          float* acc[KT_TOKENS];
+          for (int m = 0; m < nm; ++m) acc[m] = mine + rows[i + m] * d.N + n0;
+          for (int64_t k = 0; k < d.gs; k += KT_ROWS) {
+            const int nw = static_cast<int>(std::min<int64_t>(KT_ROWS, d.gs - k));
+            const T* w[KT_ROWS];
+            float xs[KT_TOKENS][KT_ROWS];
+            for (int j = 0; j < nw; ++j) w[j] = wt + (g * d.gs + k + j) * d.N + n0;
+            for (int m = 0; m < nm; ++m)
+              for (int j = 0; j < nw; ++j) xs[m][j] = load1(x + rows[i + m] * d.K + g * d.gs + k + j);
+            rows_axpy(w, nw, len, xs, nm, acc);
+          }
+        }
+      }
+    }
+  });
+  at::parallel_for(0, MN, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t idx = b; idx < e; ++idx) {
+      float s = bias ? load1(bias + idx % d.N) : 0.f;
+      for (int t = 0; t < nt; ++t) s += part[t * MN + idx];
+      put(out + idx, s);
+    }
+  });
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // wN x wK: the weight's [N, K] (a packed w's too: its layout is checked by gemm_k)
 Geometry check(const at::Tensor& x, const at::Tensor& w, int64_t wN, int64_t wK, const at::Tensor& mask,
@@ -578,6 +700,19 @@ void gemm_k(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, in
   });
 }
 
+void gemm_kt(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& mask, int64_t group_size,
+             const std::optional<at::Tensor>& bias, at::Tensor& out) {
+  TORCH_CHECK(wt.dim() == 2, "wide_cpu::gemm_kt: wt must be [K, N]");
+  Geometry d = check(x, wt, wt.size(1), wt.size(0), mask, group_size, out, true, "wide_cpu::gemm_kt");
+  TORCH_CHECK(!bias || (bias->numel() == d.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous()),
+              "wide_cpu::gemm_kt: bias must be [N] of x's dtype");
+  by_dtype(x, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    gemm_kt_impl<T>(ptr<T>(x), ptr<T>(wt), mask.data_ptr<int32_t>(), bias ? ptr<T>(*bias) : nullptr,
+                    static_cast<T*>(out.data_ptr()), d);
+  });
+}
+
 std::string isa() {
   std::string s = kIsaNames[g_isa.load()];
   if (g_isa.load() != detect()) s += std::string(" (of ") + kIsaNames[detect()] + ")";
@@ -605,6 +740,7 @@ TORCH_LIBRARY(wide_cpu, m) {
   m.def("gemm_n(Tensor x, Tensor w, Tensor mask, int group_size, Tensor? bias, Tensor(a!) out) -> ()");
   m.def("gated(Tensor x, Tensor w_gate, Tensor w_up, Tensor mask, int group_size, Tensor(a!) out) -> ()");
   m.def("gemm_k(Tensor x, Tensor w, Tensor mask, int group_size, Tensor? bias, Tensor(a!) out) -> ()");
+  m.def("gemm_kt(Tensor x, Tensor wt, Tensor mask, int group_size, Tensor? bias, Tensor(a!) out) -> ()");
   m.def("isa() -> str", &isa);
   m.def("set_isa(str name) -> str", &set_isa);
 }
@@ -613,4 +749,5 @@ TORCH_LIBRARY_IMPL(wide_cpu, CPU, m) {
   m.impl("gemm_n", &gemm_n);
   m.impl("gated", &gated);
   m.impl("gemm_k", &gemm_k);
+  m.impl("gemm_kt", &gemm_kt);
 }

@@ -135,8 +135,7 @@ class Attention(nn.Module):
         if mask is None:
             out = self.o_proj(o)
         else:
-            out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d, self.o_proj.bias,
-                                  packed=getattr(self.o_proj, "wide_packed", None))
+            out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d, self.o_proj.bias)
         return out, present
 
     def _attend(self, q, k, v, allowed):
@@ -168,8 +167,7 @@ class MLP(nn.Module):
         if mask is None:
             return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
         y = dispatch.gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, mask, group_size)
-        return dispatch.gemm_k(y, self.down_proj.weight, mask, group_size,
-                               packed=getattr(self.down_proj, "wide_packed", None))
+        return dispatch.gemm_k(y, self.down_proj.weight, mask, group_size)
 
 
 class DecoderLayer(nn.Module):

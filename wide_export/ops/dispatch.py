@@ -80,9 +80,7 @@ def gated_mlp(x, w_gate, w_up, mask, group_size: int) -> torch.Tensor:
     return ref.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
 
 
-def gemm_k(x, w, mask, group_size: int, bias=None, packed=None) -> torch.Tensor:
-    """x W^T + b over the input groups each token executes. `packed` (wide_export.cpu.pack_k of w, where the
-    caller keeps one) is what the fast CPU path's kernel reads; the reference and the export ignore it."""
+def gemm_k(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
     if _exporting():
         b = bias if bias is not None else torch.zeros(w.shape[0], dtype=x.dtype)  # always wired, as gemm_n
         attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
@@ -90,5 +88,5 @@ def gemm_k(x, w, mask, group_size: int, bias=None, packed=None) -> torch.Tensor:
     if fast_cpu(x):
         from wide_export import cpu
 
-        return cpu.masked_gemm_k(x, w, mask, group_size, bias, packed=packed)
+        return cpu.masked_gemm_k(x, w, mask, group_size, bias)
     return ref.masked_gemm_k(x, w, mask, group_size, bias)

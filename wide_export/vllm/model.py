@@ -23,7 +23,8 @@ Triton kernels as torch custom ops (ops.py), which skip the weights of skipped
 groups. `cpu` (vLLM's CPU backend, unquantised, no LoRA adapters): q_proj,
 gate/up + SiLU, o_proj and down_proj of routed sublayers run wide_export.cpu's
 compiled kernels as custom ops; those layers keep their own weight layout
-(q/k/v and gate/up as loaded, o_proj / down_proj packed for the K-pruned kernel)
+(q/k/v and gate/up as loaded, o_proj / down_proj transposed to [K, N] for the K-pruned kernel and the dense
+GEMM alike)
 instead of vLLM's repacked copy, so the weights stay one copy. o_proj / down_proj
 partial sums are all-reduced as RowParallelLinear does.
 `--additional-config '{"wide_kernels": "auto|native|triton|cpu"}'` or `WIDE_VLLM_KERNELS`; auto = triton
@@ -121,21 +122,20 @@ def _own_weight(*layers: nn.Module) -> None:
         layer._cpu_skip_gemm_dispatch = True
 
 
-def _pack_k(layer: nn.Module, group_size: int) -> None:
-    """Replace a K-pruned layer's [N, K] weight with the CPU kernel's packed layout (wide_export.cpu.pack_k),
-    kept as `layer.wide_packed`: one copy of the weight, streamed whole per executed group at decode."""
-    from wide_export.cpu import pack_k
-
+def _transpose_k(layer: nn.Module) -> None:
+    """Replace a K-pruned layer's [N, K] weight with W^T [K, N] contiguous, kept as `layer.wide_kt`: each input
+    group's weights one contiguous block for the CPU kernel (wide_export.cpu.masked_gemm_kt), and the dense
+    GEMM's operand as it is, so prefill and decode share one copy of the weight."""
     w = layer.weight.data
-    if w.dim() != 2 or w.shape[0] % 16:
-        return  # not loaded as [N, K] (e.g. dummy weights), or N not a multiple of 16: the [N, K] kernel
-    layer.register_buffer("wide_packed", pack_k(w, group_size), persistent=False)
+    if w.dim() != 2 or w.numel() == 0:
+        return  # not loaded as [N, K]: the op transposes per call
+    layer.register_buffer("wide_kt", w.t().contiguous(), persistent=False)
     layer.weight = nn.Parameter(w.new_empty(0), requires_grad=False)
 
 
-def _k_weight(layer: nn.Module) -> torch.Tensor:
-    packed = getattr(layer, "wide_packed", None)
-    return layer.weight if packed is None else packed
+def _kt(layer: nn.Module) -> torch.Tensor:
+    kt = getattr(layer, "wide_kt", None)
+    return layer.weight.t() if kt is None else kt
 
 
 class _Affine(nn.Module):
@@ -232,7 +232,7 @@ class WideAttention(nn.Module):
     def pack(self) -> None:
         """After loading: o_proj's weight in the CPU kernel's layout (mode cpu)."""
         if self.mode == "cpu":
-            _pack_k(self.o_proj, self.group_width)
+            _transpose_k(self.o_proj)
 
     def _qk_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         by_head = x.view(*x.shape[:-1], x.shape[-1] // self.head_dim, self.head_dim)
@@ -260,8 +260,8 @@ class WideAttention(nn.Module):
         if mask is None:
             return self.o_proj(o)[0]
         if self.mode == "cpu":
-            return _row_parallel(self.o_proj, torch.ops.wide_vllm.cpu_gemm_k(o, _k_weight(self.o_proj), mask,
-                                                                             self.group_width))
+            return _row_parallel(self.o_proj, torch.ops.wide_vllm.cpu_gemm_kt(o, _kt(self.o_proj), mask,
+                                                                              self.group_width))
         if self.mode == "triton" and _plain(self.o_proj, RowParallelLinear):
             return _row_parallel(self.o_proj, torch.ops.wide_vllm.masked_gemm_k(o, self.o_proj.weight, mask,
                                                                                  self.group_width))
@@ -284,15 +284,15 @@ class WideMLP(nn.Module):
     def pack(self) -> None:
         """After loading: down_proj's weight in the CPU kernel's layout (mode cpu)."""
         if self.mode == "cpu":
-            _pack_k(self.down_proj, self.group_size)
+            _transpose_k(self.down_proj)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if mask is not None and self.mode == "cpu":
             w = self.gate_up_proj.weight
             n = w.shape[0] // 2  # this rank's channels: gate rows, then up rows
             y = torch.ops.wide_vllm.cpu_gated(x, w[:n], w[n:], mask, self.group_size)
-            return _row_parallel(self.down_proj, torch.ops.wide_vllm.cpu_gemm_k(y, _k_weight(self.down_proj), mask,
-                                                                                self.group_size))
+            return _row_parallel(self.down_proj, torch.ops.wide_vllm.cpu_gemm_kt(y, _kt(self.down_proj), mask,
+                                                                                 self.group_size))
         if mask is not None and self.mode == "triton" and _plain(self.gate_up_proj, MergedColumnParallelLinear) \
                 and _plain(self.down_proj, RowParallelLinear):
             w = self.gate_up_proj.weight

@@ -16,7 +16,7 @@ with the mask applied: a choice made from the mask's values, which is why the wh
 
   wide_vllm::cpu_gemm_n(x, w, mask, gs, bias)       -> x W^T + b, outputs of skipped groups 0 (q_proj)
   wide_vllm::cpu_gated(x, wg, wu, mask, gs)         -> silu(x Wg^T) * (x Wu^T), skipped groups 0
-  wide_vllm::cpu_gemm_k(x, w, mask, gs)             -> x W^T, skipped input groups ignored; w [N, K] or packed
+  wide_vllm::cpu_gemm_kt(x, wt, mask, gs)           -> x W^T, skipped input groups ignored; wt = W^T [K, N]
 
 The PyTorch references of the same ops are wide_export.ops.reference; the
 kernels are tested against them in tests/kernels.
@@ -92,14 +92,13 @@ def _cpu_gated_fake(x, w_gate, w_up, mask, group_size):
     return x.new_empty((*x.shape[:-1], w_gate.shape[0]))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::cpu_gemm_k", mutates_args=())
-def cpu_gemm_k(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+@torch.library.custom_op(f"{NAMESPACE}::cpu_gemm_kt", mutates_args=())
+def cpu_gemm_kt(x: torch.Tensor, wt: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
     from wide_export import cpu
 
-    return cpu.masked_gemm_k(x, w, mask, group_size)
+    return cpu.masked_gemm_kt(x, wt, mask, group_size)
 
 
-@cpu_gemm_k.register_fake
-def _cpu_gemm_k_fake(x, w, mask, group_size):
-    n = w.shape[0] if w.dim() == 2 else w.shape[1] * w.shape[3]  # [N, K], or packed [G, N / 16, gs, 16]
-    return x.new_empty((*x.shape[:-1], n))
+@cpu_gemm_kt.register_fake
+def _cpu_gemm_kt_fake(x, wt, mask, group_size):
+    return x.new_empty((*x.shape[:-1], wt.shape[1]))
