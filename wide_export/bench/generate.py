@@ -21,7 +21,9 @@ from typing import Callable, Optional
 
 from wide_export.errors import WideError
 
-DTYPES = {"float32": ("f32", 4), "bfloat16": ("bf16", 2)}  # ours -> (llama.cpp GGUF type, bytes per weight)
+# ours -> (llama.cpp's GGUF type of the same weights, bytes per weight); with bfloat16 llama.cpp also runs f16,
+# its usual half precision
+DTYPES = {"float32": ("f32", 4), "bfloat16": ("bf16", 2)}
 
 
 @dataclass
@@ -145,10 +147,11 @@ def run_generate_bench(model: Optional[Path] = None, *, preset: str = "llama-0.4
             else:
                 from wide_export.export.gguf import write_gguf
 
-                say(f"writing the GGUF ({gguf_type})")
-                gguf = write_gguf(ckpt, work / f"model-{gguf_type}.gguf", gguf_type).path
-                add(f"llama.cpp {gguf_type}", None, _llamacpp(gguf, cases, new, threads, say), dense_bytes)
-                Path(gguf).unlink()
+                for kind in (gguf_type,) + (("f16",) if gguf_type == "bf16" else ()):  # f16: llama.cpp's own
+                    say(f"writing the GGUF ({kind})")
+                    gguf = write_gguf(ckpt, work / f"model-{kind}.gguf", kind).path
+                    add(f"llama.cpp {kind}", None, _llamacpp(gguf, cases, new, threads, say), dense_bytes)
+                    Path(gguf).unlink()
         add("ours dense", None, _ours(ckpt, dtype, True, cases, new, threads, say), dense_bytes)
         original = (ckpt / "router.pth").read_bytes() if model is None else None
         for s in sparsities:
