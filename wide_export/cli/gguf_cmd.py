@@ -27,7 +27,7 @@ def gguf(
     """Write the dense base model of a WIDE checkpoint as a GGUF file that llama.cpp runs.
 
     The same weights as the WIDE model (LoRA merged as every export merges it), every group executed:
-    what `bench e2e --device cpu` runs in llama.cpp beside WIDE. The routers are checked, not written.
+    what `bench generate` runs in llama.cpp beside WIDE. The routers are checked, not written.
     A tokenizer.json of the model folder becomes the file's vocabulary; without one (the demo model)
     llama.cpp runs on token ids only. Needs the `gguf` package (the `llamacpp` or `test` extra).
 

@@ -1,6 +1,6 @@
 """A GGUF file of the dense base model, for llama.cpp: the same weights as the WIDE model, no routers.
 
-`wide-export bench e2e --device cpu` puts llama.cpp's dense model next to WIDE; this writes what llama.cpp
+`wide-export bench generate` puts llama.cpp's dense model next to WIDE; this writes what llama.cpp
 loads. The checkpoint goes through the project's own loader (`load_wide_model`, lazily: one tensor in
 memory at a time), so the LoRA is merged exactly as every other export merges it, and the routers are
 validated but left out (llama.cpp has no place for them).
