@@ -41,14 +41,18 @@ def check_output_dir(output: Path, force: bool, protect: tuple[Path | None, ...]
         raise WideError(f"output {output} exists and is not a folder", "choose another --output")
     if output.exists():
         _check_removable(output)
-    parent = output.parent
-    probe = parent
+    check_writable_parent(output, "--output")
+    return output
+
+
+def check_writable_parent(path: Path, option: str) -> None:
+    """One WideError unless `path` could be created: its nearest existing ancestor a folder we can write."""
+    probe = path.parent
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise WideError(f"cannot write to {parent}: permission denied or not a folder",
-                        "choose an --output in a folder you can write to")
-    return output
+        raise WideError(f"cannot write to {path.parent}: permission denied or not a folder",
+                        f"choose an {option} in a folder you can write to")
 
 
 _FS_IOC_GETFLAGS = 0x80086601  # Linux: inode flags

@@ -143,7 +143,8 @@ def test_transposed_weight_split_over_threads_matches_the_reference(isa, dtype, 
     at the end; more tokens than a pass takes (8) and N-tiles (N = 2000: a tile of 256 floats at 20 tokens)."""
     gen = torch.Generator().manual_seed(groups * 10 + threads + M)
     N, gs = 2000 if M > 8 else 144, 32
-    x, w = torch.randn(M, groups * gs, generator=gen).to(dtype), (torch.randn(N, groups * gs, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(M, groups * gs, generator=gen).to(dtype)
+    w = (torch.randn(N, groups * gs, generator=gen) * 0.05).to(dtype)
     b, mask = torch.randn(N, generator=gen).to(dtype), _mask(M, groups, 0.4, gen)
     mask[0, 0] = 1
     before = torch.get_num_threads()

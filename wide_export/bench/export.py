@@ -61,27 +61,45 @@ def spec_for(preset: str, layers: int | None = None) -> SyntheticSpec:
     return spec
 
 
+# Starts the measured command from a small process: a child's ru_maxrss counts the RSS its parent had at fork
+# (Linux keeps the high-water mark across exec), so forking the command from this (maybe large) process would
+# report this process's RSS for a small export. The launcher writes the command's exit status and peak RSS.
+_LAUNCHER = """import json, os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump({"code": os.waitstatus_to_exitcode(status), "maxrss_kb": usage.ru_maxrss}, f)
+"""
+
+
 def _run(cmd: list[str], check: bool = True) -> dict[str, Any]:
-    """Run `cmd`: wall seconds and the peak RSS of that process alone (wait4 reaps it before Popen does).
+    """Run `cmd`: wall seconds and the peak RSS of that process alone (started by _LAUNCHER).
     check=False accepts exit 1 (a verification that ran and failed)."""
-    with tempfile.TemporaryFile("w+") as log:
+    with tempfile.TemporaryFile("w+") as log, tempfile.NamedTemporaryFile("r", suffix=".json") as report:
         start = time.perf_counter()
         # Its own process group: Ctrl-C / SIGTERM of the benchmark stops it (and what it started) before the
         # temp folder it writes into is removed.
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, report.name, *cmd], stdout=subprocess.DEVNULL,
+                                stderr=log, start_new_session=True)
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
+            proc.wait()
         except BaseException:
             from wide_export.childproc import stop_group
 
             stop_group(proc)
             raise
         seconds = time.perf_counter() - start
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        try:
+            measured = json.loads(Path(report.name).read_text())
+        except (OSError, ValueError):
+            measured = {"code": proc.returncode or 1, "maxrss_kb": 0}
+        code = measured["code"]
         if code and (check or code != 1):
             log.seek(0)
             raise RuntimeError(f"{' '.join(cmd[1:5])} ... failed (exit {code}):\n{log.read()[-3000:]}")
-    return {"seconds": seconds, "peak_rss_mb": usage.ru_maxrss / 1024}
+    return {"seconds": seconds, "peak_rss_mb": measured["maxrss_kb"] / 1024}
 
 
 def _dense_worker(ckpt: str, out: str) -> None:

@@ -6,6 +6,7 @@
     y = cpu.masked_gemm_k(x, w, mask, group_size, bias=None)   # o_proj / down_proj: skipped input columns unread
     wp = cpu.pack_k(w, group_size)                              # [G, N/16, gs, 16]: streamed at decode
     y = cpu.masked_gemm_k(x, w, mask, group_size, packed=wp)   # the kernel reads wp, a dense fallback w
+    y = cpu.masked_gemm_kt(x, w.t().contiguous(), mask, group_size)  # W^T [K, N]: one copy, masked and dense
 
 The library is compiled on first use against the installed torch's headers (``build.py``; cached per source,
 torch and compiler), so nothing is downloaded. Which of the masked kernel and the dense GEMM (+ mask) serves
@@ -14,7 +15,8 @@ are ``wide_export.ops.reference``."""
 
 from __future__ import annotations
 
-__all__ = ["masked_gemm_n", "masked_gated_mlp", "masked_gemm_k", "masked_gemm_kt", "pack_k", "unpack_k", "router", "isa", "available"]
+__all__ = ["masked_gemm_n", "masked_gated_mlp", "masked_gemm_k", "masked_gemm_kt", "pack_k", "unpack_k", "router", "isa",
+           "available"]
 
 
 def __getattr__(name: str):

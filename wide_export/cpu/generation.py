@@ -1,6 +1,6 @@
 """Text generation on CPU at speed: the reference model (model/modeling.py) with the compiled kernels, K-pruned
-weights stored as W^T (cpu/model.py), torch's fused attention and a preallocated KV cache (`wide-export generate`, and the WIDE
-side of `bench generate`).
+weights stored as W^T (cpu/model.py), torch's fused attention and a preallocated KV cache (`wide-export
+generate`, and the WIDE side of `bench generate`).
 
     gen = CpuGenerator.load(Path("ckpt"))                  # threads set once: torch.set_num_threads
     out = gen.run([gen.encode("Once upon")], 64, Sampling(temperature=0.8, top_p=0.95),

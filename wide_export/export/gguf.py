@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from wide_export.errors import WideError
+from wide_export.outdir import check_writable_parent
 
 DTYPES = ("f32", "f16", "bf16")
 # model_type -> llama.cpp architecture. The `llama` architecture's RoPE rotates adjacent pairs (q/k rows
@@ -86,12 +87,7 @@ def check_gguf_output(out_path: Path, force: bool = False, protect: tuple[Option
         raise WideError(f"output {out} is a folder", "pass a file name, e.g. --out model.gguf")
     if os.path.lexists(out) and not force:
         raise WideError(f"output {out} already exists", "pass --force to replace it, or choose another --out")
-    probe = out.parent
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise WideError(f"cannot write to {out.parent}: permission denied or not a folder",
-                        "choose an --out in a folder you can write to")
+    check_writable_parent(out, "--out")
     return out
 
 

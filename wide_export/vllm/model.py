@@ -23,10 +23,10 @@ Triton kernels as torch custom ops (ops.py), which skip the weights of skipped
 groups. `cpu` (vLLM's CPU backend, unquantised, no LoRA adapters): q_proj,
 gate/up + SiLU, o_proj and down_proj of routed sublayers run wide_export.cpu's
 compiled kernels as custom ops; those layers keep their own weight layout
-(q/k/v and gate/up as loaded, o_proj / down_proj transposed to [K, N] for the K-pruned kernel and the dense
-GEMM alike)
-instead of vLLM's repacked copy, so the weights stay one copy. o_proj / down_proj
-partial sums are all-reduced as RowParallelLinear does.
+(q/k/v and gate/up as loaded, o_proj / down_proj as W^T [K, N], read by the
+K-pruned kernel and the dense GEMM alike) instead of vLLM's repacked copy, so
+the weights stay one copy. o_proj / down_proj partial sums are all-reduced as
+RowParallelLinear does.
 `--additional-config '{"wide_kernels": "auto|native|triton|cpu"}'` or `WIDE_VLLM_KERNELS`; auto = triton
 on CUDA, cpu on CPU.
 """
@@ -229,8 +229,8 @@ class WideAttention(nn.Module):
         if self.mode == "cpu":
             _own_weight(self.qkv_proj, self.o_proj)
 
-    def pack(self) -> None:
-        """After loading: o_proj's weight in the CPU kernel's layout (mode cpu)."""
+    def after_load(self) -> None:
+        """o_proj's weight as W^T (mode cpu)."""
         if self.mode == "cpu":
             _transpose_k(self.o_proj)
 
@@ -281,8 +281,8 @@ class WideMLP(nn.Module):
         if self.mode == "cpu":
             _own_weight(self.gate_up_proj, self.down_proj)
 
-    def pack(self) -> None:
-        """After loading: down_proj's weight in the CPU kernel's layout (mode cpu)."""
+    def after_load(self) -> None:
+        """down_proj's weight as W^T (mode cpu)."""
         if self.mode == "cpu":
             _transpose_k(self.down_proj)
 
@@ -490,6 +490,6 @@ class WideForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             raise ValueError(f"WIDE: the folder lacks {len(missing)} router tensors its config.json describes, "
                              f"e.g. {missing[0]} (hint: {HINT})")
         for layer in islice(self.model.layers, self.model.start_layer, self.model.end_layer):
-            layer.self_attn.pack()
-            layer.mlp.pack()
+            layer.self_attn.after_load()
+            layer.mlp.after_load()
         return loaded

@@ -10,8 +10,9 @@ which needs the `__main__` guard, and keeps process-wide state): the tests and
   rounds        how many times the batch is generated (prefix caching is seen from round 2)
   llm           keyword arguments of vllm.LLM (dtype, enforce_eager, tensor_parallel_size, ...)
   timings       list of {"batch": B, "prompt_len": P, "new": N}: time a prefill-only and a full request
-The result's `rss_mib` is the resident memory of this process and its children after load; `cpu_paths` counts which path served the CPU kernels' calls (kind/masked, kind/dense) where the
-model ran in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), before the timings.
+The result's `rss_mib` is the resident memory of this process and its children after load; `cpu_paths`
+counts which path served the CPU kernels' calls (kind/masked, kind/dense) where the model ran in this
+process (VLLM_ENABLE_V1_MULTIPROCESSING=0), before the timings.
 """
 
 from __future__ import annotations
