@@ -24,7 +24,7 @@ def _rows(report, runner):
 
 
 def test_bench_generate_rows_bytes_and_sparsity_zero_equal_dense():
-    from wide_export.bench.common import MODEL_PRESETS, decode_bytes
+    from wide_export.bench.common import MODEL_PRESETS
 
     report = _run(llamacpp=False)
     dense, s0, s50 = _rows(report, "ours dense"), _rows(report, "WIDE s=0.00"), _rows(report, "WIDE s=0.50")

@@ -130,13 +130,10 @@ def run_generate_bench(model: Optional[Path] = None, *, preset: str = "llama-0.4
                             f"{cfg.max_position_embeddings} positions", "lower --prompt-len or --new")
         dense_bytes = decode_bytes(cfg, itemsize, {})
 
-        def add(runner: str, sparsity, results, nbytes: int):
+        def add(runner: str, sparsity, results, nbytes: int):  # results: LlamaCppRun or Generated per case
             for (b, p, _), r in results:
-                report.rows.append(Row(runner, sparsity, b, p, r_prefill(r, b, p), r.decode_tok_s, nbytes,
+                report.rows.append(Row(runner, sparsity, b, p, r.prefill_tok_s, r.decode_tok_s, nbytes,
                                        nbytes * r.decode_tok_s / b / 1e9, r.tokens[0][:8]))
-
-        def r_prefill(r, b, p) -> float:
-            return r.prefill_tok_s if hasattr(r, "prefill_tok_s") else b * p / max(r.prefill_s, 1e-9)
 
         if llamacpp:
             from wide_export.bench.llamacpp import unavailable_reason

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from wide_export.bench.common import MODEL_PRESETS, decode_bytes
 from wide_export.bench.routers import calibrate, measure

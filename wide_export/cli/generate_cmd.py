@@ -83,7 +83,7 @@ def generate(
     if stats:
         where = f"CPU kernels ({gen.kernels})" if gen.kernels else "dense path (no CPU kernels)"
         typer.echo(f"{len(prompt_ids)} prompt tokens in {result.prefill_s:.3f} s "
-                   f"({len(prompt_ids) / max(result.prefill_s, 1e-9):.1f} tok/s), {result.steps} new, decode "
+                   f"({result.prefill_tok_s:.1f} tok/s), {result.steps} new, decode "
                    f"{result.decode_tok_s:.2f} tok/s; {where}, {'dense' if dense else 'WIDE'}, {dtype}", err=True)
 
 

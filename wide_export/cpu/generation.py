@@ -30,6 +30,11 @@ class Generated:
     prefill_s: float  # the first step: the prompt's forward and the first token
     decode_s: float  # every later step
     steps: int
+    prompt_tokens: int = 0  # every row's prompt tokens together
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
 
     @property
     def decode_tok_s(self) -> float:
@@ -115,4 +120,4 @@ class CpuGenerator:
             new = generate(self.model, torch.tensor(prompts), max_new_tokens, sampling, seen, stop)
         prefill = marks[0] - start if marks else 0.0
         decode = marks[-1] - marks[0] if len(marks) > 1 else 0.0
-        return Generated(new.tolist(), prefill, decode, len(marks))
+        return Generated(new.tolist(), prefill, decode, len(marks), len(prompts) * len(prompts[0]))
