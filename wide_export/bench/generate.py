@@ -152,11 +152,12 @@ def run_generate_bench(model: Optional[Path] = None, *, preset: str = "llama-0.4
         add("ours dense", None, _ours(ckpt, dtype, True, cases, new, threads, say), dense_bytes)
         original = (ckpt / "router.pth").read_bytes() if model is None else None
         for s in sparsities:
-            if s is not None:
+            if s is not None:  # calibrate() measures the calibrated routers itself: no second load
                 say(f"routers at sparsity {s}")
                 (ckpt / "router.pth").write_bytes(original)
-                calibrate(ckpt, s)
-            skipped = measure(load_wide_model(ckpt, dtype="float32", checksums=False).model)
+                skipped = calibrate(ckpt, s)
+            else:
+                skipped = measure(load_wide_model(ckpt, dtype="float32", checksums=False).model)
             gc.collect()
             label = f"WIDE s={s:.2f}" if s is not None else "WIDE"
             report.sparsity[label] = skipped
