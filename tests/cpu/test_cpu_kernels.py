@@ -1,7 +1,7 @@
 """The CPU kernels (wide_export/cpu, C++) against the PyTorch references of wide_export.ops.reference:
 shapes with odd K and N, group sizes 3..512, Llama-3.1-8B and Qwen3 widths, sparsities 0 / 0.25 / 0.5 / 0.9 / 1,
-float32 and bfloat16, 1..64 tokens, fresh random inputs, outputs poisoned with NaN before the call; on every
-instruction-set path this CPU has (AVX-512 BF16, AVX-512, AVX2, scalar)."""
+float32, bfloat16 and float16, 1..64 tokens, fresh random inputs, outputs poisoned with NaN before the call; on
+every instruction-set path this CPU has (AVX-512 BF16, AVX-512, AVX2, scalar)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _cases():
     for isa in ISAS[ISAS.index(BEST):]:
         for i, (width, gs, other) in enumerate(SHAPES):
             for s in SPARSITIES if isa == BEST else (0.5, 1.0):
-                for dtype in (torch.float32, torch.bfloat16):
+                for dtype in (torch.float32, torch.bfloat16, torch.float16):
                     M = TOKENS[(i + int(s * 4)) % len(TOKENS)] if width * other < 2**22 else 1 + i % 3
                     yield pytest.param(width, gs, other, s, dtype, M, isa,
                                        id=f"{isa}-{width}x{other}-gs{gs}-s{s}-{str(dtype)[6:]}-M{M}")
@@ -89,6 +89,27 @@ def test_gated_matches_reference(width, gs, K, s, dtype, M, isa):
     assert (got[ref.expand_mask(mask, gs, torch.bool) == 0] == 0).all()
 
 
+@pytest.mark.parametrize("isa", ISAS[ISAS.index(BEST):], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gs", [6, 7, 8])
+def test_every_tile_of_tokens_a_group_can_meet(isa, dtype, gs):
+    """A group's rows meet 1..17 tokens in one call (the kernel's tiles: 4 rows x 1-4 tokens, pairs x 5-8,
+    one row x 9-16, then a second pass), in full row blocks and in a group's last partial block (gs 6, 7),
+    over an odd K (the masked tail); group g is executed by exactly the first g + 1 tokens."""
+    M, G, K = 17, 17, 37
+    gen = torch.Generator().manual_seed(gs)
+    x = torch.randn(M, K, generator=gen).to(dtype)
+    wg = (torch.randn(G * gs, K, generator=gen) * 0.05).to(dtype)
+    wu = (torch.randn(G * gs, K, generator=gen) * 0.05).to(dtype)
+    mask = (torch.arange(M)[:, None] <= torch.arange(G)[None, :]).to(torch.int32)
+    got = cpu.masked_gemm_n(x, wg, mask, gs, out=_poisoned(M, G * gs, dtype), path="masked")
+    torch.testing.assert_close(got.float(), ref.masked_gemm_n(x, wg, mask, gs).float(), rtol=_tol(dtype)[0],
+                               atol=_tol(dtype)[1])
+    got = cpu.masked_gated_mlp(x, wg, wu, mask, gs, out=_poisoned(M, G * gs, dtype), path="masked")
+    torch.testing.assert_close(got.float(), ref.masked_gated_mlp(x, wg, wu, mask, gs).float(),
+                               rtol=_tol(dtype)[0], atol=_tol(dtype)[1])
+
+
 @pytest.mark.parametrize("width,gs,N,s,dtype,M,isa", list(_cases()), indirect=["isa"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("layout", ["nk", "packed", "kt"])
@@ -117,7 +138,7 @@ def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, isa, bias, layout):
 
 
 @pytest.mark.parametrize("isa", ISAS[ISAS.index(BEST):], indirect=True)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N,threads", [(16 * 37, 1), (16 * 37, 2), (16 * 8, 2), (16 * 4, 1)])
 def test_packed_decode_streams_match_the_reference(isa, dtype, N, threads):
     """One token on a packed weight: each thread's range in four streams (ranges of 4+ blocks, uneven), the
@@ -136,7 +157,7 @@ def test_packed_decode_streams_match_the_reference(isa, dtype, N, threads):
 
 
 @pytest.mark.parametrize("isa", ISAS[ISAS.index(BEST):], indirect=True)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("groups,threads,M", [(12, 1, 1), (12, 2, 1), (1, 2, 1), (3, 2, 9), (5, 3, 20)])
 def test_transposed_weight_split_over_threads_matches_the_reference(isa, dtype, groups, threads, M):
     """wt = W^T: threads split the executed groups (fewer groups than threads too) into partial sums summed
@@ -157,7 +178,7 @@ def test_transposed_weight_split_over_threads_matches_the_reference(isa, dtype, 
                                atol=_tol(dtype)[1])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_dense_path_of_a_transposed_weight_reads_it_as_it_is(dtype):
     gen = torch.Generator().manual_seed(6)
     x, w = torch.randn(7, 96, generator=gen).to(dtype), (torch.randn(48, 96, generator=gen) * 0.1).to(dtype)
@@ -168,7 +189,7 @@ def test_the_dense_path_of_a_transposed_weight_reads_it_as_it_is(dtype):
         torch.testing.assert_close(got.float(), want, rtol=_tol(dtype)[0], atol=_tol(dtype)[1])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_dense_path_of_a_packed_weight_matches_the_reference(dtype):
     gen = torch.Generator().manual_seed(5)
     x, w = torch.randn(7, 96, generator=gen).to(dtype), (torch.randn(48, 96, generator=gen) * 0.1).to(dtype)
@@ -259,14 +280,15 @@ def test_generation_with_the_cpu_kernels_gives_the_reference_tokens(tmp_path):
     assert torch.equal(got, want)
 
 
-def test_bfloat16_model_logits_with_the_cpu_kernels_match_the_reference(tmp_path):
-    """bf16: the kernels round once at the output as the reference does, but sum in another order, so a random
-    model's near-tied argmax may flip; the logits agree to bf16 precision."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_model_logits_with_the_cpu_kernels_match_the_reference(tmp_path, dtype):
+    """bf16 / f16: the kernels round once at the output as the reference does, but sum in another order, so a
+    random model's near-tied argmax may flip; the logits agree to half precision."""
     from tests.helpers import make_checkpoint
     from wide_export.checkpoint import load_wide_model
     from wide_export.ops import dispatch
 
-    model = load_wide_model(make_checkpoint(tmp_path / "ck", num_layers=2, seed=3), dtype="bfloat16").model.eval()
+    model = load_wide_model(make_checkpoint(tmp_path / "ck", num_layers=2, seed=3), dtype=dtype).model.eval()
     ids = torch.randint(3, 200, (1, 1), generator=torch.Generator().manual_seed(0))
     mask, pos = torch.ones_like(ids), torch.zeros_like(ids)
     with torch.no_grad():

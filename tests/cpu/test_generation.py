@@ -125,7 +125,7 @@ def test_generate_command_ids_on_a_folder_without_tokenizer_equal_the_library(tm
     (("--ids", "1,x"), "not a list of token ids"),
     (("--ids", "1", "--max-new", "0"), "--max-new 0"),
     (("--ids", "1", "--top-p", "0"), "--top-p"),
-    (("--ids", "1", "--dtype", "float16"), "float16"),
+    (("--ids", "1", "--dtype", "float64"), "float64"),
     (("--ids", "99999"), "outside the vocabulary"),
 ])
 def test_generate_command_refuses_bad_input_in_one_line(args, fragment):

@@ -8,7 +8,7 @@ from typing import Callable
 from wide_export.errors import WideError
 
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-CPU_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # --device cpu: what wide_export.cpu's kernels take
+CPU_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --device cpu: what wide_export.cpu's kernels take
 
 
 def _model_presets() -> dict:

@@ -144,7 +144,7 @@ def run_cpu_bench(preset: str = "short", dtypes=("fp32", "bf16"), seed: int = 0,
         raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
     for d in dtypes:
         if d not in DTYPES:
-            raise WideError(f"unknown dtype {d!r} for the CPU kernels", hint="fp32 or bf16")
+            raise WideError(f"unknown dtype {d!r} for the CPU kernels", hint=", ".join(DTYPES))
     ops.require(", so there is nothing to compare")
     cfg = PRESETS[preset]
     say = progress or (lambda _m: None)

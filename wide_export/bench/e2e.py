@@ -98,7 +98,8 @@ def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16
         raise WideError(f"unknown --device {device!r}", hint="cpu (the compiled CPU kernels), or auto")
     if device == "cpu":
         if dtype not in CPU_DTYPES:
-            raise WideError(f"--device cpu runs {sorted(CPU_DTYPES)}, not {dtype!r}", hint="--dtype fp32 or bf16")
+            raise WideError(f"--device cpu runs {sorted(CPU_DTYPES)}, not {dtype!r}",
+                            hint="--dtype " + " or ".join(CPU_DTYPES))
     else:
         torch_dtype(dtype)
     if not sparsities or any(not 0.0 <= s < 1.0 for s in sparsities):

@@ -23,7 +23,7 @@ from wide_export.errors import WideError
 
 # ours -> (llama.cpp's GGUF type of the same weights, bytes per weight); with bfloat16 llama.cpp also runs f16,
 # its usual half precision
-DTYPES = {"float32": ("f32", 4), "bfloat16": ("bf16", 2)}
+DTYPES = {"float32": ("f32", 4), "bfloat16": ("bf16", 2), "float16": ("f16", 2)}
 
 
 @dataclass
@@ -100,7 +100,7 @@ def run_generate_bench(model: Optional[Path] = None, *, preset: str = "llama-0.4
 
     say = progress or (lambda _m: None)
     if dtype not in DTYPES:
-        raise WideError(f"--dtype {dtype}: the CPU kernels take float32 or bfloat16", "choose one of those")
+        raise WideError(f"--dtype {dtype}: the CPU kernels take {', '.join(DTYPES)}", "choose one of those")
     if model is None and preset not in MODEL_PRESETS:
         raise WideError(f"unknown --preset {preset}", f"choose one of {', '.join(MODEL_PRESETS)}, or --model DIR")
     if model is not None and tuple(sparsities) != (None,):

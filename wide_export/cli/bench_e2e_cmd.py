@@ -23,8 +23,8 @@ def bench_e2e(
     layers: Annotated[Optional[int], typer.Option(help="Layers in the timed stack (the preset's by default); "
                                                        "tokens/s scale to the model's layer count.",
                                                   show_default=False)] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="fp16 or bf16 (GPU; default fp16); fp32 or bf16 (--device "
-                                                      "cpu; default fp32).", show_default=False)] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="fp16 or bf16 (GPU; default fp16); fp32, bf16 or fp16 "
+                                                      "(--device cpu; default fp32).", show_default=False)] = None,
     device: Annotated[str, typer.Option(help="cpu: Llama-3.1-8B layers on this CPU, the WIDE side through the "
                                              "compiled CPU kernels (wide_export.cpu), real timings; auto: the GPU "
                                              "(or the tiny preset in the Triton interpreter).")] = "auto",

@@ -16,8 +16,8 @@ def bench_generate(
     preset: Annotated[str, typer.Option(help="Without --model: the random-weight checkpoint to write and run "
                                              "('llama-0.4b': 6 layers, hidden 2048, FFN 8192, vocab 4096).")]
     = "llama-0.4b",
-    dtype: Annotated[str, typer.Option(help="float32 (llama.cpp on an f32 GGUF) or bfloat16 (on a bf16 "
-                                            "GGUF).")] = "float32",
+    dtype: Annotated[str, typer.Option(help="float32 (llama.cpp on an f32 GGUF), bfloat16 (on a bf16 "
+                                            "and an f16 GGUF) or float16 (on an f16 GGUF).")] = "float32",
     sparsity: Annotated[list[float], typer.Option("--sparsity", help="With a preset: WIDE rows with its routers "
                                                                      "set to skip this fraction of groups "
                                                                      "(repeat). Default 0, 0.25, 0.5, 0.75.")]

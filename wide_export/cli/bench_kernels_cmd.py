@@ -18,7 +18,7 @@ def bench_kernels(
                                              "(CPU interpreter smoke run; timings mean nothing); --device cpu "
                                              "also 'llama-0.4b' (the generation benchmarks' model).")] = "short",
     dtype: Annotated[Optional[str], typer.Option(help="Activation/weight dtype: bf16 or fp16 (GPU; default bf16); "
-                                                      "fp32 or bf16 (--device cpu; default both).",
+                                                      "fp32, bf16 or fp16 (--device cpu; default fp32 and bf16).",
                                                  show_default=False)] = None,
     device: Annotated[str, typer.Option(help="cpu: the compiled CPU kernels (wide_export.cpu) against torch's "
                                              "dense GEMM, real timings; gpu: the Triton kernels against cuBLAS "

@@ -35,7 +35,7 @@ def generate(
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens (0: all).")] = 0,
     top_p: Annotated[float, typer.Option(help="Sample within the smallest set of probability >= p.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
-    dtype: Annotated[str, typer.Option(help="Weights as float32 or bfloat16.")] = "float32",
+    dtype: Annotated[str, typer.Option(help="Weights as float32, bfloat16 or float16.")] = "float32",
     threads: Annotated[Optional[int], typer.Option(help="CPU threads (default: torch's, the cores).")] = None,
     dense: Annotated[bool, typer.Option("--dense", help="Execute every group: the base model, for "
                                                         "comparison.")] = False,

@@ -21,7 +21,7 @@ import torch
 from wide_export.errors import WideError
 from wide_export.model.generate import Sampling, generate
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -60,7 +60,7 @@ class CpuGenerator:
         from wide_export.export.genai_config import special_tokens
 
         if dtype not in DTYPES:
-            raise WideError(f"--dtype {dtype} is not one the CPU kernels take", f"choose {' or '.join(DTYPES)}")
+            raise WideError(f"--dtype {dtype} is not one the CPU kernels take", f"choose one of {', '.join(DTYPES)}")
         if threads is not None:
             if threads < 1:
                 raise WideError(f"--threads {threads} must be >= 1", "e.g. --threads 2")

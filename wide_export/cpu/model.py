@@ -13,7 +13,7 @@ import torch
 
 from wide_export.cpu.ops import available
 
-DTYPES = (torch.float32, torch.bfloat16)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def prepare(model) -> int:

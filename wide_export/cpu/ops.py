@@ -20,7 +20,7 @@ from wide_export.errors import WideError
 
 POLICY_FILE = Path(__file__).with_name("policy.json")
 PATHS: collections.Counter = collections.Counter()  # (kind, "masked" | "dense") -> calls
-_DTYPES = (torch.float32, torch.bfloat16)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,9 +72,9 @@ def isa() -> str:
 @functools.lru_cache(maxsize=None)
 def policy(dtype: str = "float32") -> dict:
     """This CPU model's entry for weights of `dtype` (policy.json: masked_max_m, dense_union_min and
-    masked_full_union_min_m; the `default` entry for a CPU model without one)."""
+    masked_full_union_min_m; the `default` entry for a CPU model or dtype not measured)."""
     table = json.loads(POLICY_FILE.read_text())
-    return table.get(cpu_model(), table["default"])[dtype]
+    return table.get(cpu_model(), {}).get(dtype) or table["default"][dtype]
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,15 +8,18 @@
 //   wide_cpu::isa() -> str                                   the instruction set the kernels run with
 //   wide_cpu::set_isa(name) -> str                           use a lower one (tests run every path)
 //
-// x [M, K] and w [N, K] (nn.Linear layout) are float32 or bfloat16 (the same dtype; out too), mask [M, G]
-// int32, contiguous. Products and sums in float32. M is any: each block of output channels reads its weight
-// rows once for every MR tokens of the call (a group's rows only when some token executes it).
+// x [M, K] and w [N, K] (nn.Linear layout) are float32, bfloat16 or float16 (the same dtype; out too), mask
+// [M, G] int32, contiguous. Products and sums in float32. M is any: each block of output channels reads its
+// weight rows once for every 16 tokens of the call that execute its group (a group's rows only when some token
+// executes it).
 // Threads: at::parallel_for, torch's intra-op pool (OpenMP), so torch.set_num_threads applies. No heap
 // allocation on the decode path but the group plan's vectors, kept per thread and grown once.
 // Instruction sets, checked at run time, all compiled: AVX-512 BF16 (bf16 x bf16 pairs through vdpbf16ps),
-// AVX-512 (16 lanes, bf16 widened on load), AVX2 + FMA (8 lanes), else portable scalar code.
+// AVX-512 (16 lanes, bf16 and float16 widened on load), AVX2 + FMA + F16C (8 lanes, the same), else portable
+// scalar code.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -32,9 +35,11 @@
 
 namespace {
 
-constexpr int NR = 4;  // output channels per micro-kernel call
-constexpr int MR = 4;  // activation rows per micro-kernel call (at most)
-using Acc = float[NR][MR];
+constexpr int NR = 4;   // output channels per micro-kernel call
+constexpr int MR = 4;   // activation rows a gemm_k block sums at once
+constexpr int MT = 16;  // activation rows per dots() call (at most): AVX-512 takes them all in one pass
+using Acc = float[NR][MT];
+using AccRows = float (*)[MT];  // a kernel's rows of an Acc
 
 // The instruction set the dot products use: the best this CPU has, or a lower one chosen with set_isa (tests
 // run every path the CPU can). avx512bf16: bf16 pairs multiplied by vdpbf16ps (exact products, float32 sums).
@@ -45,7 +50,8 @@ Isa detect() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
     return __builtin_cpu_supports("avx512bf16") ? kAvx512Bf16 : kAvx512;
   }
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? kAvx2 : kScalar;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") ? kAvx2
+                                                                                                   : kScalar;
 }
 std::atomic<int> g_isa{detect()};
 
@@ -58,6 +64,7 @@ inline float bf16_to_float(uint16_t v) {
 
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return bf16_to_float(*p); }
+inline float load1(const c10::Half* p) { return static_cast<float>(*p); }
 
 // ---------------------------------------------------------------------------------------------------------
 // dot products of `nr` weight rows (w[r] + 0 .. len) with `nm` activation rows (x[m] + 0 .. len), added to
@@ -73,12 +80,15 @@ void dots_scalar(const T* const* w, int nr, const T* const* x, int nm, int64_t l
 }
 
 // AVX2 + FMA: 8 lanes, bf16 widened on load (a shift into the high half of each float32)
-__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const uint16_t* p) {
   __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-__attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+__attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -86,7 +96,7 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
 }
 
 template <typename T, int NRv, int NM>
-__attribute__((target("avx2,fma"))) void dots_avx2(const T* const* w, const T* const* x, int64_t len, Acc& acc,
+__attribute__((target("avx2,fma,f16c"))) void dots_avx2(const T* const* w, const T* const* x, int64_t len, AccRows acc,
                                                    int m_at) {
   __m256 a[NRv][NM];
   for (int r = 0; r < NRv; ++r)
@@ -115,20 +125,34 @@ WIDE_AVX512 inline __m512 load16(const uint16_t* p, __mmask16 k) {
   __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
+WIDE_AVX512 inline __m512 load16(const c10::Half* p, __mmask16 k) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p));
+}
 
 template <typename T, int NRv, int NM>
-WIDE_AVX512 void dots_avx512(const T* const* w, const T* const* x, int64_t len, Acc& acc, int m_at) {
-  __m512 a[NRv][NM];
+WIDE_AVX512 void dots_avx512(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at,
+                             int64_t ahead) {
+  __m512 a[NRv][NM];  // NRv * NM <= 16 accumulators, NRv weight vectors, one activation vector
   for (int r = 0; r < NRv; ++r)
     for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < len; k += 16) {
-    const __mmask16 km = len - k >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                       : static_cast<__mmask16>((1u << (len - k)) - 1);
-    __m512 xv[NM];
-    for (int m = 0; m < NM; ++m) xv[m] = load16(x[m] + k, km);
-    for (int r = 0; r < NRv; ++r) {
-      __m512 wv = load16(w[r] + k, km);
-      for (int m = 0; m < NM; ++m) a[r][m] = _mm512_fmadd_ps(wv, xv[m], a[r][m]);
+  int64_t k = 0;
+  for (; k + 16 <= len; k += 16) {
+    __m512 wv[NRv];
+    for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, 0xFFFF);
+    if (ahead)
+      for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
+    for (int m = 0; m < NM; ++m) {
+      const __m512 xv = load16(x[m] + k, 0xFFFF);
+      for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
+    }
+  }
+  if (k < len) {  // the tail through masked loads (zeros past the end)
+    const __mmask16 km = static_cast<__mmask16>((1u << (len - k)) - 1);
+    __m512 wv[NRv];
+    for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, km);
+    for (int m = 0; m < NM; ++m) {
+      const __m512 xv = load16(x[m] + k, km);
+      for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
     }
   }
   for (int r = 0; r < NRv; ++r)
@@ -138,19 +162,21 @@ WIDE_AVX512 void dots_avx512(const T* const* w, const T* const* x, int64_t len, 
 // AVX-512 BF16: 32 bf16 pairs a step, vdpbf16ps (each product exact in float32, summed into 16 lanes)
 #define WIDE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 template <int NRv, int NM>
-WIDE_AVX512BF16 void dots_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t len, Acc& acc,
-                               int m_at) {
+WIDE_AVX512BF16 void dots_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t len, AccRows acc,
+                               int m_at, int64_t ahead) {
   __m512 a[NRv][NM];
   for (int r = 0; r < NRv; ++r)
     for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
   for (int64_t k = 0; k < len; k += 32) {
     const __mmask32 km = len - k >= 32 ? ~static_cast<__mmask32>(0)
                                        : static_cast<__mmask32>((1ull << (len - k)) - 1);
-    __m512bh xv[NM];
-    for (int m = 0; m < NM; ++m) xv[m] = (__m512bh)_mm512_maskz_loadu_epi16(km, x[m] + k);
-    for (int r = 0; r < NRv; ++r) {
-      __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(km, w[r] + k);
-      for (int m = 0; m < NM; ++m) a[r][m] = _mm512_dpbf16_ps(a[r][m], wv, xv[m]);
+    __m512bh wv[NRv];
+    for (int r = 0; r < NRv; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(km, w[r] + k);
+    if (ahead)
+      for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
+    for (int m = 0; m < NM; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(km, x[m] + k);
+      for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_dpbf16_ps(a[r][m], wv[r], xv);
     }
   }
   for (int r = 0; r < NRv; ++r)
@@ -161,20 +187,20 @@ WIDE_AVX512BF16 void dots_bf16(const uint16_t* const* w, const uint16_t* const* 
 // a group's last partial block one at a time; activation rows in chunks the register file holds.
 template <typename T, int NRv, int NM>
 struct Avx2K {
-  static void go(const T* const* w, const T* const* x, int64_t len, Acc& acc, int m_at) {
+  static void go(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at, int64_t = 0) {
     dots_avx2<T, NRv, NM>(w, x, len, acc, m_at);
   }
 };
 template <typename T, int NRv, int NM>
 struct Avx512K {
-  static void go(const T* const* w, const T* const* x, int64_t len, Acc& acc, int m_at) {
-    dots_avx512<T, NRv, NM>(w, x, len, acc, m_at);
+  static void go(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at, int64_t ahead = 0) {
+    dots_avx512<T, NRv, NM>(w, x, len, acc, m_at, ahead);
   }
 };
 template <typename T, int NRv, int NM>
 struct Bf16K {
-  static void go(const T* const* w, const T* const* x, int64_t len, Acc& acc, int m_at) {
-    dots_bf16<NRv, NM>(w, x, len, acc, m_at);
+  static void go(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at, int64_t ahead = 0) {
+    dots_bf16<NRv, NM>(w, x, len, acc, m_at, ahead);
   }
 };
 
@@ -200,13 +226,40 @@ void dots_blocked(const T* const* w, int nr, const T* const* x, int nm, int64_t 
   }
 }
 
+// K<T, NRv, nm> for a run-time nm in [LO, HI]
+template <typename T, template <typename, int, int> class K, int NRv, int LO, int HI>
+inline void go_nm(int nm, const T* const* w, const T* const* x, int64_t len, AccRows acc, int64_t ahead) {
+  if constexpr (LO < HI) {
+    if (nm != LO) return go_nm<T, K, NRv, LO + 1, HI>(nm, w, x, len, acc, ahead);
+  }
+  K<T, NRv, LO>::go(w, x, len, acc, 0, ahead);
+}
+
+// One pass over the weight rows for all nm <= MT activation rows (32 vector registers): every weight vector
+// loaded is used by every token of the call, so a weight row is read from memory once, as a stream, and the
+// activations (a few KB a token) come from cache. Rows in blocks of NR for up to 4 tokens, in pairs for 5 to
+// 8, one at a time beyond: at most 16 accumulators.
+template <typename T, template <typename, int, int> class K>
+void dots_one_pass(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc, int64_t stride) {
+  int r = 0;
+  if (nm <= 4) {
+    for (; r + NR <= nr; r += NR) go_nm<T, K, NR, 1, 4>(nm, w + r, x, len, acc + r, NR * stride);
+  } else if (nm <= 8) {
+    for (; r + 2 <= nr; r += 2) go_nm<T, K, 2, 5, 8>(nm, w + r, x, len, acc + r, 2 * stride);
+  }
+  for (; r < nr; ++r) go_nm<T, K, 1, 1, MT>(nm, w + r, x, len, acc + r, stride);
+}
+
+// stride: where the weight rows are consecutive rows of one matrix, its row length: a kernel then prefetches
+// the rows after its own (into L2) while it computes, so more rows stream from memory at once than its few
+// accumulators allow (0: no prefetch)
 template <typename T>
-void dots(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc) {
+void dots(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc, int64_t stride = 0) {
   const int isa = g_isa.load(std::memory_order_relaxed);
   if constexpr (std::is_same_v<T, uint16_t>) {
-    if (isa == kAvx512Bf16) return dots_blocked<T, Bf16K, 4>(w, nr, x, nm, len, acc);
+    if (isa == kAvx512Bf16) return dots_one_pass<T, Bf16K>(w, nr, x, nm, len, acc, stride);
   }
-  if (isa >= kAvx512) return dots_blocked<T, Avx512K, 4>(w, nr, x, nm, len, acc);
+  if (isa >= kAvx512) return dots_one_pass<T, Avx512K>(w, nr, x, nm, len, acc, stride);
   if (isa == kAvx2) return dots_blocked<T, Avx2K, 2>(w, nr, x, nm, len, acc);
   dots_scalar(w, nr, x, nm, len, acc);
 }
@@ -221,6 +274,7 @@ inline uint16_t to_bf16(float f) {  // round to nearest even, as torch
 }
 inline void put(float* p, float v) { *p = v; }
 inline void put(uint16_t* p, float v) { *p = to_bf16(v); }
+inline void put(c10::Half* p, float v) { *p = c10::Half(v); }  // round to nearest even
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
@@ -285,15 +339,15 @@ void gemm_n_impl(const T* x, const T* w, const int32_t* mask, const T* bias, T* 
       }
       const int32_t* rows = plan.rows.data() + plan.start[gi];
       const int64_t nrows = plan.start[gi + 1] - plan.start[gi];
-      for (int64_t i = 0; i < nrows; i += MR) {
-        const int nm = static_cast<int>(std::min<int64_t>(MR, nrows - i));
-        const T* xr[MR];
+      for (int64_t i = 0; i < nrows; i += MT) {
+        const int nm = static_cast<int>(std::min<int64_t>(MT, nrows - i));
+        const T* xr[MT];
         for (int m = 0; m < nm; ++m) xr[m] = x + rows[i + m] * d.K;
         Acc acc = {};
-        dots(wr, nr, xr, nm, d.K, acc);
+        dots(wr, nr, xr, nm, d.K, acc, d.K);
         if (gated) {
           Acc up = {};
-          dots(ur, nr, xr, nm, d.K, up);
+          dots(ur, nr, xr, nm, d.K, up, d.K);
           for (int m = 0; m < nm; ++m)
             for (int r = 0; r < nr; ++r) put(out + rows[i + m] * d.N + n0 + r, silu(acc[r][m]) * up[r][m]);
         } else {
@@ -394,7 +448,7 @@ WIDE_AVX512 void axpy4_avx512(const T* const* blk, int64_t gs, const T* xg, floa
 }
 
 template <typename T>
-__attribute__((target("avx2,fma"))) void axpy4_avx2(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
+__attribute__((target("avx2,fma,f16c"))) void axpy4_avx2(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
   __m256 lo[4], hi[4];
   for (int i = 0; i < 4; ++i) lo[i] = _mm256_loadu_ps(acc[i]), hi[i] = _mm256_loadu_ps(acc[i] + 8);
   for (int64_t k = 0; k < gs; ++k) {
@@ -419,7 +473,7 @@ void axpy4(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
 }
 
 template <typename T>
-__attribute__((target("avx2,fma"))) void axpy_block_avx2(const T* blk, int64_t gs, const T* const* xg, int nm,
+__attribute__((target("avx2,fma,f16c"))) void axpy_block_avx2(const T* blk, int64_t gs, const T* const* xg, int nm,
                                                          float (*acc)[KB]) {
   __m256 lo[MR], hi[MR];
   for (int m = 0; m < nm; ++m) lo[m] = _mm256_loadu_ps(acc[m]), hi[m] = _mm256_loadu_ps(acc[m] + 8);
@@ -525,12 +579,14 @@ void rows_axpy_scalar(const T* const* w, int nw, int64_t len, const float (*xs)[
 
 template <typename T>
 WIDE_AVX512 void rows_axpy_avx512(const T* const* w, int nw, int64_t len, const float (*xs)[KT_ROWS], int nm,
-                                  float* const* acc) {
+                                  float* const* acc, int64_t ahead) {
   for (int64_t n = 0; n < len; n += 16) {
     const __mmask16 km = len - n >= 16 ? static_cast<__mmask16>(0xFFFF)
                                        : static_cast<__mmask16>((1u << (len - n)) - 1);
     __m512 wv[KT_ROWS];
     for (int i = 0; i < nw; ++i) wv[i] = load16(w[i] + n, km);
+    if (ahead && (n * static_cast<int64_t>(sizeof(T))) % 64 == 0)  // one prefetch a cache line
+      for (int i = 0; i < nw; ++i) _mm_prefetch(reinterpret_cast<const char*>(w[i] + ahead + n), _MM_HINT_T1);
     for (int m = 0; m < nm; ++m) {
       __m512 a = _mm512_maskz_loadu_ps(km, acc[m] + n);
       for (int i = 0; i < nw; ++i) a = _mm512_fmadd_ps(wv[i], _mm512_set1_ps(xs[m][i]), a);
@@ -540,7 +596,7 @@ WIDE_AVX512 void rows_axpy_avx512(const T* const* w, int nw, int64_t len, const 
 }
 
 template <typename T>
-__attribute__((target("avx2,fma"))) void rows_axpy_avx2(const T* const* w, int nw, int64_t len,
+__attribute__((target("avx2,fma,f16c"))) void rows_axpy_avx2(const T* const* w, int nw, int64_t len,
                                                         const float (*xs)[KT_ROWS], int nm, float* const* acc) {
   int64_t n = 0;
   for (; n + 8 <= len; n += 8) {
@@ -562,9 +618,10 @@ __attribute__((target("avx2,fma"))) void rows_axpy_avx2(const T* const* w, int n
 }
 
 template <typename T>
-void rows_axpy(const T* const* w, int nw, int64_t len, const float (*xs)[KT_ROWS], int nm, float* const* acc) {
+void rows_axpy(const T* const* w, int nw, int64_t len, const float (*xs)[KT_ROWS], int nm, float* const* acc,
+               int64_t ahead) {
   const int isa = g_isa.load(std::memory_order_relaxed);
-  if (isa >= kAvx512) return rows_axpy_avx512(w, nw, len, xs, nm, acc);
+  if (isa >= kAvx512) return rows_axpy_avx512(w, nw, len, xs, nm, acc, ahead);
   if (isa == kAvx2) return rows_axpy_avx2(w, nw, len, xs, nm, acc);
   rows_axpy_scalar(w, nw, len, xs, nm, acc);
 }
@@ -604,7 +661,7 @@ void gemm_kt_impl(const T* x, const T* wt, const int32_t* mask, const T* bias, T
             for (int j = 0; j < nw; ++j) w[j] = wt + (g * d.gs + k + j) * d.N + n0;
             for (int m = 0; m < nm; ++m)
               for (int j = 0; j < nw; ++j) xs[m][j] = load1(x + rows[i + m] * d.K + g * d.gs + k + j);
-            rows_axpy(w, nw, len, xs, nm, acc);
+            rows_axpy(w, nw, len, xs, nm, acc, KT_ROWS * d.N);  // prefetch the next rows' same columns
           }
         }
       }
@@ -629,7 +686,8 @@ Geometry check(const at::Tensor& x, const at::Tensor& w, int64_t wN, int64_t wK,
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), op, ": CPU tensors only");
   TORCH_CHECK(x.scalar_type() == w.scalar_type() && out.scalar_type() == x.scalar_type(), op,
               ": x, w and out must share a dtype");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op, ": float32 or bfloat16 only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
+              ": float32, bfloat16 or float16 only");
   TORCH_CHECK(mask.scalar_type() == at::kInt, op, ": mask must be int32");
   Geometry d{x.size(0), wN, x.size(1), mask.size(1), group_size};
   TORCH_CHECK(wK == d.K, op, ": w is [N, K] with K = x.size(1)");
@@ -648,6 +706,7 @@ Geometry check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask,
 template <typename F>
 void by_dtype(const at::Tensor& x, F&& f) {
   if (x.scalar_type() == at::kFloat) f(static_cast<float*>(nullptr));
+  else if (x.scalar_type() == at::kHalf) f(static_cast<c10::Half*>(nullptr));
   else f(static_cast<uint16_t*>(nullptr));
 }
 

@@ -133,6 +133,28 @@ def _transpose_k(layer: nn.Module) -> None:
     layer.weight = nn.Parameter(w.new_empty(0), requires_grad=False)
 
 
+def _split_kv(layer: QKVParallelLinear, q_size: int) -> None:
+    """Split a routed qkv layer's weight after load: the q rows stay ours (`layer.wide_q`, read by the masked
+    kernel), the k and v rows go to vLLM's own CPU GEMM (`layer.wide_kv`: the one its dense layers get, oneDNN
+    on a weight it prepacks), which at a batch of tokens is much faster than F.linear on the plain rows. Each
+    row is kept once. Where vLLM has no such dispatch, the rows stay in `weight` and F.linear reads them."""
+    w = layer.weight.data
+    if w.dim() != 2 or w.numel() == 0:
+        return
+    try:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    except ImportError:
+        return
+    kv = nn.Module()
+    kv.weight = nn.Parameter(w[q_size:].clone(), requires_grad=False)
+    dispatch_cpu_unquantized_gemm(kv, remove_weight=True)
+    if not callable(getattr(kv, "cpu_linear", None)):
+        return
+    layer.register_buffer("wide_q", w[:q_size].clone(), persistent=False)
+    layer.wide_kv = kv
+    layer.weight = nn.Parameter(w.new_empty(0), requires_grad=False)
+
+
 def _kt(layer: nn.Module) -> torch.Tensor:
     kt = getattr(layer, "wide_kt", None)
     return layer.weight.t() if kt is None else kt
@@ -230,9 +252,10 @@ class WideAttention(nn.Module):
             _own_weight(self.qkv_proj, self.o_proj)
 
     def after_load(self) -> None:
-        """o_proj's weight as W^T (mode cpu)."""
+        """o_proj's weight as W^T, k and v rows to vLLM's CPU GEMM (mode cpu)."""
         if self.mode == "cpu":
             _transpose_k(self.o_proj)
+            _split_kv(self.qkv_proj, self.q_size)
 
     def _qk_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         by_head = x.view(*x.shape[:-1], x.shape[-1] // self.head_dim, self.head_dim)
@@ -241,9 +264,12 @@ class WideAttention(nn.Module):
     def _qkv_cpu(self, x: torch.Tensor, mask: torch.Tensor):
         """q of the executed head groups only (the others' q is 0: their attention output is never read), k
         and v dense (the KV cache stays complete)."""
-        w, b, q = self.qkv_proj.weight, self.qkv_proj.bias, self.q_size
-        qs = torch.ops.wide_vllm.cpu_gemm_n(x, w[:q], mask, self.group_width, None if b is None else b[:q])
-        kv = nn.functional.linear(x, w[q:], None if b is None else b[q:])
+        layer, q = self.qkv_proj, self.q_size
+        b, split = layer.bias, getattr(layer, "wide_kv", None)
+        wq = layer.weight[:q] if split is None else layer.wide_q
+        qs = torch.ops.wide_vllm.cpu_gemm_n(x, wq, mask, self.group_width, None if b is None else b[:q])
+        bkv = None if b is None else b[q:]
+        kv = nn.functional.linear(x, layer.weight[q:], bkv) if split is None else split.cpu_linear(x, None, bkv)
         k, v = kv.split([self.kv_size, self.kv_size], dim=-1)
         return qs, k, v
 
