@@ -87,7 +87,17 @@ def triton(
 
 @user_errors
 def serve(
-    repository: Annotated[Path, typer.Option("--repository", help="Model repository (from `wide-export triton`).")],
+    repository: Annotated[Optional[Path], typer.Option(
+        "--repository", help="Model repository (from `wide-export triton`): tritonserver runs it.",
+        show_default=False)] = None,
+    model: Annotated[Optional[Path], typer.Option(
+        "--model", help="Instead of a repository: a WIDE checkpoint folder served on CPU by the compiled CPU kernels "
+                        "(`wide-export generate`'s path), OpenAI API only (--openai-port), no tritonserver.",
+        show_default=False)] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="With --model: float32, bfloat16 or float16 weights.")]
+    = "float32",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="With --model: CPU threads (default: "
+                                                                     "torch's).", show_default=False)] = None,
     http_port: Annotated[Optional[int], typer.Option(
         "--http-port", help="Triton's HTTP port (default: a free one; with --openai-port, Triton's HTTP endpoint is "
                             "off unless this is given).", show_default=False)] = None,
@@ -142,6 +152,16 @@ def serve(
     from wide_export.signals import interrupt_on_signals
 
     console = Console(highlight=False)
+    if (repository is None) == (model is None):
+        from wide_export.errors import WideError
+
+        raise WideError("serve runs a Triton repository (--repository) or a checkpoint on CPU (--model)",
+                        hint="give exactly one of them")
+    if model is not None:
+        return _serve_cpu(console, model, dtype, threads, openai_port, openai_address, served_model_name,
+                          {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port},
+                          frontend_limits(max_connections, max_body_bytes),
+                          request_policy(max_tokens, max_running_per_client, max_waiting))
     openai_only = {"--served-model-name": served_model_name, "--max-connections": max_connections,
                    "--max-body-bytes": max_body_bytes, "--max-tokens": max_tokens,
                    "--max-running-per-client": max_running_per_client, "--max-waiting": max_waiting}
@@ -199,6 +219,39 @@ def serve(
 
     console.print(f"stopped ({signals.Signals(signum).name}); tritonserver and its models are down")
     raise typer.Exit(128 + signum)  # 130 Ctrl-C, 143 SIGTERM: the rule of every command (README)
+
+
+def _serve_cpu(console, model: Path, dtype: str, threads: Optional[int], openai_port: Optional[int],
+               openai_address: str, served_model_name: Optional[str], triton_flags: dict, limits, policy) -> None:
+    """serve --model: the OpenAI API on the CPU generation path until SIGINT / SIGTERM."""
+    import signal as signals
+
+    from wide_export.cpu.serve import prepare, serve_until_signal
+    from wide_export.errors import WideError
+    from wide_export.signals import interrupt_on_signals
+
+    given = [flag for flag, value in triton_flags.items() if value is not None]
+    if given:
+        raise WideError(f"{given[0]} is tritonserver's, and --model serves without it", hint="drop " + given[0])
+    if openai_port is None:
+        raise WideError("--model serves the OpenAI API only", hint="add --openai-port PORT")
+    with interrupt_on_signals():
+        with console.status(f"loading {model} for the CPU kernels ..."):
+            frontend, gen = prepare(model, openai_address, openai_port, served_model_name, dtype=dtype,
+                                    threads=threads, limits=limits, policy=policy)
+        try:
+            with console.status("starting the OpenAI API ..."):
+                frontend.start()
+        except BaseException:
+            frontend.stop()
+            raise
+    kernels = f"CPU kernels {gen.kernels}" if gen.kernels else "no CPU kernels (dense path)"
+    console.print(f"[green]ready[/]  OpenAI {frontend.url}  ({kernels}, {dtype})", soft_wrap=True)
+    console.print(f"models: {', '.join(m.name for m in frontend.models)}", markup=False)
+    console.print("Ctrl-C to stop")
+    signum = serve_until_signal(frontend)
+    console.print(f"stopped ({signals.Signals(signum).name})")
+    raise typer.Exit(128 + signum)
 
 
 def frontend_limits(max_connections: Optional[int], max_body_bytes: Optional[int]):

@@ -121,3 +121,16 @@ class CpuGenerator:
         prefill = marks[0] - start if marks else 0.0
         decode = marks[-1] - marks[0] if len(marks) > 1 else 0.0
         return Generated(new.tolist(), prefill, decode, len(marks), len(prompts) * len(prompts[0]))
+
+    def stream(self, prompt: list[int], max_new_tokens: int, sampling: Optional[Sampling] = None,
+               on_token: Optional[Callable[[int], None]] = None,
+               stop: Optional[Callable[[int], bool]] = None) -> list[int]:
+        """One prompt's new tokens, each handed to on_token(id) as it is chosen; stop(id) ends after that token
+        (the OpenAI front door's engine, cpu/engine.py). The caller checks the prompt's ids and length."""
+        from wide_export.ops import dispatch
+
+        with dispatch.cpu_kernels():
+            new = generate(self.model, torch.tensor([prompt]), max_new_tokens, sampling,
+                           None if on_token is None else (lambda _step, ids: on_token(int(ids[0]))),
+                           None if stop is None else (lambda ids: stop(int(ids[0]))))
+        return new[0].tolist()

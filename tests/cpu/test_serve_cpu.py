@@ -1,0 +1,164 @@
+"""`wide-export serve --model DIR`: the OpenAI API on the CPU generation path (cpu/engine.py, cpu/serve.py).
+Tokens are checked against transformers with the routers hooked on by hand (tests/model/hf_routing.py), not
+against our own generator; the engine's stops, budget and cancellation; the command's errors, its real HTTP
+server (plain and streamed completions) and its exit on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.cpu.test_generation import SPECS, _hf_greedy
+from tests.helpers import assert_one_line_error, make_checkpoint
+
+pytest.importorskip("fastapi")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("serve") / "ck", num_layers=2, **SPECS["llama"])
+
+
+@pytest.fixture(scope="module")
+def engine(ckpt):
+    from wide_export.cpu.engine import CpuEngine
+    from wide_export.cpu.generation import CpuGenerator
+
+    return CpuEngine(CpuGenerator.load(ckpt), "wide")
+
+
+def _collect(engine, **fields):
+    from wide_export.frontend.engine import GenerationRequest
+
+    async def go():
+        return [c async for c in engine.generate(GenerationRequest(model="wide", **fields))]
+
+    return asyncio.run(go())
+
+
+PROMPT = [5, 9, 13, 2, 7]
+
+
+def test_engine_streams_the_reference_greedy_tokens_one_chunk_each(engine, ckpt):
+    chunks = _collect(engine, prompt_ids=PROMPT, max_tokens=6)
+    assert [t for c in chunks for t in c.token_ids] == _hf_greedy(ckpt, [PROMPT], 6)[0]
+    assert [len(c.token_ids) for c in chunks] == [1] * 6
+    assert [c.finish_reason for c in chunks] == [None] * 5 + ["length"]
+    assert chunks[-1].prompt_tokens == len(PROMPT) and chunks[-1].completion_tokens == 6
+
+
+def test_a_stop_token_ends_the_generation_after_it(engine, ckpt):
+    want = _hf_greedy(ckpt, [PROMPT], 6)[0]
+    stop = want[2]
+    chunks = _collect(engine, prompt_ids=PROMPT, max_tokens=6, stop_token_ids=[stop])
+    got = [t for c in chunks for t in c.token_ids]
+    assert got == want[:want.index(stop) + 1]
+    assert chunks[-1].finish_reason == "stop"
+
+
+def test_a_consumer_that_goes_away_stops_the_worker(engine, monkeypatch):
+    from wide_export.frontend.engine import GenerationRequest
+
+    made = []  # how many tokens the worker generated
+    stream = engine.generator.stream
+    monkeypatch.setattr(engine.generator, "stream", lambda *a, **k: made.append(len(stream(*a, **k))))
+
+    async def go():
+        gen = engine.generate(GenerationRequest(model="wide", prompt_ids=PROMPT, max_tokens=200))
+        first = await gen.__anext__()
+        await gen.aclose()  # waits for the worker, which stops at its next token
+        return first
+
+    start = time.perf_counter()
+    assert len(asyncio.run(go()).token_ids) == 1
+    assert time.perf_counter() - start < 30 and made[0] < 50, made
+    assert len(_collect(engine, prompt_ids=PROMPT, max_tokens=2)) == 2  # the engine serves the next request
+
+
+def test_sampling_follows_the_seed(engine):
+    tokens = [[t for c in _collect(engine, prompt_ids=PROMPT, max_tokens=8, temperature=1.5, seed=s)
+               for t in c.token_ids] for s in (7, 7, 8)]
+    assert tokens[0] == tokens[1] and tokens[0] != tokens[2]
+
+
+def test_stop_strings_cut_the_text_where_the_first_begins():
+    from wide_export.cpu.engine import _first_stop
+
+    assert _first_stop("hello world", ["wor", "lo"], 0) == 3
+    assert _first_stop("hello world", ["xyz"], 0) is None
+    assert _first_stop("hello world", ["lo w"], 5) == 3  # a stop that began in text already sent is found
+
+
+@pytest.mark.parametrize("fields,fragment", [
+    (dict(prompt_ids=PROMPT, max_tokens=10**6), "max_tokens"),
+    (dict(prompt_ids=[10**6]), "outside the vocabulary"),
+    (dict(prompt="hello"), "no tokenizer"),
+])
+def test_engine_refuses_bad_requests_as_invalid(engine, fields, fragment):
+    from wide_export.frontend.engine import EngineError
+
+    with pytest.raises(EngineError) as err:
+        _collect(engine, **fields)
+    assert err.value.kind == "invalid" and fragment in err.value.message
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "wide_export", "serve", *args], capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("--openai-port", "0"), "give exactly one"),
+    (("--repository", "r", "--model", "m"), "give exactly one"),
+    (("--model", "MODEL"), "--openai-port"),
+    (("--model", "MODEL", "--openai-port", "0", "--grpc-port", "8001"), "--grpc-port"),
+    (("--model", "nowhere", "--openai-port", "0"), "config.json"),
+])
+def test_serve_model_refuses_bad_input_in_one_line(ckpt, args, fragment):
+    line = assert_one_line_error(_cli(*[str(ckpt) if a == "MODEL" else a for a in args]))
+    assert fragment in line
+
+
+def _post(url: str, body: dict) -> bytes:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return resp.read()
+
+
+def test_serve_model_answers_completions_plain_and_streamed_then_stops_on_sigterm(ckpt):
+    proc = subprocess.Popen([sys.executable, "-m", "wide_export", "serve", "--model", str(ckpt), "--openai-port",
+                             "0", "--served-model-name", "wide"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "COLUMNS": "300"})
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr.read()
+            if "OpenAI http" in line:
+                url = line.split("OpenAI ", 1)[1].split()[0]
+        assert url, "the server did not print its ready line"
+        want = _hf_greedy(ckpt, [PROMPT], 5)[0]
+        body = {"model": "wide", "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "return_token_ids": True}
+        plain = json.loads(_post(f"{url}/completions", body))
+        assert plain["choices"][0]["token_ids"] == want
+        assert plain["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+        events = [line[len(b"data: "):] for line in _post(f"{url}/completions", {**body, "stream": True}).split(b"\n")
+                  if line.startswith(b"data: ")]
+        assert events[-1] == b"[DONE]"
+        streamed = [t for e in events[:-1] for t in json.loads(e)["choices"][0].get("token_ids", [])]
+        assert streamed == want
+        models = json.loads(urllib.request.urlopen(f"{url}/models", timeout=30).read())
+        assert [m["id"] for m in models["data"]] == ["wide"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+    assert rc == 143
