@@ -126,6 +126,17 @@ def _engine(folder: Path, work: Path, spec: dict, timeout: float) -> dict:
     return json.loads(lines[-1][len(MARK):])
 
 
+def kv_cache_bytes(cfg, itemsize: int, sequences: int, max_model_len: int, block: int = 128) -> int:
+    """KV cache bytes for `sequences` sequences of max_model_len tokens (each rounded up to whole blocks, plus
+    one block): what the benchmark gives each engine explicitly on CPU. vLLM's CPU worker otherwise sizes the
+    cache as its memory budget minus the process's RSS after warm-up, which differs between the two engines
+    (WIDE's process holds its kernels' library and its warm-up's buffers), so the side with fewer blocks would
+    preempt and recompute sequences at batch 16: a difference of configuration, not of speed."""
+    per_token = 2 * cfg.num_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    blocks = -(-max_model_len // block) + 1
+    return sequences * blocks * block * per_token
+
+
 def _reference_tokens(loaded_fp32) -> list[list[int]]:
     import torch
 
@@ -187,6 +198,8 @@ def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lor
         export_dense_twin(loaded, work / "dense", dtype)
         llm = {"dtype": dtype, "max_model_len": max_model_len, "max_num_seqs": max(batches),
                "gpu_memory_utilization": 0.1 if device == "cpu" else 0.5}
+        if device == "cpu":  # both engines get the same KV cache, room for every sequence at once
+            llm["kv_cache_memory_bytes"] = kv_cache_bytes(loaded.config, itemsize, max(batches), max_model_len)
         timings = [{"batch": b, "prompt_len": prompt_len, "new": new} for b in batches]
         rows, wide_tokens, rss = [], None, {}
         for side in ("wide", "dense"):

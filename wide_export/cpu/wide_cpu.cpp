@@ -79,16 +79,18 @@ void dots_scalar(const T* const* w, int nr, const T* const* x, int nm, int64_t l
     }
 }
 
-// AVX2 + FMA: 8 lanes, bf16 widened on load (a shift into the high half of each float32)
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const uint16_t* p) {
+// AVX2 + FMA (+ F16C): 8 lanes, bf16 widened on load (a shift into the high half of each float32), float16
+// through vcvtph2ps
+#define WIDE_AVX2 __attribute__((target("avx2,fma,f16c")))
+WIDE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+WIDE_AVX2 inline __m256 load8(const uint16_t* p) {
   __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::Half* p) {
+WIDE_AVX2 inline __m256 load8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-__attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
+WIDE_AVX2 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -96,8 +98,7 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
 }
 
 template <typename T, int NRv, int NM>
-__attribute__((target("avx2,fma,f16c"))) void dots_avx2(const T* const* w, const T* const* x, int64_t len, AccRows acc,
-                                                   int m_at) {
+WIDE_AVX2 void dots_avx2(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at) {
   __m256 a[NRv][NM];
   for (int r = 0; r < NRv; ++r)
     for (int m = 0; m < NM; ++m) a[r][m] = _mm256_setzero_ps();
@@ -448,7 +449,7 @@ WIDE_AVX512 void axpy4_avx512(const T* const* blk, int64_t gs, const T* xg, floa
 }
 
 template <typename T>
-__attribute__((target("avx2,fma,f16c"))) void axpy4_avx2(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
+WIDE_AVX2 void axpy4_avx2(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
   __m256 lo[4], hi[4];
   for (int i = 0; i < 4; ++i) lo[i] = _mm256_loadu_ps(acc[i]), hi[i] = _mm256_loadu_ps(acc[i] + 8);
   for (int64_t k = 0; k < gs; ++k) {
@@ -473,8 +474,7 @@ void axpy4(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
 }
 
 template <typename T>
-__attribute__((target("avx2,fma,f16c"))) void axpy_block_avx2(const T* blk, int64_t gs, const T* const* xg, int nm,
-                                                         float (*acc)[KB]) {
+WIDE_AVX2 void axpy_block_avx2(const T* blk, int64_t gs, const T* const* xg, int nm, float (*acc)[KB]) {
   __m256 lo[MR], hi[MR];
   for (int m = 0; m < nm; ++m) lo[m] = _mm256_loadu_ps(acc[m]), hi[m] = _mm256_loadu_ps(acc[m] + 8);
   for (int64_t k = 0; k < gs; ++k) {
@@ -596,8 +596,8 @@ WIDE_AVX512 void rows_axpy_avx512(const T* const* w, int nw, int64_t len, const 
 }
 
 template <typename T>
-__attribute__((target("avx2,fma,f16c"))) void rows_axpy_avx2(const T* const* w, int nw, int64_t len,
-                                                        const float (*xs)[KT_ROWS], int nm, float* const* acc) {
+WIDE_AVX2 void rows_axpy_avx2(const T* const* w, int nw, int64_t len, const float (*xs)[KT_ROWS], int nm,
+                         float* const* acc) {
   int64_t n = 0;
   for (; n + 8 <= len; n += 8) {
     __m256 wv[KT_ROWS];
