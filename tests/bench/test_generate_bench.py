@@ -67,6 +67,6 @@ def _cli(*args):
 def test_bench_generate_refusals_are_one_line(tmp_path):
     ckpt = make_checkpoint(tmp_path / "ck", num_layers=1)
     assert "--sparsity" in assert_one_line_error(_cli("--model", str(ckpt), "--sparsity", "0.5"))
-    assert "float16" in assert_one_line_error(_cli("--preset", "tiny", "--dtype", "float16"))
+    assert "float64" in assert_one_line_error(_cli("--preset", "tiny", "--dtype", "float64"))
     assert "unknown --preset" in assert_one_line_error(_cli("--preset", "nope"))
     assert "[0, 1)" in assert_one_line_error(_cli("--preset", "tiny", "--sparsity", "1.0"))

@@ -36,9 +36,9 @@ def test_bench_kernels_on_cpu_puts_wide_and_dense_side_by_side(tmp_path):
     pol = next(iter(json.loads((tmp_path / "cpu-policy.json").read_text()).values()))
     assert set(pol) == {"float32", "bfloat16"} and set(pol["float32"]["masked_max_m"]) == {"n", "gated", "k"}
     assert (tmp_path / "cpu-kernels.png").read_bytes()[:4] == b"\x89PNG"
-    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "kernels", "--device", "cpu", "--dtype", "fp16",
+    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "kernels", "--device", "cpu", "--dtype", "fp8",
                                                           "--preset", "tiny", "--output", str(tmp_path / "x")]))
-    assert "unknown dtype 'fp16' for the CPU kernels" in line
+    assert "unknown dtype 'fp8' for the CPU kernels" in line
 
 
 def test_bench_e2e_on_cpu_times_the_kernels_for_real(tmp_path):
@@ -54,7 +54,7 @@ def test_bench_e2e_on_cpu_times_the_kernels_for_real(tmp_path):
     assert set(decode1["algos"].values()) == {"masked"}  # one token: always the masked kernels
     check = data["check"]["0.5"]
     assert check["mask_agreement"] == 1.0 and check["max_rel_error"] < 1e-3
-    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "e2e", "--device", "cpu", "--dtype", "fp16",
+    line = assert_one_line_error(CliRunner().invoke(app, ["bench", "e2e", "--device", "cpu", "--dtype", "fp8",
                                                           "--output", str(tmp_path / "x")]))
     assert "--device cpu runs" in line
 
@@ -108,7 +108,7 @@ def test_record_merges_a_measured_cpu_policy_and_refuses_a_malformed_one(tmp_pat
     assert table["Some CPU"] == entry and "default" in table
     before = dest.read_text()
     for bad in ({"Some CPU": {"float32": {"masked_max_m": {"n": 0, "gated": 8, "k": 4}, "dense_union_min": 0.9}}},
-                {"Some CPU": {"float16": entry["float32"]}}, {"_doc": entry}, [], "x"):
+                {"Some CPU": {"float64": entry["float32"]}}, {"_doc": entry}, [], "x"):
         (tmp_path / "bad.json").write_text(json.dumps(bad))
         with pytest.raises(WideError, match="not a"):
             record_policy(tmp_path / "bad.json", dest)

@@ -110,6 +110,32 @@ def test_every_tile_of_tokens_a_group_can_meet(isa, dtype, gs):
                                rtol=_tol(dtype)[0], atol=_tol(dtype)[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M,bias", [(1, False), (3, True), (9, False)])
+def test_dense_linear_through_the_kernel_matches_torch(monkeypatch, dtype, M, bias):
+    """k / v / the LM head on the fast path: the kernel with one group of all N rows (forced here; the policy
+    decides in use), against torch's own F.linear."""
+    monkeypatch.setattr(cpu, "choose", lambda *_a: "masked")
+    gen = torch.Generator().manual_seed(M)
+    x = torch.randn(2, M, 67, generator=gen).to(dtype)
+    w = (torch.randn(36, 67, generator=gen) * 0.05).to(dtype)
+    b = torch.randn(36, generator=gen).to(dtype) if bias else None
+    cpu.PATHS.clear()
+    got = cpu.dense_linear(x, w, b)
+    assert cpu.PATHS["linear", "masked"] == 1 and got.shape == (2, M, 36)
+    want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(got.float(), want, rtol=_tol(dtype)[0], atol=_tol(dtype)[1])
+
+
+def test_dense_linear_follows_the_policy_at_a_full_union():
+    x, w = torch.randn(1, 64), torch.randn(32, 64)
+    for dtype in ("float32", "bfloat16", "float16"):
+        cpu.PATHS.clear()
+        cpu.dense_linear(x.to(getattr(torch, dtype)), w.to(getattr(torch, dtype)))
+        want = cpu.choose("n", 1, dtype, lambda: 1.0) == "masked"
+        assert cpu.PATHS["linear", "masked"] == int(want), dtype
+
+
 @pytest.mark.parametrize("width,gs,N,s,dtype,M,isa", list(_cases()), indirect=["isa"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("layout", ["nk", "packed", "kt"])

@@ -1,4 +1,4 @@
-"""CPU kernels of the `wide` masked projections (C++ with AVX2 / FMA, torch custom ops `wide_cpu::*`).
+"""CPU kernels of the `wide` masked projections (C++ with AVX-512 / AVX2, torch custom ops `wide_cpu::*`).
 
     from wide_export import cpu
     y = cpu.masked_gemm_n(x, w, mask, group_size, bias=None)   # q_proj: skipped head groups' columns unread
@@ -7,6 +7,7 @@
     wp = cpu.pack_k(w, group_size)                              # [G, N/16, gs, 16]: streamed at decode
     y = cpu.masked_gemm_k(x, w, mask, group_size, packed=wp)   # the kernel reads wp, a dense fallback w
     y = cpu.masked_gemm_kt(x, w.t().contiguous(), mask, group_size)  # W^T [K, N]: one copy, masked and dense
+    y = cpu.dense_linear(x, w, bias)                            # k / v / LM head: the kernel where it beats torch
 
 The library is compiled on first use against the installed torch's headers (``build.py``; cached per source,
 torch and compiler), so nothing is downloaded. Which of the masked kernel and the dense GEMM (+ mask) serves
@@ -15,8 +16,8 @@ are ``wide_export.ops.reference``."""
 
 from __future__ import annotations
 
-__all__ = ["masked_gemm_n", "masked_gated_mlp", "masked_gemm_k", "masked_gemm_kt", "pack_k", "unpack_k", "router", "isa",
-           "available"]
+__all__ = ["masked_gemm_n", "masked_gated_mlp", "masked_gemm_k", "masked_gemm_kt", "dense_linear", "pack_k", "unpack_k",
+           "router", "isa", "available"]
 
 
 def __getattr__(name: str):

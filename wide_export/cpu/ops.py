@@ -134,6 +134,23 @@ def _zero_skipped_(y: torch.Tensor, mask2: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def dense_linear(x, w, bias=None) -> torch.Tensor:
+    """x W^T + b for a projection without groups (k, v, the LM head): a masked projection whose one group every
+    token executes, so the kernel serves it where policy.json says the masked kernel beats the dense GEMM at a
+    full union for this many tokens (q_proj's measured run, masked_full_union_min_m .. _max_m: torch's CPU GEMV
+    on bfloat16 / float16 weights reads them well below the memory's bandwidth), else F.linear."""
+    x2 = x.reshape(-1, x.shape[-1])
+    M, N = x2.shape[0], w.shape[0]
+    if x2.dtype not in _DTYPES or w.dtype != x2.dtype or not available() or x.device.type != "cpu" \
+            or choose("n", M, str(x2.dtype)[6:], lambda: 1.0) != "masked":
+        return F.linear(x, w, bias)
+    PATHS["linear", "masked"] += 1
+    y = x2.new_empty(M, N)
+    ones = torch.ones(M, 1, dtype=torch.int32)
+    torch.ops.wide_cpu.gemm_n(x2.contiguous(), w.contiguous(), ones, N, bias, y)
+    return y.reshape(*x.shape[:-1], N)
+
+
 def masked_gemm_n(x, w, mask, group_size: int, bias=None, out=None, path: str | None = None):
     """(x W^T + b) with the outputs of skipped groups exactly 0; x [.., K], w [N, K], mask [.., N/group_size]."""
     x2, m2 = _flat(x, mask)

@@ -227,28 +227,37 @@ void dots_blocked(const T* const* w, int nr, const T* const* x, int nm, int64_t 
   }
 }
 
-// K<T, NRv, nm> for a run-time nm in [LO, HI]
+// K<T, NRv, nm> for a run-time nm in [LO, HI], on activation rows x[0 .. nm) into acc columns m_at ..
 template <typename T, template <typename, int, int> class K, int NRv, int LO, int HI>
-inline void go_nm(int nm, const T* const* w, const T* const* x, int64_t len, AccRows acc, int64_t ahead) {
+inline void go_nm(int nm, const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at,
+                  int64_t ahead) {
   if constexpr (LO < HI) {
-    if (nm != LO) return go_nm<T, K, NRv, LO + 1, HI>(nm, w, x, len, acc, ahead);
+    if (nm != LO) return go_nm<T, K, NRv, LO + 1, HI>(nm, w, x, len, acc, m_at, ahead);
   }
-  K<T, NRv, LO>::go(w, x, len, acc, 0, ahead);
+  K<T, NRv, LO>::go(w, x, len, acc, m_at, ahead);
 }
 
-// One pass over the weight rows for all nm <= MT activation rows (32 vector registers): every weight vector
-// loaded is used by every token of the call, so a weight row is read from memory once, as a stream, and the
-// activations (a few KB a token) come from cache. Rows in blocks of NR for up to 4 tokens, in pairs for 5 to
-// 8, one at a time beyond: at most 16 accumulators.
+// The weight rows against all nm <= MT activation rows (32 vector registers, at most 16 accumulators): rows in
+// blocks of NR for up to 4 tokens, in pairs beyond, a pair meeting its tokens in one pass of up to 8 and a
+// second pass over the same two rows (from L1) for the rest. Every weight vector loaded serves every token of
+// its pass, so a row streams from memory once per call, and the activations (a few KB a token) come from cache.
 template <typename T, template <typename, int, int> class K>
 void dots_one_pass(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc, int64_t stride) {
   int r = 0;
   if (nm <= 4) {
-    for (; r + NR <= nr; r += NR) go_nm<T, K, NR, 1, 4>(nm, w + r, x, len, acc + r, NR * stride);
-  } else if (nm <= 8) {
-    for (; r + 2 <= nr; r += 2) go_nm<T, K, 2, 5, 8>(nm, w + r, x, len, acc + r, 2 * stride);
+    for (; r + NR <= nr; r += NR) go_nm<T, K, NR, 1, 4>(nm, w + r, x, len, acc + r, 0, NR * stride);
+    for (; r < nr; ++r) go_nm<T, K, 1, 1, 4>(nm, w + r, x, len, acc + r, 0, stride);
+    return;
   }
-  for (; r < nr; ++r) go_nm<T, K, 1, 1, MT>(nm, w + r, x, len, acc + r, stride);
+  const int first = nm <= 8 ? nm : (nm + 1) / 2;  // 9..16 tokens: two passes of 5..8
+  for (; r + 2 <= nr; r += 2) {
+    go_nm<T, K, 2, 1, 8>(first, w + r, x, len, acc + r, 0, 2 * stride);
+    if (first < nm) go_nm<T, K, 2, 1, 8>(nm - first, w + r, x + first, len, acc + r, first, 0);
+  }
+  for (; r < nr; ++r) {
+    go_nm<T, K, 1, 1, 8>(first, w + r, x, len, acc + r, 0, stride);
+    if (first < nm) go_nm<T, K, 1, 1, 8>(nm - first, w + r, x + first, len, acc + r, first, 0);
+  }
 }
 
 // stride: where the weight rows are consecutive rows of one matrix, its row length: a kernel then prefetches

@@ -112,12 +112,12 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, allowed, past: KV | StaticKV, mask, group_heads: int | None):
         b, t, _ = x.shape
         if mask is None:
-            q = self.q_proj(x)
+            q = dispatch.linear(self.q_proj, x)
         else:
             q = dispatch.gemm_n(x, self.q_proj.weight, mask, group_heads * self.d, self.q_proj.bias)
         q = q.view(b, t, self.hq, self.d)
-        k = self.k_proj(x).view(b, t, self.hkv, self.d)
-        v = self.v_proj(x).view(b, t, self.hkv, self.d)
+        k = dispatch.linear(self.k_proj, x).view(b, t, self.hkv, self.d)
+        v = dispatch.linear(self.v_proj, x).view(b, t, self.hkv, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -279,5 +279,5 @@ class WideForCausalLM(nn.Module):
         for layer, past in zip(m.layers, past_key_values):
             h, present = layer(h, cos, sin, allowed, past, collect)
             presents.append(present)
-        logits = self.lm_head(m.norm(h)).float()
+        logits = dispatch.linear(self.lm_head, m.norm(h)).float()
         return logits, presents

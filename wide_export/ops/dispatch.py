@@ -56,6 +56,17 @@ def router(hidden, wc, bc, wr, br) -> torch.Tensor:
     return ref.wide_router(hidden, wc, bc, wr, br)  # ~1 % of a layer's weights: the reference is the CPU path too
 
 
+def linear(layer: torch.nn.Linear, x) -> torch.Tensor:
+    """A projection without groups (k, v, the LM head, a layer without routers): the module itself, or on the
+    fast CPU path the masked kernel with its one group executed where the CPU's measured policy says that beats
+    torch's GEMM at this many tokens (wide_export.cpu.dense_linear)."""
+    if fast_cpu(x):
+        from wide_export import cpu
+
+        return cpu.dense_linear(x, layer.weight, layer.bias)
+    return layer(x)
+
+
 def gemm_n(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
     if _exporting():
         # The bias input is always wired (zeros when absent): see docs/opset.md.
