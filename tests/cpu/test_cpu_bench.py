@@ -106,6 +106,10 @@ def test_record_merges_a_measured_cpu_policy_and_refuses_a_malformed_one(tmp_pat
     assert record_policy(good, dest) == ["Some CPU"]
     table = json.loads(dest.read_text())
     assert table["Some CPU"] == entry and "default" in table
+    half = {"float16": {**entry["float32"], "dense_union_min": 0.8}}  # one dtype's run keeps the others
+    good.write_text(json.dumps({"Some CPU": half}))
+    record_policy(good, dest)
+    assert json.loads(dest.read_text())["Some CPU"] == {**entry, **half}
     before = dest.read_text()
     for bad in ({"Some CPU": {"float32": {"masked_max_m": {"n": 0, "gated": 8, "k": 4}, "dense_union_min": 0.9}}},
                 {"Some CPU": {"float64": entry["float32"]}}, {"_doc": entry}, [], "x"):
