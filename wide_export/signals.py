@@ -181,3 +181,27 @@ def interrupt_on_signals() -> Iterator[None]:
         # The interrupt belonged to this command (it propagated, or the publish step refused): a later
         # command or API call in the same process (tests, notebooks) must not see it.
         _INTERRUPTED.clear()
+
+
+def serve_until_signal(poll: float, check, stop) -> int:
+    """Block until SIGINT / SIGTERM, calling check() every `poll` seconds (it raises to end serving), then
+    stop() under the same handlers (a second Ctrl-C cannot cut the shutdown short) and give the old handlers
+    back. Returns the signal's number (a server's exit code is 128 + it)."""
+    done = threading.Event()
+    got: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        got.append(signum)
+        done.set()
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not done.wait(poll):
+            check()
+    finally:
+        try:
+            stop()
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    return int(got[0])

@@ -1432,7 +1432,11 @@ def loop(monkeypatch, tmp_path):
             waits.append(timeout)
             return super().wait(0)
 
-    monkeypatch.setattr(server_mod, "threading", SimpleNamespace(Event=Event))
+    import wide_export.signals as signals_mod  # where serve_until_signal's wait lives
+
+    fake = SimpleNamespace(**{k: getattr(threading, k) for k in dir(threading) if not k.startswith("__")})
+    fake.Event = Event
+    monkeypatch.setattr(signals_mod, "threading", fake)
     server = make_server(tmp_path)
     server.stop = lambda *a, **kw: events.append(("stop", a, kw))
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -1479,13 +1483,15 @@ def test_serve_until_signal_defaults(loop):
 def test_a_signal_before_the_first_poll_stops_at_once(loop):
     loop.watch(after=1)
     loop.server.watch_models = lambda report: pytest.fail("supervised after the signal")
-    real_wait = server_mod.threading.Event.wait
+    import wide_export.signals as signals_mod
+
+    real_wait = signals_mod.threading.Event.wait
 
     def wait(self, timeout=None):  # the signal arrives during the first wait
         signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
         return real_wait(self, timeout)
 
-    server_mod.threading.Event.wait = wait
+    signals_mod.threading.Event.wait = wait
     loop.server.serve_until_signal(poll=1.0)
     assert loop.events == [("stop", (), {})] and loop.waits == [1.0]
 

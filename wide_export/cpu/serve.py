@@ -4,8 +4,6 @@ wide_export.frontend with a CpuEngine (cpu/engine.py), served until SIGINT / SIG
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -46,21 +44,6 @@ def prepare(model_dir: Path, host: str, port: int, served_model_name: Optional[s
 def serve_until_signal(frontend, poll: float = 0.5) -> int:
     """Block until SIGINT / SIGTERM (returns its number; the frontend is stopped) or until the frontend dies
     (WideError)."""
-    stop = threading.Event()
-    got: list[int] = []
+    from wide_export.signals import serve_until_signal as until_signal
 
-    def on_signal(signum, _frame) -> None:
-        got.append(signum)
-        stop.set()
-
-    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(poll):
-            frontend.check()
-    finally:
-        try:
-            frontend.stop()
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-    return int(got[0])
+    return until_signal(poll, frontend.check, frontend.stop)

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -579,40 +578,32 @@ class TritonServer:
         runs at each poll as well (it raises to stop, e.g. a frontend that died); `before_stop`
         runs before the server is stopped (e.g. stopping a frontend in front of it).
         """
-        stop = threading.Event()
-        got: list[int] = []
+        from wide_export.signals import serve_until_signal
 
-        def on_signal(signum, _frame) -> None:
-            got.append(signum)
-            stop.set()
+        failing_since: list[float] = []  # when the supervisor's own checks began failing (empty: they pass)
 
-        handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        failing_since: Optional[float] = None
-        try:
-            while not stop.wait(poll):
-                try:
-                    self.watch_models(report)
-                    failing_since = None
-                except WideError:
-                    raise  # it cannot come back, or keeps failing: serve stops with one line
-                except Exception as err:  # noqa: BLE001 - the supervisor's own failure (EMFILE reading /proc, ...)
-                    # must not take the server down: reported once per failing spell, retried at the next poll
-                    if failing_since is None:
-                        failing_since = time.monotonic()
-                        report(f"supervision check failed ({type(err).__name__}: {err}); retrying")
-                if check is not None:
-                    check()
-        finally:
+        def supervise() -> None:
+            try:
+                self.watch_models(report)
+                failing_since.clear()
+            except WideError:
+                raise  # it cannot come back, or keeps failing: serve stops with one line
+            except Exception as err:  # noqa: BLE001 - the supervisor's own failure (EMFILE reading /proc, ...)
+                # must not take the server down: reported once per failing spell, retried at the next poll
+                if not failing_since:
+                    failing_since.append(time.monotonic())
+                    report(f"supervision check failed ({type(err).__name__}: {err}); retrying")
+            if check is not None:
+                check()
+
+        def stop() -> None:
             try:
                 if before_stop is not None:
                     before_stop()
             finally:
-                try:
-                    self.stop()  # still under our handlers: a second Ctrl-C cannot cut the shutdown short
-                finally:
-                    for sig, handler in handlers.items():
-                        signal.signal(sig, handler)
-        return int(got[0])
+                self.stop()
+
+        return serve_until_signal(poll, supervise, stop)
 
     def __enter__(self) -> "TritonServer":
         if self.process is not None and self.process.poll() is None:
