@@ -121,6 +121,8 @@ def _cli(*args, **kw):
     (("--model", "MODEL"), "--openai-port"),
     (("--model", "MODEL", "--openai-port", "0", "--grpc-port", "8001"), "--grpc-port"),
     (("--model", "nowhere", "--openai-port", "0"), "config.json"),
+    (("--model", "MODEL", "--openai-port", "0", "--log-verbose", "1"), "--log-verbose"),
+    (("--repository", "r", "--dtype", "float16"), "--dtype is for --model"),
 ])
 def test_serve_model_refuses_bad_input_in_one_line(ckpt, args, fragment):
     line = assert_one_line_error(_cli(*[str(ckpt) if a == "MODEL" else a for a in args]))

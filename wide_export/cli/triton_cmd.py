@@ -136,7 +136,8 @@ def serve(
                               "one more is a 503 (a 429 for that client) at once (default: 256).",
         show_default=False)] = None,
 ) -> None:
-    """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C.
+    """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C; or, with --model, the
+    OpenAI API alone on the CPU generation path (no tritonserver).
 
     With --openai-port, an OpenAI-compatible HTTP API runs in front of it (talking to it over gRPC) and
     Triton's own HTTP endpoint is off unless --http-port asks for it. A tritonserver that dies, or whose
@@ -157,9 +158,17 @@ def serve(
 
         raise WideError("serve runs a Triton repository (--repository) or a checkpoint on CPU (--model)",
                         hint="give exactly one of them")
+    if model is None and (dtype != "float32" or threads is not None):
+        from wide_export.errors import WideError
+
+        flag = "--dtype" if dtype != "float32" else "--threads"
+        raise WideError(f"{flag} is for --model (the CPU path); a repository's models carry their own",
+                        hint="drop " + flag)
     if model is not None:
         return _serve_cpu(console, model, dtype, threads, openai_port, openai_address, served_model_name,
-                          {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port},
+                          {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port,
+                           "--address": None if address == "127.0.0.1" else address,
+                           "--log-verbose": log_verbose or None},
                           frontend_limits(max_connections, max_body_bytes),
                           request_policy(max_tokens, max_running_per_client, max_waiting))
     openai_only = {"--served-model-name": served_model_name, "--max-connections": max_connections,
