@@ -19,7 +19,7 @@ def prepare(model_dir: Path, host: str, port: int, served_model_name: Optional[s
     from wide_export.frontend.models import ServedModel
     from wide_export.frontend.runner import Frontend, bind_socket, check_installed
 
-    check_installed()
+    check_installed(("fastapi", "uvicorn"))  # no tritonclient: no tritonserver behind this API
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise WideError(f"{model_dir} is not a model folder (no config.json)",

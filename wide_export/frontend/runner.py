@@ -26,11 +26,12 @@ GRACEFUL_S = 3  # seconds open connections get at shutdown before their tasks ar
 DRAIN_S = 0.2  # seconds between telling open streams that the server stops and closing their connections
 
 
-def check_installed() -> None:
-    """WideError naming what to install when the frontend's libraries are missing."""
+def check_installed(names: tuple[str, ...] = ("fastapi", "uvicorn", "tritonclient")) -> None:
+    """WideError naming what to install when the frontend's libraries are missing (tritonclient: only in front
+    of tritonserver)."""
     from importlib.util import find_spec
 
-    missing = [name for name in ("fastapi", "uvicorn", "tritonclient") if find_spec(name) is None]
+    missing = [name for name in names if find_spec(name) is None]
     if missing:
         from wide_export.triton.server import SERVING_ENV
 
