@@ -32,7 +32,9 @@ def engine(ckpt):
     from wide_export.cpu.engine import CpuEngine
     from wide_export.cpu.generation import CpuGenerator
 
-    return CpuEngine(CpuGenerator.load(ckpt), "wide")
+    engine = CpuEngine(CpuGenerator.load(ckpt), "wide")
+    yield engine
+    asyncio.run(engine.close())  # its worker thread does not outlive the module
 
 
 def _collect(engine, **fields):

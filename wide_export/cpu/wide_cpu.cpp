@@ -194,13 +194,13 @@ struct Avx2K {
 };
 template <typename T, int NRv, int NM>
 struct Avx512K {
-  static void go(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at, int64_t ahead = 0) {
+  static void go(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at, int64_t ahead) {
     dots_avx512<T, NRv, NM>(w, x, len, acc, m_at, ahead);
   }
 };
 template <typename T, int NRv, int NM>
 struct Bf16K {
-  static void go(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at, int64_t ahead = 0) {
+  static void go(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at, int64_t ahead) {
     dots_bf16<NRv, NM>(w, x, len, acc, m_at, ahead);
   }
 };

@@ -580,18 +580,19 @@ class TritonServer:
         """
         from wide_export.signals import serve_until_signal
 
-        failing_since: list[float] = []  # when the supervisor's own checks began failing (empty: they pass)
+        failing = False  # the supervisor's own checks are failing (reported once per spell)
 
         def supervise() -> None:
+            nonlocal failing
             try:
                 self.watch_models(report)
-                failing_since.clear()
+                failing = False
             except WideError:
                 raise  # it cannot come back, or keeps failing: serve stops with one line
             except Exception as err:  # noqa: BLE001 - the supervisor's own failure (EMFILE reading /proc, ...)
                 # must not take the server down: reported once per failing spell, retried at the next poll
-                if not failing_since:
-                    failing_since.append(time.monotonic())
+                if not failing:
+                    failing = True
                     report(f"supervision check failed ({type(err).__name__}: {err}); retrying")
             if check is not None:
                 check()
