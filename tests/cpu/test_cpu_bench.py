@@ -50,6 +50,10 @@ def test_bench_e2e_on_cpu_times_the_kernels_for_real(tmp_path):
     data = json.loads((tmp_path / "e2e.json").read_text())
     assert data["timings_meaningful"] is True and data["device"].startswith("cpu: ") and data["algo"] == "cpu"
     assert "timings mean nothing" not in res.output
+    from wide_export.bench.llamacpp import available
+
+    if not available():  # llama.cpp's rows: one line instead (tests/llamacpp/test_bench_rows.py times them)
+        assert data["llamacpp"] == {} and len(data["notes"]) == 1 and "llama.cpp rows skipped" in res.output
     decode1 = next(c for c in data["cases"] if c["phase"] == "decode" and c["tokens"] == 1)
     assert set(decode1["algos"].values()) == {"masked"}  # one token: always the masked kernels
     check = data["check"]["0.5"]

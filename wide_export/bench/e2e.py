@@ -82,6 +82,10 @@ class E2EReport:
     cases: list[Case] = field(default_factory=list)
     paper: dict = field(default_factory=lambda: dict(PAPER))
     timings_meaningful: bool = True
+    # --device cpu: llama.cpp dense on layers of the same shapes, {"runner": {"prefill 128": tok/s, "decode b=1":
+    # tok/s, ...}} scaled like the cases; notes: one line where its rows are left out
+    llamacpp: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
 
 
 def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16", layers: Optional[int] = None,
@@ -120,9 +124,11 @@ def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16
 
 def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16",
                   layers: Optional[int] = None, algo: str = "auto", seed: int = 0,
-                  progress: Optional[Callable[[str], None]] = None, device: str = "auto") -> E2EReport:
+                  progress: Optional[Callable[[str], None]] = None, device: str = "auto",
+                  llamacpp: bool = True) -> E2EReport:
     """Time the dense and the WIDE stack at every sparsity (default preset: GPU llama-3.1-8b, CPU tiny;
-    device="cpu": the compiled CPU kernels against torch's dense GEMMs, default preset llama-3.1-8b-cpu)."""
+    device="cpu": the compiled CPU kernels against torch's dense GEMMs, default preset llama-3.1-8b-cpu, and
+    with `llamacpp` llama.cpp dense on the same cases, bench/e2e_llamacpp.py)."""
     import torch
 
     from wide_export.bench import e2e_stack as st
@@ -165,6 +171,13 @@ def run_e2e_bench(preset: Optional[str] = None, sparsities=(0.25, 0.5, 0.75), dt
         for B in cfg.decode_batches:
             say(f"decode batch {B} at {s:.0%}")
             report.cases.append(_decode(shape, stack, ops, B, s, cfg, gen, report.model_layers, cuda))
+    if on_cpu and llamacpp:
+        from wide_export.bench.e2e_llamacpp import time_llamacpp
+
+        del stack, calib  # llama.cpp holds its own copy of the layers
+        report.llamacpp, why = time_llamacpp(shape, n_layers, cfg, CPU_DTYPES[dtype], seed, say)
+        if why:
+            report.notes.append(why)
     return report
 
 
@@ -346,19 +359,25 @@ def table(report: E2EReport):
     t = Table(box=box.SIMPLE_HEAD,
               title=f"end to end, {report.shape['name']} layers ({report.layers} timed, tokens/s scaled to "
                     f"{report.model_layers}; {report.device}, {report.dtype})")
-    for col in ("sparsity", "case", "dense tok/s", "WIDE tok/s", "speed-up (paper)", "algos"):
+    llama = list(report.llamacpp)
+    for col in ("sparsity", "case", "dense tok/s", "WIDE tok/s", "speed-up (paper)", "algos",
+                *(f"{r} tok/s" for r in llama), *(f"WIDE / {r}" for r in llama)):
         t.add_column(col, justify="right", no_wrap=True)
     for c in report.cases:
         paper = f" ({PAPER[c.phase]:.2f}x)" if abs(c.sparsity - 0.5) < 1e-9 else ""
+        theirs = [report.llamacpp[r].get(f"{c.phase} {_size(c)}") for r in llama]
         t.add_row(f"{c.sparsity:.0%}", f"{c.phase} {_size(c)}", f"{c.dense_tokens_per_s:,.0f}",
                   f"{c.wide_tokens_per_s:,.0f}",
                   f"[{'green' if c.speedup >= 1 else 'red'}]{c.speedup:.2f}x[/]{paper}",
-                  "/".join(a[:2] for a in c.algos.values()))
+                  "/".join(a[:2] for a in c.algos.values()),
+                  *(f"{v:,.0f}" if v else "-" for v in theirs),
+                  *(f"{c.wide_tokens_per_s / v:.2f}x" if v else "-" for v in theirs))
     graphs = "replayed as CUDA graphs" if all(c.cuda_graph for c in report.cases) else (
         "partly eager (see notes)" if any(c.cuda_graph for c in report.cases) else "timed eagerly")
     if report.algo == "cpu":
         t.caption = ("algos: q/o/gate_up/down as they ran (ma = masked CPU kernel, de = dense GEMM + mask, mi = "
-                     "mixed); timed eagerly")
+                     "mixed); timed eagerly" + ("; llama.cpp: dense, layers of the same shapes in a GGUF, the same "
+                                                "threads, scaled alike" if llama else ""))
     else:
         t.caption = f"algos: q/o/gate_up/down (gemv, grouped, tile, dense); both sides {graphs}"
     return t
@@ -381,6 +400,13 @@ def write_plot(report: E2EReport, path: Path) -> bool:
         vals = {f"{c.phase}\n{_size(c)}": c.speedup for c in report.cases if c.sparsity == s}
         ax.bar([i + (j - (len(sparsities) - 1) / 2) * width for i in range(len(labels))],
                [vals.get(lab, 0.0) for lab in labels], width, label=f"sparsity {s:.0%}")
+    for r, marker in zip(report.llamacpp, "xo+"):  # WIDE over llama.cpp dense, at each bar
+        for j, s in enumerate(sparsities):
+            vals = {f"{c.phase}\n{_size(c)}": c.wide_tokens_per_s / report.llamacpp[r][f"{c.phase} {_size(c)}"]
+                    for c in report.cases if c.sparsity == s and report.llamacpp[r].get(f"{c.phase} {_size(c)}")}
+            xs = [i + (j - (len(sparsities) - 1) / 2) * width for i, lab in enumerate(labels) if lab in vals]
+            ax.scatter(xs, [vals[lab] for lab in labels if lab in vals], marker=marker, color="black", zorder=3,
+                       s=18, label=f"WIDE / {r}" if j == 0 else None)
     for phase, style in (("prefill", "--"), ("decode", ":")):
         ax.axhline(PAPER[phase], color="gray", ls=style, lw=1, label=f"paper {phase} at 50 % ({PAPER[phase]}x)")
     ax.axhline(1.0, color="black", lw=0.6)

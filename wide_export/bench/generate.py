@@ -21,9 +21,8 @@ from typing import Callable, Optional
 
 from wide_export.errors import WideError
 
-# ours -> (llama.cpp's GGUF type of the same weights, bytes per weight); with bfloat16 llama.cpp also runs f16,
-# its usual half precision
-DTYPES = {"float32": ("f32", 4), "bfloat16": ("bf16", 2), "float16": ("f16", 2)}
+# the dtypes the CPU path runs -> bytes per weight (llama.cpp's GGUF types of each: bench/llamacpp.GGUF_TYPES)
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass
@@ -113,7 +112,7 @@ def run_generate_bench(model: Optional[Path] = None, *, preset: str = "llama-0.4
     ops.require(", so WIDE would be timed on the dense path")
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
-    gguf_type, itemsize = DTYPES[dtype]
+    itemsize = DTYPES[dtype]
     with tempfile.TemporaryDirectory(prefix="wide-bench-generate-") as tmp:
         work = Path(tmp)
         if model is None:
@@ -136,19 +135,13 @@ def run_generate_bench(model: Optional[Path] = None, *, preset: str = "llama-0.4
                                        nbytes * r.decode_tok_s / b / 1e9, r.tokens[0][:8]))
 
         if llamacpp:
-            from wide_export.bench.llamacpp import unavailable_reason
+            from wide_export.bench.llamacpp import for_checkpoint
 
-            why = unavailable_reason()
+            runs, why = for_checkpoint(ckpt, dtype, work, lambda gguf: _llamacpp(gguf, cases, new, threads, say), say)
             if why:
                 report.notes.append(why)
-            else:
-                from wide_export.export.gguf import write_gguf
-
-                for kind in (gguf_type,) + (("f16",) if gguf_type == "bf16" else ()):  # f16: llama.cpp's own
-                    say(f"writing the GGUF ({kind})")
-                    gguf = write_gguf(ckpt, work / f"model-{kind}.gguf", kind).path
-                    add(f"llama.cpp {kind}", None, _llamacpp(gguf, cases, new, threads, say), dense_bytes)
-                    Path(gguf).unlink()
+            for runner, results in runs.items():
+                add(runner, None, results, dense_bytes)
         add("ours dense", None, _ours(ckpt, dtype, True, cases, new, threads, say), dense_bytes)
         original = (ckpt / "router.pth").read_bytes() if model is None else None
         for s in sparsities:

@@ -295,3 +295,31 @@ def run_llamacpp(gguf_path: Path | str, prompts: Sequence[int] | Sequence[Sequen
         if warmup:
             model.generate(batch, min(max_new_tokens, 2))
         return model.generate(batch, max_new_tokens)
+
+
+# ours -> llama.cpp's GGUF types of the same weights; with bfloat16 llama.cpp also runs f16, its usual half precision
+GGUF_TYPES = {"float32": ("f32",), "bfloat16": ("bf16", "f16"), "float16": ("f16",)}
+
+
+def for_checkpoint(model, dtype: str, work: Path, run, say=None) -> tuple[dict, Optional[str]]:
+    """llama.cpp beside a benchmark of `model` (a checkpoint folder, or a LoadedModel: its router's LoRA merged)
+    in `dtype` (float32 / bfloat16 / float16).
+
+    For each GGUF type of GGUF_TYPES[dtype]: write the model's GGUF into `work` (export/gguf.py), call
+    run(gguf_path) and delete the file. Returns ({"llama.cpp f32": run's result, ...}, None), or ({}, the one
+    line the benchmark prints instead of the rows) where llama-cpp-python is not installed."""
+    why = unavailable_reason()
+    if why:
+        return {}, why
+    from wide_export.export.gguf import write_gguf
+
+    say = say or (lambda _m: None)
+    out = {}
+    for kind in GGUF_TYPES[dtype]:
+        say(f"writing the GGUF ({kind}) for llama.cpp")
+        gguf = Path(write_gguf(model, Path(work) / f"model-{kind}.gguf", kind).path)
+        try:
+            out[f"llama.cpp {kind}"] = run(gguf)
+        finally:
+            gguf.unlink(missing_ok=True)
+    return out, None

@@ -28,7 +28,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -60,6 +60,12 @@ class Bench:
     decode_bytes: dict  # side -> weight bytes one decode token reads (batch 1)
     rss_mib: dict  # side -> the engine's resident memory after load (its process and children), MiB
     copy_gbs: float | None  # this machine's copy bandwidth (read + write), GB/s; None on CUDA
+    notes: list[str] = field(default_factory=list)  # one line each: rows left out and why
+
+    @property
+    def llamacpp_sides(self) -> list[str]:
+        """The llama.cpp rows' sides ("llama.cpp f32", ...), in the order measured (none on CUDA)."""
+        return list(dict.fromkeys(r["side"] for r in self.rows if r["side"].startswith("llama.cpp")))
 
     def bandwidth(self, side: str) -> tuple[float, float | None]:
         """(GB/s, % of copy bandwidth) of `side`'s batch-1 decode (the smallest batch timed)."""
@@ -67,19 +73,22 @@ class Bench:
         gbs = self.decode_bytes[side] * row["decode_tok_s"] / row["batch"] / 1e9
         return gbs, (100 * gbs / self.copy_gbs if self.copy_gbs else None)
 
-    def ratio(self, batch: int, metric: str) -> float:
-        wide, dense = (next(r for r in self.rows if r["side"] == side and r["batch"] == batch)
-                       for side in ("wide", "dense"))
-        return wide[metric] / dense[metric]
+    def ratio(self, batch: int, metric: str, base: str = "dense") -> float:
+        """WIDE's `metric` over the `base` side's at `batch`."""
+        wide, other = (next(r for r in self.rows if r["side"] == side and r["batch"] == batch)
+                       for side in ("wide", base))
+        return wide[metric] / other[metric]
 
     def to_dict(self) -> dict:
         batches = sorted({r["batch"] for r in self.rows})
         return {"hardware": self.hardware, "device": self.device, "dtype": self.dtype, "rows": self.rows,
                 "ratios": {str(b): {m: self.ratio(b, m) for m in METRICS} for b in batches},
+                "ratios_llamacpp": {side: {str(b): {m: self.ratio(b, m, side) for m in METRICS} for b in batches}
+                                    for side in self.llamacpp_sides},
                 "tokens_equal_reference": self.tokens_equal_reference, "settings": self.settings,
                 "sparsity": self.sparsity, "decode_bytes": self.decode_bytes, "rss_mib": self.rss_mib,
-                "copy_gbs": self.copy_gbs,
-                "decode_gbs": {side: self.bandwidth(side)[0] for side in ("wide", "dense")}}
+                "copy_gbs": self.copy_gbs, "notes": self.notes,
+                "decode_gbs": {side: self.bandwidth(side)[0] for side in self.decode_bytes}}
 
 
 def hardware() -> tuple[str, str]:
@@ -152,8 +161,12 @@ def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lor
                    lora_scale: float = 2.0, preset: str = "small", dtype: str = "float32",
                    sparsity: float | None = None,
                    batches: tuple[int, ...] = (1, 16), prompt_len: int = 128, new: int = 32,
-                   max_model_len: int = 512, timeout: float = 900,
+                   max_model_len: int = 512, timeout: float = 900, llamacpp: bool = True,
                    progress: Callable[[str], None] | None = None) -> Bench:
+    """Both engines on the same weights, each batch size timed (module docstring). On CPU, with `llamacpp`,
+    llama.cpp dense runs beside them on a GGUF of the same weights (bench/llamacpp.py), the same prompt length,
+    batch sizes and new tokens, torch's thread count; where llama-cpp-python is not installed the report's
+    notes say so in one line."""
     from wide_export.checkpoint import load_wide_model
     from wide_export.model.synthetic import write_checkpoint
     from wide_export.vllm.export import export_dense_twin, export_vllm
@@ -215,6 +228,9 @@ def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lor
             say("PyTorch reference tokens")
             equal = wide_tokens == _reference_tokens(load_wide_model(model, router=router, lora=lora,
                                                                      lora_scale=lora_scale, checksums=False))
+        notes: list[str] = []
+        if device == "cpu" and llamacpp:
+            rows += _llamacpp_rows(loaded, dtype, work, batches, prompt_len, new, nbytes, notes, say)
         copy_gbs = None
         if device == "cpu":
             from wide_export.bench.cpu_kernels import copy_bandwidth_gbs
@@ -223,36 +239,78 @@ def run_vllm_bench(model: Path | None = None, *, router: Path | None = None, lor
             copy_gbs = copy_bandwidth_gbs(1 << 29)
     settings = {"model": f"preset {preset}" if preset_run else str(model), "batches": list(batches),
                 "prompt_len": prompt_len, "new": new, "max_model_len": max_model_len, "set_sparsity": sparsity}
-    return Bench(name, device, dtype, rows, equal, settings, skipped, nbytes, rss, copy_gbs)
+    return Bench(name, device, dtype, rows, equal, settings, skipped, nbytes, rss, copy_gbs, notes)
+
+
+def _llamacpp_rows(loaded, dtype: str, work: Path, batches, prompt_len: int, new: int, nbytes: dict,
+                   notes: list, say) -> list[dict]:
+    """llama.cpp dense on a GGUF of `loaded` (as the engines hold it): one row per GGUF type and batch, the
+    runner's metrics (TTFT = the batch's prefill, ITL = one decode step of the batch); nbytes gains each side
+    (the dense weights)."""
+    import torch
+
+    from wide_export.bench.llamacpp import for_checkpoint, run_llamacpp
+
+    threads = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(prompt_len)
+
+    def run(gguf: Path) -> list:
+        out = []
+        for b in batches:
+            say(f"llama.cpp {gguf.stem.split('-')[-1]}: batch {b}")
+            prompts = torch.randint(3, loaded.config.vocab_size, (b, prompt_len), generator=gen).tolist()
+            out.append(run_llamacpp(gguf, prompts, new, n_threads=threads))
+        return out
+
+    runs, why = for_checkpoint(loaded, dtype, work, run, say)
+    if why:
+        notes.append(why)
+    rows = []
+    for side, results in runs.items():
+        nbytes[side] = nbytes["dense"]
+        for r in results:
+            step = r.decode_s / r.decode_steps
+            rows.append({"side": side, "batch": r.batch, "prompt_len": prompt_len, "new": new, "threads": threads,
+                         "ttft_s": r.prefill_s, "itl_s": step, "prefill_tok_s": r.prefill_tok_s,
+                         "decode_tok_s": r.batch / step})
+    return rows
 
 
 def table(bench: Bench):
     from rich.table import Table
 
     label = "" if bench.device == "cuda" else " (CPU figures)"
-    t = Table(title=f"WIDE vs dense twin through vLLM on {bench.hardware}{label}, {bench.dtype}")
-    for col in ("batch", "metric", "WIDE", "dense", "WIDE / dense"):
+    llama = bench.llamacpp_sides
+    t = Table(title=f"WIDE vs dense twin through vLLM on {bench.hardware}{label}, {bench.dtype}"
+                    + (" (and llama.cpp dense on the same weights)" if llama else ""))
+    for col in ("batch", "metric", "WIDE", "dense", "WIDE / dense", *llama, *(f"WIDE / {s}" for s in llama)):
         t.add_column(col, justify="right")
     units = {"ttft_s": ("TTFT", 1e3, "ms"), "itl_s": ("ITL", 1e3, "ms"), "prefill_tok_s": ("prefill", 1, "tok/s"),
              "decode_tok_s": ("decode", 1, "tok/s")}
     for b in sorted({r["batch"] for r in bench.rows}):
-        w, d = (next(r for r in bench.rows if r["side"] == s and r["batch"] == b) for s in ("wide", "dense"))
+        w, d, *ll = (next(r for r in bench.rows if r["side"] == s and r["batch"] == b) for s in ("wide", "dense", *llama))
         for m in METRICS:
             label_m, scale, unit = units[m]
             t.add_row(str(b), f"{label_m} ({unit})", f"{w[m] * scale:.1f}", f"{d[m] * scale:.1f}",
-                      f"{bench.ratio(b, m):.2f}x")
+                      f"{bench.ratio(b, m):.2f}x", *(f"{r[m] * scale:.1f}" for r in ll),
+                      *(f"{bench.ratio(b, m, s):.2f}x" for s in llama))
     b1 = min(r["batch"] for r in bench.rows)
-    wide_bw, dense_bw = bench.bandwidth("wide"), bench.bandwidth("dense")
-    t.add_row("", "weight MB / decode token", f"{bench.decode_bytes['wide'] / 1e6:.0f}",
-              f"{bench.decode_bytes['dense'] / 1e6:.0f}",
-              f"{bench.decode_bytes['wide'] / bench.decode_bytes['dense']:.2f}x", end_section=False)
-    t.add_row(str(b1), "decode GB/s", f"{wide_bw[0]:.1f}", f"{dense_bw[0]:.1f}", f"{wide_bw[0] / dense_bw[0]:.2f}x")
+    sides = ("wide", "dense", *llama)
+    bw = {s: bench.bandwidth(s) for s in sides}
+    blank = ("",) * len(llama)
+    t.add_row("", "weight MB / decode token", *(f"{bench.decode_bytes[s] / 1e6:.0f}" for s in sides[:2]),
+              f"{bench.decode_bytes['wide'] / bench.decode_bytes['dense']:.2f}x",
+              *(f"{bench.decode_bytes[s] / 1e6:.0f}" for s in llama), *blank, end_section=False)
+    t.add_row(str(b1), "decode GB/s", f"{bw['wide'][0]:.1f}", f"{bw['dense'][0]:.1f}",
+              f"{bw['wide'][0] / bw['dense'][0]:.2f}x", *(f"{bw[s][0]:.1f}" for s in llama),
+              *(f"{bw['wide'][0] / bw[s][0]:.2f}x" for s in llama))
     if bench.copy_gbs:
-        t.add_row(str(b1), f"% of copy bandwidth ({bench.copy_gbs:.1f} GB/s)", f"{wide_bw[1]:.0f} %",
-                  f"{dense_bw[1]:.0f} %", "")
+        t.add_row(str(b1), f"% of copy bandwidth ({bench.copy_gbs:.1f} GB/s)", f"{bw['wide'][1]:.0f} %",
+                  f"{bw['dense'][1]:.0f} %", "", *(f"{bw[s][1]:.0f} %" for s in llama), *blank)
     if all(bench.rss_mib.get(s) for s in ("wide", "dense")):
         t.add_row("", "resident memory after load (MiB)", f"{bench.rss_mib['wide']:.0f}",
-                  f"{bench.rss_mib['dense']:.0f}", f"{bench.rss_mib['wide'] / bench.rss_mib['dense']:.2f}x")
+                  f"{bench.rss_mib['dense']:.0f}", f"{bench.rss_mib['wide'] / bench.rss_mib['dense']:.2f}x",
+                  *blank, *blank)
     t.caption = ("groups skipped on random tokens: " + ", ".join(f"{k} {v:.0%}" for k, v in bench.sparsity.items())
                  if bench.sparsity else "no routed groups")
     return t
@@ -270,17 +328,20 @@ def write_outputs(bench: Bench, folder: Path) -> tuple[Path, Path | None]:
     except ImportError:
         return path, None
     batches = sorted({r["batch"] for r in bench.rows})
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.8 / len(batches)
-    for i, b in enumerate(batches):
-        ax.bar([j + i * width for j in range(len(METRICS))], [bench.ratio(b, m) for m in METRICS], width,
-               label=f"batch {b}")
+    bases = ["dense", *bench.llamacpp_sides]
+    fig, ax = plt.subplots(figsize=(7 + 2 * (len(bases) - 1), 3.5))
+    bars = [(b, base) for base in bases for b in batches]
+    width = 0.8 / len(bars)
+    for i, (b, base) in enumerate(bars):
+        ax.bar([j + i * width for j in range(len(METRICS))], [bench.ratio(b, m, base) for m in METRICS], width,
+               label=f"batch {b}, vs {'vLLM dense' if base == 'dense' else base}",
+               hatch="" if base == "dense" else "//")
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xticks([j + width * (len(batches) - 1) / 2 for j in range(len(METRICS))],
+    ax.set_xticks([j + width * (len(bars) - 1) / 2 for j in range(len(METRICS))],
                   ["TTFT", "ITL", "prefill tok/s", "decode tok/s"])
-    ax.set_ylabel("WIDE / dense")
+    ax.set_ylabel("WIDE / dense" if len(bases) == 1 else "WIDE / dense side")
     ax.set_title(f"vLLM, {bench.hardware}" + ("" if bench.device == "cuda" else " (CPU)"), fontsize=9)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     png = folder / "vllm.png"
     fig.savefig(png, dpi=120)

@@ -30,6 +30,10 @@ def bench_e2e(
                                              "(or the tiny preset in the Triton interpreter).")] = "auto",
     algo: Annotated[str, typer.Option(help="Kernel algorithm of the WIDE side (auto follows policy.json).")]
     = "auto",
+    llamacpp: Annotated[bool, typer.Option("--llamacpp/--no-llamacpp",
+                                           help="--device cpu: also time llama.cpp dense on layers of the same "
+                                                "shapes (needs llama-cpp-python: scripts/test-llamacpp.sh).")]
+    = True,
     output: Annotated[Path, typer.Option(help="Folder for e2e.json and e2e.png.")] = Path("bench-results"),
     seed: Annotated[int, typer.Option(help="Seed of the weights, routers and inputs.")] = 0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the options, import the kernels and list "
@@ -60,7 +64,8 @@ def bench_e2e(
     with console.status("benchmarking") as status:
         report = run_e2e_bench(preset=preset, sparsities=tuple(sparsity),
                                dtype=dtype or ("fp32" if device == "cpu" else "fp16"), layers=layers, algo=algo,
-                               seed=seed, progress=status.update, device=device)
+                               seed=seed, progress=status.update, device=device, llamacpp=llamacpp)
+    console.width = max(console.width, 110 + 45 * len(report.llamacpp))  # llama.cpp's two columns per GGUF type
     json_path, png_path = output / "e2e.json", output / "e2e.png"
     write_json(report, json_path)
     plotted = write_plot(report, png_path)
@@ -73,6 +78,8 @@ def bench_e2e(
         console.print(f"{float(s):.0%}: realized sparsity attention {r['attention']:.1%}, ffn {r['ffn']:.1%}; "
                       f"layer 0 vs PyTorch reference {'[green]ok[/]' if ok else '[red]MISMATCH[/]'} (mask "
                       f"agreement {c['mask_agreement']:.2%}, max rel. error {c['max_rel_error']:.1e})")
+    for note in report.notes:
+        console.print(f"[yellow]{note}[/]")
     for c in report.cases:
         if c.note:
             console.print(f"[yellow]note[/] {c.phase} {c.tokens}: {c.note}")

