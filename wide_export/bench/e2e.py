@@ -411,7 +411,7 @@ def write_plot(report: E2EReport, path: Path) -> bool:
         ax.axhline(PAPER[phase], color="gray", ls=style, lw=1, label=f"paper {phase} at 50 % ({PAPER[phase]}x)")
     ax.axhline(1.0, color="black", lw=0.6)
     ax.set_xticks(range(len(labels)), labels)
-    ax.set_ylabel("WIDE speed-up over dense")
+    ax.set_ylabel("WIDE / dense (bars)" + (", WIDE / llama.cpp (marks)" if report.llamacpp else ""))
     title = f"WIDE vs dense, {report.shape['name']} layers ({report.device}, {report.dtype})"
     ax.set_title(title if report.timings_meaningful else title + "\nCPU interpreter: timings mean nothing",
                  fontsize=10)

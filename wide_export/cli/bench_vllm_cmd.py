@@ -56,6 +56,7 @@ def bench_vllm(
         bench = run_vllm_bench(model, router=router, lora=lora, lora_scale=lora_scale, preset=preset, dtype=dtype,
                                sparsity=sparsity, batches=tuple(batch), prompt_len=prompt_len, new=new,
                                llamacpp=llamacpp, progress=status.update)
+    console.width = max(console.width, 100 + 30 * len(bench.llamacpp_sides))  # llama.cpp's columns
     console.print(table(bench))
     for note in bench.notes:
         console.print(f"[yellow]{note}[/]")
