@@ -92,11 +92,13 @@ def test_gated_matches_reference(width, gs, K, s, dtype, M, isa):
 @pytest.mark.parametrize("isa", ISAS[ISAS.index(BEST):], indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("gs", [6, 7, 8])
-def test_every_tile_of_tokens_a_group_can_meet(isa, dtype, gs):
+@pytest.mark.parametrize("K", [37, 1061])
+def test_every_tile_of_tokens_a_group_can_meet(isa, dtype, gs, K):
     """A group's rows meet 1..17 tokens in one call (the kernel's tiles: 4 rows x 1-4 tokens, pairs x 5-8,
-    one row x 9-16, then a second pass), in full row blocks and in a group's last partial block (gs 6, 7),
-    over an odd K (the masked tail); group g is executed by exactly the first g + 1 tokens."""
-    M, G, K = 17, 17, 37
+    pairs x 9-16 in two passes over k in chunks of 512, then a second call), in full row blocks and in a
+    group's last partial block (gs 6, 7), over an odd K (the masked tail; 1061: two whole chunks and a tail);
+    group g is executed by exactly the first g + 1 tokens."""
+    M, G = 17, 17
     gen = torch.Generator().manual_seed(gs)
     x = torch.randn(M, K, generator=gen).to(dtype)
     wg = (torch.randn(G * gs, K, generator=gen) * 0.05).to(dtype)
@@ -166,16 +168,19 @@ def test_gemm_k_matches_reference(width, gs, N, s, dtype, M, isa, bias, layout):
 @pytest.mark.parametrize("isa", ISAS[ISAS.index(BEST):], indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N,threads", [(16 * 37, 1), (16 * 37, 2), (16 * 8, 2), (16 * 4, 1)])
-def test_packed_decode_streams_match_the_reference(isa, dtype, N, threads):
-    """One token on a packed weight: each thread's range in four streams (ranges of 4+ blocks, uneven), the
-    remainder one by one."""
-    gen = torch.Generator().manual_seed(N + threads)
-    x, w = torch.randn(1, 384, generator=gen).to(dtype), (torch.randn(N, 384, generator=gen) * 0.05).to(dtype)
-    b, mask = torch.randn(N, generator=gen).to(dtype), _mask(1, 12, 0.5, gen)
+@pytest.mark.parametrize("M", [1, 6])
+def test_packed_decode_streams_match_the_reference(isa, dtype, N, threads, M):
+    """A packed weight: each thread's range in four streams (ranges of 4+ blocks, uneven), the remainder one by
+    one; one token, or up to six (AVX-512: four tokens a pass of the four streams, then the rest, one token
+    included)."""
+    gen = torch.Generator().manual_seed(N + threads + M)
+    x, w = torch.randn(M, 384, generator=gen).to(dtype), (torch.randn(N, 384, generator=gen) * 0.05).to(dtype)
+    b, mask = torch.randn(N, generator=gen).to(dtype), _mask(M, 12, 0.3, gen)
+    mask[:, 0] = 1  # group 0: all six tokens (a pass of four, then two); the others about 70 % of them
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        got = cpu.masked_gemm_k(x, cpu.pack_k(w, 32), mask, 32, bias=b, out=_poisoned(1, N, dtype), path="masked")
+        got = cpu.masked_gemm_k(x, cpu.pack_k(w, 32), mask, 32, bias=b, out=_poisoned(M, N, dtype), path="masked")
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(got.float(), ref.masked_gemm_k(x, w, mask, 32, b).float(), rtol=_tol(dtype)[0],
@@ -187,7 +192,8 @@ def test_packed_decode_streams_match_the_reference(isa, dtype, N, threads):
 @pytest.mark.parametrize("groups,threads,M", [(12, 1, 1), (12, 2, 1), (1, 2, 1), (3, 2, 9), (5, 3, 20)])
 def test_transposed_weight_split_over_threads_matches_the_reference(isa, dtype, groups, threads, M):
     """wt = W^T: threads split the executed groups (fewer groups than threads too) into partial sums summed
-    at the end; more tokens than a pass takes (8) and N-tiles (N = 2000: a tile of 256 floats at 20 tokens)."""
+    at the end; more tokens than a pass takes (16) and N-tiles (N = 2000: tiles of 448 floats at 9 tokens, of
+    256 at 16; 32 columns a step and a 16-column tail)."""
     gen = torch.Generator().manual_seed(groups * 10 + threads + M)
     N, gs = 2000 if M > 8 else 144, 32
     x = torch.randn(M, groups * gs, generator=gen).to(dtype)

@@ -33,6 +33,10 @@
 #include <type_traits>
 #include <vector>
 
+// Full unrolling of the register-tile loops (rows x tokens), early enough for the compiler to keep each
+// accumulator in a register: without it GCC also stores every accumulator to the stack on every step.
+#define WIDE_UNROLL _Pragma("GCC unroll 16")
+
 namespace {
 
 constexpr int NR = 4;   // output channels per micro-kernel call
@@ -100,19 +104,19 @@ WIDE_AVX2 inline float hsum8(__m256 v) {
 template <typename T, int NRv, int NM>
 WIDE_AVX2 void dots_avx2(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at) {
   __m256 a[NRv][NM];
-  for (int r = 0; r < NRv; ++r)
-    for (int m = 0; m < NM; ++m) a[r][m] = _mm256_setzero_ps();
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) a[r][m] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= len; k += 8) {
     __m256 xv[NM];
-    for (int m = 0; m < NM; ++m) xv[m] = load8(x[m] + k);
-    for (int r = 0; r < NRv; ++r) {
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) xv[m] = load8(x[m] + k);
+    WIDE_UNROLL for (int r = 0; r < NRv; ++r) {
       __m256 wv = load8(w[r] + k);
-      for (int m = 0; m < NM; ++m) a[r][m] = _mm256_fmadd_ps(wv, xv[m], a[r][m]);
+      WIDE_UNROLL for (int m = 0; m < NM; ++m) a[r][m] = _mm256_fmadd_ps(wv, xv[m], a[r][m]);
     }
   }
-  for (int r = 0; r < NRv; ++r)
-    for (int m = 0; m < NM; ++m) {
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
       float s = hsum8(a[r][m]);
       for (int64_t t = k; t < len; ++t) s += load1(w[r] + t) * load1(x[m] + t);
       acc[r][m_at + m] += s;
@@ -134,30 +138,64 @@ template <typename T, int NRv, int NM>
 WIDE_AVX512 void dots_avx512(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at,
                              int64_t ahead) {
   __m512 a[NRv][NM];  // NRv * NM <= 16 accumulators, NRv weight vectors, one activation vector
-  for (int r = 0; r < NRv; ++r)
-    for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= len; k += 16) {
     __m512 wv[NRv];
-    for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, 0xFFFF);
+    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, 0xFFFF);
     if (ahead)
-      for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
-    for (int m = 0; m < NM; ++m) {
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
       const __m512 xv = load16(x[m] + k, 0xFFFF);
-      for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
     }
   }
   if (k < len) {  // the tail through masked loads (zeros past the end)
     const __mmask16 km = static_cast<__mmask16>((1u << (len - k)) - 1);
     __m512 wv[NRv];
-    for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, km);
-    for (int m = 0; m < NM; ++m) {
+    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, km);
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
       const __m512 xv = load16(x[m] + k, km);
-      for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
     }
   }
-  for (int r = 0; r < NRv; ++r)
-    for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(a[r][m]);
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(a[r][m]);
+}
+
+// The same products into vector partial sums kept in memory between calls (p[r][m_at + m], one __m512 per
+// weight row and token), over k in [k0, k0 + len): the many-token path walks k in chunks, so that a chunk of
+// every token's activations stays in L1 while all the rows of a block pass over it.
+template <typename T, int NRv, int NM>
+WIDE_AVX512 void part_avx512(const T* const* w, const T* const* x, int64_t k0, int64_t len, __m512 (*p)[MT],
+                             int m_at, int64_t ahead) {
+  __m512 a[NRv][NM];
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) a[r][m] = p[r][m_at + m];
+  const int64_t end = k0 + len;
+  int64_t k = k0;
+  for (; k + 16 <= end; k += 16) {
+    __m512 wv[NRv];
+    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, 0xFFFF);
+    if (ahead)
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
+      const __m512 xv = load16(x[m] + k, 0xFFFF);
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
+    }
+  }
+  if (k < end) {
+    const __mmask16 km = static_cast<__mmask16>((1u << (end - k)) - 1);
+    __m512 wv[NRv];
+    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, km);
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
+      const __m512 xv = load16(x[m] + k, km);
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
+    }
+  }
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) p[r][m_at + m] = a[r][m];
 }
 
 // AVX-512 BF16: 32 bf16 pairs a step, vdpbf16ps (each product exact in float32, summed into 16 lanes)
@@ -166,22 +204,50 @@ template <int NRv, int NM>
 WIDE_AVX512BF16 void dots_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t len, AccRows acc,
                                int m_at, int64_t ahead) {
   __m512 a[NRv][NM];
-  for (int r = 0; r < NRv; ++r)
-    for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
   for (int64_t k = 0; k < len; k += 32) {
     const __mmask32 km = len - k >= 32 ? ~static_cast<__mmask32>(0)
                                        : static_cast<__mmask32>((1ull << (len - k)) - 1);
     __m512bh wv[NRv];
-    for (int r = 0; r < NRv; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(km, w[r] + k);
+    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(km, w[r] + k);
     if (ahead)
-      for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
-    for (int m = 0; m < NM; ++m) {
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
       const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(km, x[m] + k);
-      for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_dpbf16_ps(a[r][m], wv[r], xv);
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_dpbf16_ps(a[r][m], wv[r], xv);
     }
   }
-  for (int r = 0; r < NRv; ++r)
-    for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(a[r][m]);
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(a[r][m]);
+}
+
+template <int NRv, int NM>
+WIDE_AVX512BF16 void part_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t k0, int64_t len,
+                               __m512 (*p)[MT], int m_at, int64_t ahead) {
+  __m512 a[NRv][NM];
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) a[r][m] = p[r][m_at + m];
+  const int64_t end = k0 + len;
+  for (int64_t k = k0; k < end; k += 32) {
+    const __mmask32 km = end - k >= 32 ? ~static_cast<__mmask32>(0)
+                                       : static_cast<__mmask32>((1ull << (end - k)) - 1);
+    __m512bh wv[NRv];
+    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(km, w[r] + k);
+    if (ahead)
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(km, x[m] + k);
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_dpbf16_ps(a[r][m], wv[r], xv);
+    }
+  }
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) p[r][m_at + m] = a[r][m];
+}
+
+WIDE_AVX512 void reduce_parts(const __m512 (*p)[MT], int nr, int nm, Acc& acc) {
+  for (int r = 0; r < nr; ++r)
+    for (int m = 0; m < nm; ++m) acc[r][m] += _mm512_reduce_add_ps(p[r][m]);
 }
 
 // One instruction set's kernel over nr (1..NR) x nm (1..MR): full blocks of NR rows at once, the rows of
@@ -202,6 +268,20 @@ template <typename T, int NRv, int NM>
 struct Bf16K {
   static void go(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at, int64_t ahead) {
     dots_bf16<NRv, NM>(w, x, len, acc, m_at, ahead);
+  }
+};
+template <typename T, int NRv, int NM>
+struct Avx512P {
+  static void go(const T* const* w, const T* const* x, int64_t k0, int64_t len, __m512 (*p)[MT], int m_at,
+                 int64_t ahead) {
+    part_avx512<T, NRv, NM>(w, x, k0, len, p, m_at, ahead);
+  }
+};
+template <typename T, int NRv, int NM>
+struct Bf16P {
+  static void go(const T* const* w, const T* const* x, int64_t k0, int64_t len, __m512 (*p)[MT], int m_at,
+                 int64_t ahead) {
+    part_bf16<NRv, NM>(w, x, k0, len, p, m_at, ahead);
   }
 };
 
@@ -237,6 +317,41 @@ inline void go_nm(int nm, const T* const* w, const T* const* x, int64_t len, Acc
   K<T, NRv, LO>::go(w, x, len, acc, m_at, ahead);
 }
 
+template <typename T, template <typename, int, int> class P, int NRv, int LO, int HI>
+inline void part_nm(int nm, const T* const* w, const T* const* x, int64_t k0, int64_t len, __m512 (*p)[MT],
+                    int m_at, int64_t ahead) {
+  if constexpr (LO < HI) {
+    if (nm != LO) return part_nm<T, P, NRv, LO + 1, HI>(nm, w, x, k0, len, p, m_at, ahead);
+  }
+  P<T, NRv, LO>::go(w, x, k0, len, p, m_at, ahead);
+}
+
+// More than 8 tokens (AVX-512): the row pairs of dots_one_pass, but k in chunks of KC, every pass of the
+// block over one chunk before the next, so a chunk of the tokens' activations (16 x 2 KB of float32) is read
+// from L2 once per block and then from L1; vector partial sums stay in memory between chunks (no horizontal
+// sums but the last).
+constexpr int64_t KC = 512;
+
+template <typename T, template <typename, int, int> class P>
+void dots_chunked(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc, int64_t stride) {
+  alignas(64) __m512 part[NR][MT];
+  std::memset(part, 0, sizeof part);
+  const int first = (nm + 1) / 2;
+  for (int64_t k0 = 0; k0 < len; k0 += KC) {
+    const int64_t kl = std::min(KC, len - k0);
+    int r = 0;
+    for (; r + 2 <= nr; r += 2) {
+      part_nm<T, P, 2, 1, 8>(first, w + r, x, k0, kl, part + r, 0, 2 * stride);
+      part_nm<T, P, 2, 1, 8>(nm - first, w + r, x + first, k0, kl, part + r, first, 0);
+    }
+    for (; r < nr; ++r) {
+      part_nm<T, P, 1, 1, 8>(first, w + r, x, k0, kl, part + r, 0, stride);
+      part_nm<T, P, 1, 1, 8>(nm - first, w + r, x + first, k0, kl, part + r, first, 0);
+    }
+  }
+  reduce_parts(part, nr, nm, acc);
+}
+
 // The weight rows against all nm <= MT activation rows (32 vector registers, at most 16 accumulators): rows in
 // blocks of NR for up to 4 tokens, in pairs beyond, a pair meeting its tokens in one pass of up to 8 and a
 // second pass over the same two rows (from L1) for the rest. Every weight vector loaded serves every token of
@@ -267,9 +382,13 @@ template <typename T>
 void dots(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc, int64_t stride = 0) {
   const int isa = g_isa.load(std::memory_order_relaxed);
   if constexpr (std::is_same_v<T, uint16_t>) {
-    if (isa == kAvx512Bf16) return dots_one_pass<T, Bf16K>(w, nr, x, nm, len, acc, stride);
+    if (isa == kAvx512Bf16)
+      return nm > 8 ? dots_chunked<T, Bf16P>(w, nr, x, nm, len, acc, stride)
+                    : dots_one_pass<T, Bf16K>(w, nr, x, nm, len, acc, stride);
   }
-  if (isa >= kAvx512) return dots_one_pass<T, Avx512K>(w, nr, x, nm, len, acc, stride);
+  if (isa >= kAvx512)
+    return nm > 8 ? dots_chunked<T, Avx512P>(w, nr, x, nm, len, acc, stride)
+                  : dots_one_pass<T, Avx512K>(w, nr, x, nm, len, acc, stride);
   if (isa == kAvx2) return dots_blocked<T, Avx2K, 2>(w, nr, x, nm, len, acc);
   dots_scalar(w, nr, x, nm, len, acc);
 }
@@ -446,29 +565,59 @@ WIDE_AVX512 void axpy_block_avx512(const T* blk, int64_t gs, const T* const* xg,
 template <typename T>
 WIDE_AVX512 void axpy4_avx512(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
   __m512 a[4];
-  for (int i = 0; i < 4; ++i) a[i] = _mm512_loadu_ps(acc[i]);
+  WIDE_UNROLL for (int i = 0; i < 4; ++i) a[i] = _mm512_loadu_ps(acc[i]);
   for (int64_t k = 0; k < gs; ++k) {
     const __m512 xv = _mm512_set1_ps(load1(xg + k));
-    for (int i = 0; i < 4; ++i) {
+    WIDE_UNROLL for (int i = 0; i < 4; ++i) {
       _mm_prefetch(reinterpret_cast<const char*>(blk[i] + (k + PREFETCH_K) * KB), _MM_HINT_T0);
       a[i] = _mm512_fmadd_ps(load16(blk[i] + k * KB, 0xFFFF), xv, a[i]);
     }
   }
-  for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc[i], a[i]);
+  WIDE_UNROLL for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc[i], a[i]);
+}
+
+// Two to four tokens, four blocks at once (the four streams of axpy4, every weight vector serving every token):
+// acc[i * NM + m] holds block i's sums for token m, read and written in place
+template <typename T, int NM>
+WIDE_AVX512 void axpy4_tokens_avx512(const T* const* blk, int64_t gs, const T* const* xg, float* const* acc) {
+  __m512 a[4][NM];  // 4 * NM <= 16 accumulators, NM broadcast activations, one weight vector
+  WIDE_UNROLL for (int i = 0; i < 4; ++i)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) a[i][m] = _mm512_loadu_ps(acc[i * NM + m]);
+  for (int64_t k = 0; k < gs; ++k) {
+    __m512 xv[NM];
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) xv[m] = _mm512_set1_ps(load1(xg[m] + k));
+    WIDE_UNROLL for (int i = 0; i < 4; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk[i] + (k + PREFETCH_K) * KB), _MM_HINT_T0);
+      const __m512 wv = load16(blk[i] + k * KB, 0xFFFF);
+      WIDE_UNROLL for (int m = 0; m < NM; ++m) a[i][m] = _mm512_fmadd_ps(wv, xv[m], a[i][m]);
+    }
+  }
+  WIDE_UNROLL for (int i = 0; i < 4; ++i)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) _mm512_storeu_ps(acc[i * NM + m], a[i][m]);
+}
+
+// axpy4_tokens for nm in 2..4 where the CPU has AVX-512; false elsewhere (the caller takes one block at a time)
+template <typename T>
+bool axpy4_tokens(const T* const* blk, int64_t gs, const T* const* xg, int nm, float* const* acc) {
+  if (g_isa.load(std::memory_order_relaxed) < kAvx512) return false;
+  if (nm == 2) axpy4_tokens_avx512<T, 2>(blk, gs, xg, acc);
+  else if (nm == 3) axpy4_tokens_avx512<T, 3>(blk, gs, xg, acc);
+  else axpy4_tokens_avx512<T, 4>(blk, gs, xg, acc);
+  return true;
 }
 
 template <typename T>
 WIDE_AVX2 void axpy4_avx2(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
   __m256 lo[4], hi[4];
-  for (int i = 0; i < 4; ++i) lo[i] = _mm256_loadu_ps(acc[i]), hi[i] = _mm256_loadu_ps(acc[i] + 8);
+  WIDE_UNROLL for (int i = 0; i < 4; ++i) lo[i] = _mm256_loadu_ps(acc[i]), hi[i] = _mm256_loadu_ps(acc[i] + 8);
   for (int64_t k = 0; k < gs; ++k) {
     const __m256 xv = _mm256_set1_ps(load1(xg + k));
-    for (int i = 0; i < 4; ++i) {
+    WIDE_UNROLL for (int i = 0; i < 4; ++i) {
       lo[i] = _mm256_fmadd_ps(load8(blk[i] + k * KB), xv, lo[i]);
       hi[i] = _mm256_fmadd_ps(load8(blk[i] + k * KB + 8), xv, hi[i]);
     }
   }
-  for (int i = 0; i < 4; ++i) _mm256_storeu_ps(acc[i], lo[i]), _mm256_storeu_ps(acc[i] + 8, hi[i]);
+  WIDE_UNROLL for (int i = 0; i < 4; ++i) _mm256_storeu_ps(acc[i], lo[i]), _mm256_storeu_ps(acc[i] + 8, hi[i]);
 }
 
 template <typename T>
@@ -476,7 +625,7 @@ void axpy4(const T* const* blk, int64_t gs, const T* xg, float (*acc)[KB]) {
   const int isa = g_isa.load(std::memory_order_relaxed);
   if (isa >= kAvx512) return axpy4_avx512(blk, gs, xg, acc);
   if (isa == kAvx2) return axpy4_avx2(blk, gs, xg, acc);
-  for (int i = 0; i < 4; ++i) {
+  WIDE_UNROLL for (int i = 0; i < 4; ++i) {
     const T* one[1] = {xg};
     axpy_block_scalar(blk[i], gs, one, 1, &acc[i]);
   }
@@ -535,6 +684,31 @@ void gemm_k_packed_impl(const T* x, const T* w, const int32_t* mask, const T* bi
             std::memcpy(&buf[((cb + j * q + i - cb) * d.M + rows[0]) * KB], acc[j], sizeof acc[j]);
         }
         c_done = cb + 4 * q;
+      } else if (nrows > 1 && ce - cb >= 4 && g_isa.load(std::memory_order_relaxed) >= kAvx512) {
+        // several tokens: the same four streams, up to four tokens a pass (later passes reread from cache)
+        const int64_t q = (ce - cb) / 4;
+        for (int64_t i = 0; i < q; ++i) {
+          const T* blk[4];
+          for (int j = 0; j < 4; ++j) blk[j] = w + ((g * C + cb + j * q + i) * d.gs) * KB;
+          for (int64_t t = 0; t < nrows; t += 4) {
+            const int nm = static_cast<int>(std::min<int64_t>(4, nrows - t));
+            const T* xg[4];
+            float* acc[16];
+            for (int m = 0; m < nm; ++m) {
+              xg[m] = x + rows[t + m] * d.K + g * d.gs;
+              for (int j = 0; j < 4; ++j) acc[j * nm + m] = &buf[((j * q + i) * d.M + rows[t + m]) * KB];
+            }
+            if (nm == 1) {
+              float one[4][KB];
+              for (int j = 0; j < 4; ++j) std::memcpy(one[j], acc[j], sizeof one[j]);
+              axpy4(blk, d.gs, xg[0], one);
+              for (int j = 0; j < 4; ++j) std::memcpy(acc[j], one[j], sizeof one[j]);
+            } else {
+              axpy4_tokens(blk, d.gs, xg, nm, acc);
+            }
+          }
+        }
+        c_done = cb + 4 * q;
       }
       for (int64_t c = c_done; c < ce; ++c) {
         const T* blk = w + ((g * C + c) * d.gs) * KB;
@@ -568,8 +742,8 @@ void gemm_k_packed_impl(const T* x, const T* w, const int32_t* mask, const T* bi
 // partial sums (an N-tile at a time when many tokens share a group, so they stay in cache); the partials are
 // summed at the end.
 constexpr int KT_ROWS = 8;                  // weight rows per pass: eight streams, one accumulator load / store
-constexpr int KT_TOKENS = 8;                // tokens per pass over a group
-constexpr int64_t KT_ACC_BYTES = 32 << 10;  // a pass's accumulators: about an L1 data cache
+constexpr int KT_TOKENS = 16;               // tokens per pass over a group
+constexpr int64_t KT_ACC_BYTES = 16 << 10;  // a pass's accumulators: about an L1 data cache
 
 // acc[m][0 .. len) += sum_i xs[m][i] * w[i][0 .. len), i < nw <= KT_ROWS, m < nm
 template <typename T>
@@ -589,7 +763,29 @@ void rows_axpy_scalar(const T* const* w, int nw, int64_t len, const float (*xs)[
 template <typename T>
 WIDE_AVX512 void rows_axpy_avx512(const T* const* w, int nw, int64_t len, const float (*xs)[KT_ROWS], int nm,
                                   float* const* acc, int64_t ahead) {
-  for (int64_t n = 0; n < len; n += 16) {
+  int64_t n = 0;
+  if (nm > 1) {  // 32 columns a step: each broadcast activation serves two weight vectors
+    for (; n + 32 <= len; n += 32) {
+      __m512 wv[KT_ROWS][2];
+      for (int i = 0; i < nw; ++i) wv[i][0] = load16(w[i] + n, 0xFFFF), wv[i][1] = load16(w[i] + n + 16, 0xFFFF);
+      if (ahead)
+        for (int i = 0; i < nw; ++i) {
+          _mm_prefetch(reinterpret_cast<const char*>(w[i] + ahead + n), _MM_HINT_T1);
+          if (sizeof(T) == 4) _mm_prefetch(reinterpret_cast<const char*>(w[i] + ahead + n + 16), _MM_HINT_T1);
+        }
+      for (int m = 0; m < nm; ++m) {
+        __m512 a0 = _mm512_loadu_ps(acc[m] + n), a1 = _mm512_loadu_ps(acc[m] + n + 16);
+        for (int i = 0; i < nw; ++i) {
+          const __m512 xv = _mm512_set1_ps(xs[m][i]);
+          a0 = _mm512_fmadd_ps(wv[i][0], xv, a0);
+          a1 = _mm512_fmadd_ps(wv[i][1], xv, a1);
+        }
+        _mm512_storeu_ps(acc[m] + n, a0);
+        _mm512_storeu_ps(acc[m] + n + 16, a1);
+      }
+    }
+  }
+  for (; n < len; n += 16) {
     const __mmask16 km = len - n >= 16 ? static_cast<__mmask16>(0xFFFF)
                                        : static_cast<__mmask16>((1u << (len - n)) - 1);
     __m512 wv[KT_ROWS];
