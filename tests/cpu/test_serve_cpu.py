@@ -91,12 +91,49 @@ def test_sampling_follows_the_seed(engine):
     assert tokens[0] == tokens[1] and tokens[0] != tokens[2]
 
 
-def test_stop_strings_cut_the_text_where_the_first_begins():
-    from wide_export.cpu.engine import _first_stop
+@pytest.fixture(scope="module")
+def text_engine(text_ckpt):
+    from wide_export.cpu.engine import CpuEngine
+    from wide_export.cpu.generation import CpuGenerator
 
-    assert _first_stop("hello world", ["wor", "lo"], 0) == 3
-    assert _first_stop("hello world", ["xyz"], 0) is None
-    assert _first_stop("hello world", ["lo w"], 5) == 3  # a stop that began in text already sent is found
+    engine = CpuEngine(CpuGenerator.load(text_ckpt.folder), "wide")
+    yield engine
+    asyncio.run(engine.close())
+
+
+def test_engine_text_is_the_tokenizers_decode_of_its_tokens(text_engine, text_ckpt, monkeypatch):
+    """A chat answer holding a character split across three tokens and ending at an eos id of
+    generation_config.json: the chunks' text joined is transformers' decode of the reference's tokens, the
+    character whole in one chunk (tests/text_checkpoint.py); each decode call sees a few tokens, never the
+    whole answer (incremental: no decode of everything so far per token)."""
+    from tests.text_checkpoint import CHARACTER, STEPS
+
+    tokens, text, reason = text_ckpt.expected(text_ckpt.chat_ids, STEPS)
+    chunks = _collect(text_engine, prompt_ids=text_ckpt.chat_ids.tolist(), max_tokens=STEPS)
+    assert [t for c in chunks for t in c.token_ids] == tokens.tolist() and reason == "stop"
+    assert "".join(c.text for c in chunks) == text and chunks[-1].finish_reason == "stop"
+    assert any(CHARACTER in c.text for c in chunks)  # its three tokens' bytes released together
+    real, seen = text_engine.generator.decode, []
+    monkeypatch.setattr(text_engine.generator, "decode", lambda ids: seen.append(len(ids)) or real(ids))
+    chunks = _collect(text_engine, prompt_ids=text_ckpt.chat_ids.tolist(), max_tokens=STEPS, ignore_eos=True)
+    longer = text_ckpt.reference(text_ckpt.chat_ids, STEPS).tolist()
+    assert [t for c in chunks for t in c.token_ids] == longer
+    assert "".join(c.text for c in chunks) == text_ckpt.tokenizer.decode(longer, skip_special_tokens=True)
+    assert 0 < max(seen) <= 16 < STEPS  # a window of a few tokens, not all 48
+
+
+def test_a_stop_string_and_what_follows_are_never_sent(text_engine, text_ckpt):
+    """The stop string (two characters after the split character): the text joined ends right before it, no
+    chunk ever held its first character ahead of time, finish_reason stop, fewer tokens than the answer."""
+    from tests.text_checkpoint import CHARACTER, STEPS
+
+    tokens, text, _ = text_ckpt.expected(text_ckpt.chat_ids, STEPS)
+    at = text.index(CHARACTER) + 2
+    stop = text[at:at + 2]
+    chunks = _collect(text_engine, prompt_ids=text_ckpt.chat_ids.tolist(), max_tokens=STEPS, stop=[stop])
+    joined = "".join(c.text for c in chunks)
+    assert joined == text[:text.index(stop)] and chunks[-1].finish_reason == "stop"
+    assert len([t for c in chunks for t in c.token_ids]) < len(tokens)
 
 
 @pytest.mark.parametrize("fields,fragment", [

@@ -5,7 +5,11 @@ WIDE checkpoint through CpuGenerator (our decoder with the compiled CPU kernels)
 one slot; the frontend's fair queue holds the others), each in a worker thread, one chunk per new token. A
 client that goes away (the consumer closes the stream) stops its generation at the next token. Prompts come
 as token ids or as text the folder's tokenizer encodes; the end tokens of the checkpoint, `stop_token_ids`
-and `stop` strings end a generation with finish_reason "stop", the token budget with "length"."""
+and `stop` strings end a generation with finish_reason "stop", the token budget with "length". Text and stops
+follow the Triton generation model's rules (triton/textgen.RowOutput): text decoded incrementally over a few
+tokens (a character split across tokens comes out whole, no decode of the whole answer per token), what may
+still become a stop string held back, and neither a stop string nor the text of the end token that stopped
+the row sent."""
 
 from __future__ import annotations
 
@@ -15,7 +19,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Optional
 
-from wide_export.frontend.engine import LENGTH, STOP, EngineError, GenerationChunk, GenerationRequest
+import numpy as np
+
+from wide_export.frontend.engine import LENGTH, EngineError, GenerationChunk, GenerationRequest
+from wide_export.triton.textgen import RowOutput
 
 _DONE = object()
 
@@ -97,45 +104,27 @@ class CpuEngine:
                 put(_DONE)
 
         done = loop.run_in_executor(self._pool, work)
-        new: list[int] = []
-        sent = ""
-        finished = False
+        row = RowOutput(np.asarray(prompt), budget, stop_ids=ends, stop_strings=tuple(request.stop),
+                        codec=_Codec(self.generator.decode) if self.generator.decode is not None else None)
         try:
-            while True:
+            while not row.done:
                 item = await queue.get()
-                if item is _DONE:
+                if item is _DONE:  # the worker ended without a last token (cannot happen with budget >= 1)
+                    yield GenerationChunk(finish_reason=LENGTH, prompt_tokens=len(prompt),
+                                          completion_tokens=len(row.tokens))
                     break
                 if isinstance(item, BaseException):
                     raise EngineError("internal", f"generation failed: {item}")
-                new.append(item)
-                reason = STOP if item in ends else (LENGTH if len(new) >= budget else None)
-                text = self._text(new, reason is not None)
-                cut = _first_stop(text, request.stop, len(sent))
-                if cut is not None:
-                    text, reason = text[:cut], STOP
-                chunk = GenerationChunk(text=text[len(sent):], token_ids=(item,), finish_reason=reason,
-                                        prompt_tokens=len(prompt), completion_tokens=len(new))
-                sent = text
-                yield chunk
-                if reason is not None:
-                    finished = True
-                    break
-            if not finished:  # the worker ended without a last token (cannot happen with budget >= 1)
-                yield GenerationChunk(finish_reason=LENGTH, prompt_tokens=len(prompt), completion_tokens=len(new))
+                row.add(item)
+                yield GenerationChunk(text=row.take_text(), token_ids=(item,), finish_reason=row.finish_reason,
+                                      prompt_tokens=len(prompt), completion_tokens=len(row.tokens))
         finally:
             halt.set()
             await asyncio.shield(done)
 
-    def _text(self, new: list[int], last: bool) -> str:
-        """The text of the new tokens so far; a trailing partial character (U+FFFD of a token that ends inside
-        one) is held back until the token that completes it, or the last."""
-        if self.generator.decode is None:
-            return ""
-        text = self.generator.decode(new)
-        return text if last else text.rstrip("\ufffd")
 
+class _Codec:
+    """The generator's decode as the `codec` RowOutput takes (its `decode(ids)`)."""
 
-def _first_stop(text: str, stops, after: int) -> Optional[int]:
-    """Where the first stop string begins in `text` (searching from what may still be cut), else None."""
-    found = [i for s in stops if s and (i := text.find(s, max(0, after - len(s) + 1))) >= 0]
-    return min(found) if found else None
+    def __init__(self, decode):
+        self.decode = decode
