@@ -17,7 +17,7 @@ import asyncio
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator
 
 import numpy as np
 
