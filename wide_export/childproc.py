@@ -18,17 +18,6 @@ from typing import Callable, Optional, Sequence, TextIO
 from wide_export.signals import shielded
 
 
-def group_alive(pgid: int) -> bool:
-    """Does any process of group `pgid` exist (zombies not yet reaped by their parent count)?"""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a member we may not signal: still there
-        return True
-    return True
-
-
 def _group_members(pgid: int) -> list[int]:
     """PIDs whose process group is `pgid` and that are not zombies (Linux /proc; empty elsewhere)."""
     found = []

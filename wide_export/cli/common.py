@@ -89,18 +89,3 @@ SlicedOpt = Annotated[
                  "the reference reads them module by module) or the whole model at once. Default: sliced when "
                  "the whole check would need more than 60 % of the available memory.", show_default=False),
 ]
-
-
-def load_model_from_cli(model, router, lora, lora_scale, attn_group_size, ffn_group_size, progress=None):
-    """Load a WIDE model the way every command does (demo when model is None)."""
-    from wide_export.checkpoint import load_wide_model
-
-    return load_wide_model(
-        model,
-        router=router,
-        lora=lora,
-        lora_scale=lora_scale,
-        attn_group_size=attn_group_size,
-        ffn_group_size=ffn_group_size,
-        progress=progress,
-    )
