@@ -11,7 +11,8 @@
 // x [M, K] and w [N, K] (nn.Linear layout) are float32, bfloat16 or float16 (the same dtype; out too), mask
 // [M, G] int32, contiguous. Products and sums in float32. M is any: each block of output channels reads its
 // weight rows once for every 16 tokens of the call that execute its group (a group's rows only when some token
-// executes it).
+// executes it). Several tokens: register tiles of rows x tokens (dots_one_pass), k in chunks beyond 8 tokens
+// (dots_chunked); gemm_kt and the packed gemm_k update output vectors for up to 16 / 4 tokens a pass.
 // Threads: at::parallel_for, torch's intra-op pool (OpenMP), so torch.set_num_threads applies. No heap
 // allocation on the decode path but the group plan's vectors, kept per thread and grown once.
 // Instruction sets, checked at run time, all compiled: AVX-512 BF16 (bf16 x bf16 pairs through vdpbf16ps),
@@ -134,39 +135,10 @@ WIDE_AVX512 inline __m512 load16(const c10::Half* p, __mmask16 k) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p));
 }
 
-template <typename T, int NRv, int NM>
-WIDE_AVX512 void dots_avx512(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at,
-                             int64_t ahead) {
-  __m512 a[NRv][NM];  // NRv * NM <= 16 accumulators, NRv weight vectors, one activation vector
-  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
-    WIDE_UNROLL for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= len; k += 16) {
-    __m512 wv[NRv];
-    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, 0xFFFF);
-    if (ahead)
-      WIDE_UNROLL for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
-    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
-      const __m512 xv = load16(x[m] + k, 0xFFFF);
-      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
-    }
-  }
-  if (k < len) {  // the tail through masked loads (zeros past the end)
-    const __mmask16 km = static_cast<__mmask16>((1u << (len - k)) - 1);
-    __m512 wv[NRv];
-    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, km);
-    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
-      const __m512 xv = load16(x[m] + k, km);
-      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
-    }
-  }
-  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
-    WIDE_UNROLL for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(a[r][m]);
-}
-
-// The same products into vector partial sums kept in memory between calls (p[r][m_at + m], one __m512 per
-// weight row and token), over k in [k0, k0 + len): the many-token path walks k in chunks, so that a chunk of
-// every token's activations stays in L1 while all the rows of a block pass over it.
+// The products of NRv weight rows and NM activation rows over k in [k0, k0 + len), added to vector partial sums
+// p[r][m_at + m] (one __m512 per row and token, NRv * NM <= 16) that stay in memory between calls: dots_avx512
+// takes all of k at once, the many-token path walks k in chunks so that a chunk of every token's activations
+// stays in L1 while all the rows of a block pass over it.
 template <typename T, int NRv, int NM>
 WIDE_AVX512 void part_avx512(const T* const* w, const T* const* x, int64_t k0, int64_t len, __m512 (*p)[MT],
                              int m_at, int64_t ahead) {
@@ -179,7 +151,8 @@ WIDE_AVX512 void part_avx512(const T* const* w, const T* const* x, int64_t k0, i
     __m512 wv[NRv];
     WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = load16(w[r] + k, 0xFFFF);
     if (ahead)
-      WIDE_UNROLL for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
     WIDE_UNROLL for (int m = 0; m < NM; ++m) {
       const __m512 xv = load16(x[m] + k, 0xFFFF);
       WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_fmadd_ps(wv[r], xv, a[r][m]);
@@ -198,30 +171,20 @@ WIDE_AVX512 void part_avx512(const T* const* w, const T* const* x, int64_t k0, i
     WIDE_UNROLL for (int m = 0; m < NM; ++m) p[r][m_at + m] = a[r][m];
 }
 
-// AVX-512 BF16: 32 bf16 pairs a step, vdpbf16ps (each product exact in float32, summed into 16 lanes)
-#define WIDE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-template <int NRv, int NM>
-WIDE_AVX512BF16 void dots_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t len, AccRows acc,
-                               int m_at, int64_t ahead) {
-  __m512 a[NRv][NM];
+// The whole dot products of rows x tokens, added to acc[r][m_at + m] (the partial sums stay in registers)
+template <typename T, int NRv, int NM>
+WIDE_AVX512 void dots_avx512(const T* const* w, const T* const* x, int64_t len, AccRows acc, int m_at,
+                             int64_t ahead) {
+  __m512 p[NRv][MT];
   WIDE_UNROLL for (int r = 0; r < NRv; ++r)
-    WIDE_UNROLL for (int m = 0; m < NM; ++m) a[r][m] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < len; k += 32) {
-    const __mmask32 km = len - k >= 32 ? ~static_cast<__mmask32>(0)
-                                       : static_cast<__mmask32>((1ull << (len - k)) - 1);
-    __m512bh wv[NRv];
-    WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(km, w[r] + k);
-    if (ahead)
-      WIDE_UNROLL for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
-    WIDE_UNROLL for (int m = 0; m < NM; ++m) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(km, x[m] + k);
-      WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_dpbf16_ps(a[r][m], wv[r], xv);
-    }
-  }
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) p[r][m] = _mm512_setzero_ps();
+  part_avx512<T, NRv, NM>(w, x, 0, len, p, 0, ahead);
   WIDE_UNROLL for (int r = 0; r < NRv; ++r)
-    WIDE_UNROLL for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(a[r][m]);
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(p[r][m]);
 }
 
+// AVX-512 BF16: 32 bf16 pairs a step, vdpbf16ps (each product exact in float32, summed into 16 lanes)
+#define WIDE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 template <int NRv, int NM>
 WIDE_AVX512BF16 void part_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t k0, int64_t len,
                                __m512 (*p)[MT], int m_at, int64_t ahead) {
@@ -235,7 +198,8 @@ WIDE_AVX512BF16 void part_bf16(const uint16_t* const* w, const uint16_t* const* 
     __m512bh wv[NRv];
     WIDE_UNROLL for (int r = 0; r < NRv; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(km, w[r] + k);
     if (ahead)
-      WIDE_UNROLL for (int r = 0; r < NRv; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
+      WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + k), _MM_HINT_T1);
     WIDE_UNROLL for (int m = 0; m < NM; ++m) {
       const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(km, x[m] + k);
       WIDE_UNROLL for (int r = 0; r < NRv; ++r) a[r][m] = _mm512_dpbf16_ps(a[r][m], wv[r], xv);
@@ -243,6 +207,17 @@ WIDE_AVX512BF16 void part_bf16(const uint16_t* const* w, const uint16_t* const* 
   }
   WIDE_UNROLL for (int r = 0; r < NRv; ++r)
     WIDE_UNROLL for (int m = 0; m < NM; ++m) p[r][m_at + m] = a[r][m];
+}
+
+template <int NRv, int NM>
+WIDE_AVX512BF16 void dots_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t len, AccRows acc,
+                               int m_at, int64_t ahead) {
+  __m512 p[NRv][MT];
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) p[r][m] = _mm512_setzero_ps();
+  part_bf16<NRv, NM>(w, x, 0, len, p, 0, ahead);
+  WIDE_UNROLL for (int r = 0; r < NRv; ++r)
+    WIDE_UNROLL for (int m = 0; m < NM; ++m) acc[r][m_at + m] += _mm512_reduce_add_ps(p[r][m]);
 }
 
 WIDE_AVX512 void reduce_parts(const __m512 (*p)[MT], int nr, int nm, Acc& acc) {
@@ -352,10 +327,10 @@ void dots_chunked(const T* const* w, int nr, const T* const* x, int nm, int64_t 
   reduce_parts(part, nr, nm, acc);
 }
 
-// The weight rows against all nm <= MT activation rows (32 vector registers, at most 16 accumulators): rows in
-// blocks of NR for up to 4 tokens, in pairs beyond, a pair meeting its tokens in one pass of up to 8 and a
-// second pass over the same two rows (from L1) for the rest. Every weight vector loaded serves every token of
-// its pass, so a row streams from memory once per call, and the activations (a few KB a token) come from cache.
+// The weight rows against nm <= 8 activation rows (32 vector registers, at most 16 accumulators): rows in
+// blocks of NR for up to 4 tokens, in pairs for 5..8, each meeting its tokens in one pass over k. Every weight
+// vector loaded serves every token, so a row streams from memory once per call, and the activations (a few KB
+// a token) come from cache. More tokens: dots_chunked.
 template <typename T, template <typename, int, int> class K>
 void dots_one_pass(const T* const* w, int nr, const T* const* x, int nm, int64_t len, Acc& acc, int64_t stride) {
   int r = 0;
@@ -364,15 +339,8 @@ void dots_one_pass(const T* const* w, int nr, const T* const* x, int nm, int64_t
     for (; r < nr; ++r) go_nm<T, K, 1, 1, 4>(nm, w + r, x, len, acc + r, 0, stride);
     return;
   }
-  const int first = nm <= 8 ? nm : (nm + 1) / 2;  // 9..16 tokens: two passes of 5..8
-  for (; r + 2 <= nr; r += 2) {
-    go_nm<T, K, 2, 1, 8>(first, w + r, x, len, acc + r, 0, 2 * stride);
-    if (first < nm) go_nm<T, K, 2, 1, 8>(nm - first, w + r, x + first, len, acc + r, first, 0);
-  }
-  for (; r < nr; ++r) {
-    go_nm<T, K, 1, 1, 8>(first, w + r, x, len, acc + r, 0, stride);
-    if (first < nm) go_nm<T, K, 1, 1, 8>(nm - first, w + r, x + first, len, acc + r, first, 0);
-  }
+  for (; r + 2 <= nr; r += 2) go_nm<T, K, 2, 5, 8>(nm, w + r, x, len, acc + r, 0, 2 * stride);
+  for (; r < nr; ++r) go_nm<T, K, 1, 5, 8>(nm, w + r, x, len, acc + r, 0, stride);
 }
 
 // stride: where the weight rows are consecutive rows of one matrix, its row length: a kernel then prefetches
@@ -596,14 +564,12 @@ WIDE_AVX512 void axpy4_tokens_avx512(const T* const* blk, int64_t gs, const T* c
     WIDE_UNROLL for (int m = 0; m < NM; ++m) _mm512_storeu_ps(acc[i * NM + m], a[i][m]);
 }
 
-// axpy4_tokens for nm in 2..4 where the CPU has AVX-512; false elsewhere (the caller takes one block at a time)
+// axpy4_tokens_avx512 for nm in 2..4 (AVX-512 only: the caller checks)
 template <typename T>
-bool axpy4_tokens(const T* const* blk, int64_t gs, const T* const* xg, int nm, float* const* acc) {
-  if (g_isa.load(std::memory_order_relaxed) < kAvx512) return false;
+void axpy4_tokens(const T* const* blk, int64_t gs, const T* const* xg, int nm, float* const* acc) {
   if (nm == 2) axpy4_tokens_avx512<T, 2>(blk, gs, xg, acc);
   else if (nm == 3) axpy4_tokens_avx512<T, 3>(blk, gs, xg, acc);
   else axpy4_tokens_avx512<T, 4>(blk, gs, xg, acc);
-  return true;
 }
 
 template <typename T>
