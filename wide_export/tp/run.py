@@ -45,6 +45,7 @@ class RankGenerator:
     """One rank of a sharded export, fed step by step; `all_reduce(array)` returns the sum over the ranks."""
 
     def __init__(self, onnx_dir: Path, rank: int, world_size: int, all_reduce: Callable[[np.ndarray], np.ndarray]):
+        from wide_export.export.onnx_export import read_wide_config
         from wide_export.tp.verify import RankRunner, read_manifest
 
         manifest = read_manifest(onnx_dir)
@@ -53,7 +54,7 @@ class RankGenerator:
                             f"start {manifest['world_size']} processes (torchrun --nproc-per-node "
                             f"{manifest['world_size']})")
         folder = Path(onnx_dir) / manifest["ranks"][rank]["folder"]
-        self.config = json.loads((folder / "wide_config.json").read_text())
+        self.config = read_wide_config(folder)
         if self.config["dtype"] == "bfloat16":
             raise WideError("ONNX Runtime on CPU cannot run a bfloat16 export", "export with --dtype float32 or float16")
         self.runner = RankRunner(folder, [])

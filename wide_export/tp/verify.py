@@ -14,7 +14,6 @@ export must hold max |err| / max |ref| <= 1e-5 per output and identical router d
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +40,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             or len(m["ranks"]) != m.get("world_size"):
         raise WideError(f"{folder / MANIFEST} is not a tensor-parallel export's manifest", hint)
     for r in m["ranks"]:
-        if not (folder / r["folder"] / "model.onnx").is_file():
-            raise WideError(f"{folder / r['folder']} has no model.onnx", hint)
+        rank_dir = confined(folder / str(r.get("folder", "")), folder, f"{folder / MANIFEST}: rank folder")
+        if not (rank_dir / "model.onnx").is_file():
+            raise WideError(f"{folder / str(r.get('folder', ''))} has no model.onnx", hint)
     return m
 
 
@@ -142,6 +142,7 @@ def verify_tp(onnx_dir: Path, *, loaded=None, report_path: Path | None = None, s
               load_kwargs: dict | None = None, **settings):
     """Verify a sharded export against the unsharded reference (see the module docstring)."""
     from wide_export.progress import Stages
+    from wide_export.export.onnx_export import read_wide_config
     from wide_export.verify.compare import OutputRow, VerifyReport, compare
     from wide_export.verify.onnx_verify import DEFAULTS, check_same_model, quiet_polygraphy, reference_for
     from wide_export.verify.reference import reference_steps
@@ -151,7 +152,7 @@ def verify_tp(onnx_dir: Path, *, loaded=None, report_path: Path | None = None, s
     settings = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None and k in DEFAULTS}}
     onnx_dir = Path(onnx_dir)
     manifest = read_manifest(onnx_dir)
-    config0 = json.loads((onnx_dir / manifest["ranks"][0]["folder"] / "wide_config.json").read_text())
+    config0 = read_wide_config(onnx_dir / manifest["ranks"][0]["folder"])
     dtype = config0["dtype"]
     if dtype == "bfloat16":
         raise WideError("a bfloat16 tensor-parallel export cannot be verified on CPU yet",

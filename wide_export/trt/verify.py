@@ -11,7 +11,6 @@ Needs a CUDA GPU: TensorRT engines do not run on a CPU.
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
@@ -24,19 +23,21 @@ DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
 
 
 def read_manifest(engine_dir: Path) -> dict[str, Any]:
-    """OUT/wide_engine.json, with clear errors for a folder that is not an engine build."""
-    path = Path(engine_dir) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
+    """OUT/wide_engine.json, with clear errors for a folder that is not an engine build (read as every JSON file
+    of a user's folder is: confined to the folder, size- and depth-checked, paths.read_json)."""
+    from wide_export.paths import confined, read_json
+
+    folder = Path(engine_dir)
+    path = folder / MANIFEST
+    if not path.is_file():
         from wide_export.folders import elsewhere
 
-        raise WideError(f"{path} not found", hint=elsewhere(Path(engine_dir), "engines", {"onnx": "pass it as --onnx DIR"})
-                        or "build the engine first: wide-export trt --onnx DIR --output DIR") from None
-    except json.JSONDecodeError as err:
-        raise WideError(f"{path} is not valid JSON: {err}") from None
-    if not manifest.get("engines"):
-        raise WideError(f"{path} lists no engines")
+        raise WideError(f"{path} not found", hint=elsewhere(folder, "engines", {"onnx": "pass it as --onnx DIR"})
+                        or "build the engine first: wide-export trt --onnx DIR --output DIR")
+    confined(path, folder, "engine manifest")
+    manifest = read_json(path, hint="rebuild the engines with `wide-export trt`")
+    if not isinstance(manifest, dict) or not manifest.get("engines"):
+        raise WideError(f"{path} lists no engines", "rebuild the engines with `wide-export trt`")
     return manifest
 
 
