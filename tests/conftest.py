@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import wide_export  # noqa: F401  (first: without a GPU it switches Triton's interpreter on before anything imports triton)
+from wide_export.kernels.mode import interpreter_without_gpu
+
+interpreter_without_gpu()  # first: without a GPU, Triton's interpreter on before anything imports triton
 
 
 @functools.lru_cache(maxsize=None)

@@ -56,7 +56,11 @@ def get_app():
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line and exit code 2, Ctrl-C outside a command
-    (while the command modules import, say) one line and 130."""
+    (while the command modules import, say) one line and 130. Without a GPU, Triton's CPU interpreter is switched
+    on first, before any command imports torch.onnx or the kernels (kernels/mode.py)."""
+    from wide_export.kernels.mode import interpreter_without_gpu
+
+    interpreter_without_gpu()
     try:
         get_app()(args=argv, standalone_mode=True)
     except WideError as err:  # raised outside a command (e.g. while parsing)

@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING, Optional
 
 from wide_export.errors import WideError
 from wide_export.kernels import configs as cfg
+from wide_export.kernels.mode import INTERPRET_ENV
 from wide_export.kernels.policy import ALGOS, choose, policy_for, tile_size
 
 if TYPE_CHECKING:
     import torch
-
-INTERPRET_ENV = "TRITON_INTERPRET"
 
 
 def _torch():
