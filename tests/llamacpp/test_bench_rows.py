@@ -108,7 +108,8 @@ def test_e2e_llamacpp_checkpoint_has_the_stack_layer_shapes(tmp_path):
 
 
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("dtype,sides", [("float32", ["llama.cpp f32"]), ("bfloat16", ["llama.cpp bf16", "llama.cpp f16"])])
+@pytest.mark.parametrize("dtype,sides", [("float32", ["llama.cpp f32"]),
+                                         ("bfloat16", ["llama.cpp bf16", "llama.cpp f16"])])
 def test_bench_vllm_llamacpp_rows_are_their_own_timings(tmp_path, dtype, sides):
     from wide_export.bench.common import MODEL_PRESETS
     from wide_export.checkpoint import load_wide_model

@@ -351,6 +351,11 @@ def _size(c: Case) -> str:
     return f"{c.tokens}" if c.phase == "prefill" else f"b={c.tokens}"
 
 
+def _tps(v: float) -> str:
+    """Tokens/s for the table: whole numbers from 100 up, two decimals below (CPU runs of 8B layers: ~1 tok/s)."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+
+
 def table(report: E2EReport):
     from rich.table import Table
 
@@ -366,11 +371,10 @@ def table(report: E2EReport):
     for c in report.cases:
         paper = f" ({PAPER[c.phase]:.2f}x)" if abs(c.sparsity - 0.5) < 1e-9 else ""
         theirs = [report.llamacpp[r].get(f"{c.phase} {_size(c)}") for r in llama]
-        t.add_row(f"{c.sparsity:.0%}", f"{c.phase} {_size(c)}", f"{c.dense_tokens_per_s:,.0f}",
-                  f"{c.wide_tokens_per_s:,.0f}",
+        t.add_row(f"{c.sparsity:.0%}", f"{c.phase} {_size(c)}", _tps(c.dense_tokens_per_s), _tps(c.wide_tokens_per_s),
                   f"[{'green' if c.speedup >= 1 else 'red'}]{c.speedup:.2f}x[/]{paper}",
                   "/".join(a[:2] for a in c.algos.values()),
-                  *(f"{v:,.0f}" if v else "-" for v in theirs),
+                  *(_tps(v) if v else "-" for v in theirs),
                   *(f"{c.wide_tokens_per_s / v:.2f}x" if v else "-" for v in theirs))
     graphs = "replayed as CUDA graphs" if all(c.cuda_graph for c in report.cases) else (
         "partly eager (see notes)" if any(c.cuda_graph for c in report.cases) else "timed eagerly")

@@ -288,7 +288,8 @@ def table(bench: Bench):
     units = {"ttft_s": ("TTFT", 1e3, "ms"), "itl_s": ("ITL", 1e3, "ms"), "prefill_tok_s": ("prefill", 1, "tok/s"),
              "decode_tok_s": ("decode", 1, "tok/s")}
     for b in sorted({r["batch"] for r in bench.rows}):
-        w, d, *ll = (next(r for r in bench.rows if r["side"] == s and r["batch"] == b) for s in ("wide", "dense", *llama))
+        w, d, *ll = (next(r for r in bench.rows if r["side"] == s and r["batch"] == b)
+                     for s in ("wide", "dense", *llama))
         for m in METRICS:
             label_m, scale, unit = units[m]
             t.add_row(str(b), f"{label_m} ({unit})", f"{w[m] * scale:.1f}", f"{d[m] * scale:.1f}",
