@@ -2,8 +2,10 @@
 
 Triton decides between interpreter and compiled mode once, when ``triton.language`` is first imported (and
 torch.onnx's exporter imports it), so the choice must be made before that. A process makes it by calling
-``interpreter_without_gpu()`` first: the `wide-export` command does at its start, and the kernels' loader
-(launch.kernels) does before it imports them. Importing wide_export itself changes no environment variable.
+``interpreter_without_gpu()`` first: the `wide-export` command does at its start (and the tests' conftest).
+The kernels' loader (launch.kernels) makes its own choice before it imports them, from
+``torch.cuda.is_available()`` (torch is loaded by then). Importing wide_export itself changes no environment
+variable.
 No torch, no triton here: this must stay importable before both.
 """
 

@@ -30,7 +30,7 @@ from typing import Optional
 from wide_export.errors import WideError
 from wide_export.names import ENGINE_MANIFEST as MANIFEST
 from wide_export.names import WIDE_CONFIG
-from wide_export.paths import confined, read_json
+from wide_export.paths import confined
 from wide_export.triton.sources import (
     DEFAULT_IO, ModelShape, check_io_names, check_vocab, count_layers, parse_model_shape, read_model_shape,
 )
@@ -131,17 +131,13 @@ def _engine(raw: dict, folder: Path, where: str) -> EngineSpec:
 
 def read_engine_folder(folder: Path) -> EngineSource:
     """Parse and validate `wide_engine.json` in `folder`."""
+    from wide_export.trt.manifest import REBUILD_HINT, read_engine_manifest
+
     folder = Path(folder)
     manifest = folder / MANIFEST
-    if not manifest.is_file():
-        from wide_export.folders import elsewhere
-
-        raise WideError(f"{manifest} not found", hint=elsewhere(folder, "engines", {"onnx": "pass it as --onnx DIR"})
-                        or "point --engines at the folder written by `wide-export trt`")
-    confined(manifest, folder, "engine manifest")
-    raw = read_json(manifest, hint="rebuild the engines with `wide-export trt`")
+    raw = read_engine_manifest(folder, "point --engines at the folder written by `wide-export trt`")
     if not isinstance(raw, dict):
-        raise WideError(f"{manifest}: expected a JSON object", hint="rebuild the engines with `wide-export trt`")
+        raise WideError(f"{manifest}: expected a JSON object", hint=REBUILD_HINT)
     engines = tuple(_engine(e, folder, str(manifest)) for e in raw.get("engines", []))
     if not engines:
         raise WideError(f"{manifest}: no engines listed")

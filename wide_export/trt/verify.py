@@ -23,21 +23,12 @@ DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
 
 
 def read_manifest(engine_dir: Path) -> dict[str, Any]:
-    """OUT/wide_engine.json, with clear errors for a folder that is not an engine build (read as every JSON file
-    of a user's folder is: confined to the folder, size- and depth-checked, paths.read_json)."""
-    from wide_export.paths import confined, read_json
+    """OUT/wide_engine.json, with clear errors for a folder that is not an engine build (trt/manifest.py)."""
+    from wide_export.trt.manifest import REBUILD_HINT, read_engine_manifest
 
-    folder = Path(engine_dir)
-    path = folder / MANIFEST
-    if not path.is_file():
-        from wide_export.folders import elsewhere
-
-        raise WideError(f"{path} not found", hint=elsewhere(folder, "engines", {"onnx": "pass it as --onnx DIR"})
-                        or "build the engine first: wide-export trt --onnx DIR --output DIR")
-    confined(path, folder, "engine manifest")
-    manifest = read_json(path, hint="rebuild the engines with `wide-export trt`")
+    manifest = read_engine_manifest(engine_dir, "build the engine first: wide-export trt --onnx DIR --output DIR")
     if not isinstance(manifest, dict) or not manifest.get("engines"):
-        raise WideError(f"{path} lists no engines", "rebuild the engines with `wide-export trt`")
+        raise WideError(f"{Path(engine_dir) / MANIFEST} lists no engines", REBUILD_HINT)
     return manifest
 
 
