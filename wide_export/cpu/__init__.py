@@ -8,6 +8,9 @@
     y = cpu.masked_gemm_k(x, w, mask, group_size, packed=wp)   # the kernel reads wp, a dense fallback w
     y = cpu.masked_gemm_kt(x, w.t().contiguous(), mask, group_size)  # W^T [K, N]: one copy, masked and dense
     y = cpu.dense_linear(x, w, bias)                            # k / v / LM head: the kernel where it beats torch
+    y = cpu.rms_norm(x, w, eps); cpu.rope_(q, k, cos, sin)      # the decode step's small ops, one call each
+    mask = cpu.router(h, wc, bc, wr, br)                        # (None / False where the fused op declines)
+    o = cpu.decode_attention(q, k, v, head_mask, group_heads)   # one query a sequence, skipped heads left out
 
 The library is compiled on first use against the installed torch's headers (``build.py``; cached per source,
 torch and compiler), so nothing is downloaded. Which of the masked kernel and the dense GEMM (+ mask) serves
@@ -17,7 +20,7 @@ are ``wide_export.ops.reference``."""
 from __future__ import annotations
 
 __all__ = ["masked_gemm_n", "masked_gated_mlp", "masked_gemm_k", "masked_gemm_kt", "dense_linear", "pack_k", "unpack_k",
-           "router", "isa", "available"]
+           "router", "rms_norm", "rope_", "decode_attention", "isa", "available"]
 
 
 def __getattr__(name: str):

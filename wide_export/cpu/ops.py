@@ -35,7 +35,7 @@ def _load() -> str:
         print(f"warning: {err}; the masked projections run dense (torch GEMM + mask) on CPU, without WIDE's "
               f"speed-up", file=sys.stderr)
         return ""
-    for name in ("gemm_n", "gemm_k", "gated"):
+    for name in ("gemm_n", "gemm_k", "gemm_kt", "gated", "router"):
         torch.library.register_fake(f"wide_cpu::{name}")(_fake)
     return torch.ops.wide_cpu.isa()
 
@@ -134,6 +134,12 @@ def _zero_skipped_(y: torch.Tensor, mask2: torch.Tensor) -> torch.Tensor:
     return y
 
 
+@functools.lru_cache(maxsize=64)
+def _ones(M: int) -> torch.Tensor:
+    """The int32 [M, 1] mask of one group every token executes (kept: the ops only read it)."""
+    return torch.ones(M, 1, dtype=torch.int32)
+
+
 def dense_linear(x, w, bias=None) -> torch.Tensor:
     """x W^T + b for a projection without groups (k, v, the LM head): a masked projection whose one group every
     token executes, so the kernel serves it where policy.json says the masked kernel beats the dense GEMM at a
@@ -146,8 +152,7 @@ def dense_linear(x, w, bias=None) -> torch.Tensor:
         return F.linear(x, w, bias)
     PATHS["linear", "masked"] += 1
     y = x2.new_empty(M, N)
-    ones = torch.ones(M, 1, dtype=torch.int32)
-    torch.ops.wide_cpu.gemm_n(x2.contiguous(), w.contiguous(), ones, N, bias, y)
+    torch.ops.wide_cpu.gemm_n(x2.contiguous(), w.contiguous(), _ones(M), N, bias, y)
     return y.reshape(*x.shape[:-1], N)
 
 
@@ -261,9 +266,60 @@ def masked_gemm_kt(x, wt, mask, group_size: int, bias=None, out=None, path: str 
     return y.reshape(*x.shape[:-1], N)
 
 
+ROUTER_MAX_M = 16  # tokens up to which the fused router serves a call; more (a prefill): torch's float32 GEMM
+
+
+def _fusable(x: torch.Tensor, *same: torch.Tensor) -> bool:
+    return (x.dtype in _DTYPES and x.is_contiguous() and x.device.type == "cpu" and available()
+            and all(t.dtype == x.dtype and t.is_contiguous() for t in same))
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """The model's RMSNorm (w * (x * rsqrt(mean(x^2) + eps)) rounded as the reference rounds) in one call, or
+    None where the fused op cannot serve (kernels not built, w of another dtype, x not contiguous): the caller
+    then runs its reference."""
+    if not _fusable(x, w):
+        return None
+    out = torch.empty_like(x)
+    return out if torch.ops.wide_cpu.rms_norm(x, w, eps, out) else None
+
+
+def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Rotary embedding of q [B, T, Hq, D] and k [B, T, Hk, D] in place (x * cos + rotate_half(x) * sin, rounded
+    as the reference), cos / sin [B, 1, T, D] of their dtype; False (nothing changed) where the fused op cannot
+    serve."""
+    if not (_fusable(q, k, cos, sin) and cos.shape[1] == 1 and cos.shape == sin.shape):
+        return False
+    c, s = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
+    return torch.ops.wide_cpu.rope(q, c, s) and torch.ops.wide_cpu.rope(k, c, s)  # both or (float16 without
+    # AVX-512) neither
+
+
+def decode_attention(q, k, v, head_mask=None, group_heads: int = 1):
+    """Attention of one query per sequence, q [B, Hq, 1, D], over all of k / v [B, Hk, L, D] (GQA; a view of a
+    preallocated cache is read in place), softmax(q k^T / sqrt(D)) v as [B, Hq, 1, D]; with head_mask
+    [B, .., Hq / group_heads] the heads of skipped groups are not computed (their outputs are 0, which o_proj
+    ignores) and a KV head none of whose query heads is active is not read. None where the op declines (no
+    AVX-512, other dtypes or layouts): the caller runs torch's attention."""
+    B, Hq, T, D = q.shape
+    if T != 1 or not _fusable(q) or k.dtype != q.dtype or v.dtype != q.dtype or k.stride(-1) != 1 \
+            or v.stride(-1) != 1 or k.stride(-2) != D or v.stride(-2) != D:
+        return None
+    q3 = q.reshape(B, Hq, D)
+    m = None if head_mask is None else head_mask.reshape(B, -1).to(torch.int32).contiguous()
+    out = torch.empty_like(q3)
+    ok = torch.ops.wide_cpu.decode_attention(q3, k, v, k.shape[2], m, group_heads, out)
+    return out.view(B, Hq, 1, D) if ok else None
+
+
 def router(hidden, wc, bc, wr, br):
-    """The router on CPU: two small GEMMs and the execute rule, in float32 (torch ops; its weights are ~1 %
-    of a layer's, so a kernel of its own is not where decode time goes)."""
+    """The router's int32 mask [.., G]: for up to ROUTER_MAX_M tokens the fused op (two float32 GEMVs through
+    the kernels and the execute rule in one call), else the reference's torch ops (a prefill's GEMMs)."""
     from wide_export.ops.reference import wide_router
 
+    if hidden.numel() <= ROUTER_MAX_M * hidden.shape[-1] and _fusable(hidden) \
+            and all(t.dtype == torch.float32 and t.is_contiguous() for t in (wc, bc, wr, br)):
+        mask = torch.empty(*hidden.shape[:-1], wr.shape[0] // 2, dtype=torch.int32)
+        torch.ops.wide_cpu.router(hidden, wc, bc, wr, br, mask)
+        return mask
     return wide_router(hidden, wc, bc, wr, br)

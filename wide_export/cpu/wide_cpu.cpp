@@ -5,6 +5,10 @@
 //   wide_cpu::gemm_k(x, w, mask, group_size, bias?, out!)    out = x W^T + b over the executed input groups
 //                                                            (w [N, K], or packed by pack_k: [G, N/16, gs, 16])
 //   wide_cpu::gemm_kt(x, wt, mask, group_size, bias?, out!)  the same from wt = W^T [K, N] (row-major)
+//   wide_cpu::rms_norm(x, w, eps, out!) -> bool           RMSNorm; rope(x!, cos, sin) -> bool rotary in place;
+//   wide_cpu::router(h, wc, bc, wr, br, mask!)            the router: the small ops of a decode step, fused
+//   wide_cpu::decode_attention(q, k, v, length, head_mask?, group_heads, out!) -> bool
+//                                                         one query per sequence; skipped heads not computed
 //   wide_cpu::isa() -> str                                   the instruction set the kernels run with
 //   wide_cpu::set_isa(name) -> str                           use a lower one (tests run every path)
 //
@@ -943,6 +947,310 @@ void gemm_kt(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& mask, 
   });
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// The small ops around the projections, one call each where the model's reference spends several torch ops
+// (a decode step runs each once a layer; their time was dispatch, not arithmetic), and decode attention. Same
+// rounding as the reference: every intermediate the reference stores in the input dtype is rounded to it here.
+// AVX-512 where the CPU has it; without it RMSNorm and RoPE run scalar code and decline float16 (whose scalar
+// conversions are slower than torch's ops), and attention declines: each op returns whether it ran.
+template <typename T>
+inline float rounded(float v) {  // v as the reference's tensor of dtype T holds it
+  T t;
+  put(&t, v);
+  return load1(&t);
+}
+
+WIDE_AVX512 inline __m512i bf16_bits(__m512 v) {  // round to nearest even (to_bf16), in each lane's low half
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+constexpr int kHalfRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+WIDE_AVX512 inline __m512 round16(__m512 v, const float*) { return v; }
+WIDE_AVX512 inline __m512 round16(__m512 v, const c10::Half*) {
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(v, kHalfRound));
+}
+WIDE_AVX512 inline __m512 round16(__m512 v, const uint16_t*) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
+}
+WIDE_AVX512 inline void store16(float* p, __m512 v, __mmask16 k) { _mm512_mask_storeu_ps(p, k, v); }
+WIDE_AVX512 inline void store16(c10::Half* p, __m512 v, __mmask16 k) {
+  _mm256_mask_storeu_epi16(p, k, _mm512_cvtps_ph(v, kHalfRound));
+}
+WIDE_AVX512 inline void store16(uint16_t* p, __m512 v, __mmask16 k) {
+  _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(bf16_bits(v)));
+}
+inline __mmask16 tail16(int64_t left) { return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1); }
+
+// exp(x) for x <= 0 (softmax after the max is taken): 2^n * p(f), n = round(x log2 e), f = x - n ln 2 in two
+// steps, p degree 6 (relative error ~2e-7); below -87 the result is 0
+WIDE_AVX512 inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), f);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// RMSNorm (model/modeling.py): out = w * T(x * rsqrt(mean(x^2) + eps)), the mean in float32 as the reference's
+template <typename T>
+void rms_norm_impl(const T* x, const T* w, T* out, int64_t M, int64_t H, float eps) {
+  at::parallel_for(0, M, 8, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const T* xm = x + m * H;
+      float ss = 0.f;
+      for (int64_t k = 0; k < H; ++k) ss += load1(xm + k) * load1(xm + k);
+      const float r = 1.f / std::sqrt(ss / H + eps);
+      for (int64_t k = 0; k < H; ++k) put(out + m * H + k, load1(w + k) * rounded<T>(load1(xm + k) * r));
+    }
+  });
+}
+
+template <typename T>
+WIDE_AVX512 void rms_norm_row_avx512(const T* x, const T* w, T* out, int64_t H, float eps) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= H; k += 32) {
+    const __m512 a = load16(x + k, 0xFFFF), b = load16(x + k + 16, 0xFFFF);
+    s0 = _mm512_fmadd_ps(a, a, s0), s1 = _mm512_fmadd_ps(b, b, s1);
+  }
+  for (; k < H; k += 16) {
+    const __m512 a = load16(x + k, tail16(H - k));
+    s0 = _mm512_fmadd_ps(a, a, s0);
+  }
+  const float r = 1.f / std::sqrt(_mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) / H + eps);
+  const __m512 rv = _mm512_set1_ps(r);
+  for (k = 0; k < H; k += 16) {
+    const __mmask16 t = tail16(H - k);
+    const __m512 n = round16(_mm512_mul_ps(load16(x + k, t), rv), x);
+    store16(out + k, _mm512_mul_ps(load16(w + k, t), n), t);
+  }
+}
+
+// rotary embedding in place, the reference's x * cos + rotate_half(x) * sin: x [M, H, D] (every head of a token
+// shares the token's cos / sin row [D]); rotate_half(x) = cat(-x[D/2:], x[:D/2])
+constexpr int64_t ROPE_MAX_D = 1024;
+template <typename T>
+void rope_impl(T* x, int64_t M, int64_t H, int64_t D, const T* cos, const T* sin) {
+  const int64_t half = D / 2;
+  float v[ROPE_MAX_D];
+  for (int64_t i = 0; i < M * H; ++i) {
+    T* row = x + i * D;
+    const T* c = cos + (i / H) * D;
+    const T* s = sin + (i / H) * D;
+    for (int64_t j = 0; j < D; ++j) v[j] = load1(row + j);
+    for (int64_t j = 0; j < D; ++j) {
+      const float rot = j < half ? -v[j + half] : v[j - half];
+      put(row + j, rounded<T>(v[j] * load1(c + j)) + rounded<T>(rot * load1(s + j)));
+    }
+  }
+}
+
+template <typename T>
+WIDE_AVX512 void rope_avx512(T* x, int64_t M, int64_t H, int64_t D, const T* cos, const T* sin) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < M * H; ++i) {
+    T* row = x + i * D;
+    const T* c = cos + (i / H) * D;
+    const T* s = sin + (i / H) * D;
+    for (int64_t j = 0; j < half; j += 16) {
+      const __mmask16 t = tail16(half - j);
+      const __m512 a = load16(row + j, t), b = load16(row + half + j, t);
+      const __m512 nb = _mm512_sub_ps(_mm512_setzero_ps(), b);
+      const __m512 lo = _mm512_add_ps(round16(_mm512_mul_ps(a, load16(c + j, t)), row),
+                                      round16(_mm512_mul_ps(nb, load16(s + j, t)), row));
+      const __m512 hi = _mm512_add_ps(round16(_mm512_mul_ps(b, load16(c + half + j, t)), row),
+                                      round16(_mm512_mul_ps(a, load16(s + half + j, t)), row));
+      store16(row + j, lo, t);
+      store16(row + half + j, hi, t);
+    }
+  }
+}
+
+// Decode attention of one query per sequence over its past, the query heads of skipped groups left out: for each
+// sequence and KV head, the active query heads of that KV head (GQA: Hq / Hk consecutive heads) score every past
+// key, softmax (float32, max subtracted), and sum the values; a KV head none of whose query heads is active is
+// not read, and skipped heads' outputs are 0 (o_proj ignores them). q [B, Hq, D], k / v [B, Hk, >= L, D] with any
+// batch and head strides (a preallocated cache), out [B, Hq, D]; head_mask [B, Hq / group_heads] int32 or none.
+struct AttnShape {
+  int64_t B, Hq, Hk, L, D, kb, kh, vb, vh;  // k / v strides of the batch and head dims (rows are D apart)
+  float scale;
+};
+
+template <typename T>
+WIDE_AVX512 void attend_kv_head(const T* q, const T* k, const T* v, T* out, const AttnShape& a, const int* heads,
+                                int nh, std::vector<float>& sc) {
+  constexpr int DV = 512 / 16;  // head size up to 512 in registers' worth of float32 vectors
+  sc.resize(static_cast<size_t>(nh) * a.L);
+  const int nd = static_cast<int>((a.D + 15) / 16);
+  for (int hi = 0; hi < nh; ++hi) {
+    const T* qh = q + heads[hi] * a.D;
+    __m512 qv[DV];
+    for (int d = 0; d < nd; ++d) qv[d] = _mm512_mul_ps(load16(qh + 16 * d, tail16(a.D - 16 * d)), _mm512_set1_ps(a.scale));
+    float* s = sc.data() + static_cast<size_t>(hi) * a.L;
+    for (int64_t j = 0; j < a.L; ++j) {
+      const T* kj = k + j * a.D;
+      __m512 acc = _mm512_setzero_ps();
+      for (int d = 0; d < nd; ++d) acc = _mm512_fmadd_ps(qv[d], load16(kj + 16 * d, tail16(a.D - 16 * d)), acc);
+      s[j] = _mm512_reduce_add_ps(acc);
+    }
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < a.L; j += 16) mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(tail16(a.L - j), s + j));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < a.L; j += 16) {
+      const __mmask16 t = tail16(a.L - j);
+      const __m512 e = _mm512_maskz_mov_ps(t, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), m)));
+      _mm512_mask_storeu_ps(s + j, t, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    const float inv = 1.f / _mm512_reduce_add_ps(sum);
+    __m512 o[DV];
+    for (int d = 0; d < nd; ++d) o[d] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < a.L; ++j) {
+      const __m512 pj = _mm512_set1_ps(s[j]);
+      const T* vj = v + j * a.D;
+      for (int d = 0; d < nd; ++d) o[d] = _mm512_fmadd_ps(pj, load16(vj + 16 * d, tail16(a.D - 16 * d)), o[d]);
+    }
+    T* oh = out + heads[hi] * a.D;
+    for (int d = 0; d < nd; ++d)
+      store16(oh + 16 * d, _mm512_mul_ps(o[d], _mm512_set1_ps(inv)), tail16(a.D - 16 * d));
+  }
+}
+
+template <typename T>
+void decode_attention_impl(const T* q, const T* k, const T* v, T* out, const AttnShape& a, const int32_t* mask,
+                           int64_t group_heads) {
+  const int64_t rep = a.Hq / a.Hk;
+  at::parallel_for(0, a.B * a.Hk, 1, [&](int64_t b0, int64_t e0) {
+    thread_local std::vector<float> sc;  // scores of the active heads, grown once
+    std::vector<int> heads;
+    for (int64_t it = b0; it < e0; ++it) {
+      const int64_t b = it / a.Hk, kh = it % a.Hk;
+      heads.clear();
+      for (int64_t h = kh * rep; h < (kh + 1) * rep; ++h) {
+        if (!mask || mask[b * (a.Hq / group_heads) + h / group_heads]) heads.push_back(static_cast<int>(h));
+        else for (int64_t d = 0; d < a.D; ++d) put(out + (b * a.Hq + h) * a.D + d, 0.f);
+      }
+      if (!heads.empty())
+        attend_kv_head<T>(q + b * a.Hq * a.D, k + b * a.kb + kh * a.kh, v + b * a.vb + kh * a.vh, out + b * a.Hq * a.D,
+                          a, heads.data(), static_cast<int>(heads.size()), sc);
+    }
+  });
+}
+
+// The router (ops/reference.py wide_router) for a few tokens: z = h Wc^T + bc, logits = z Wr^T + br in float32
+// through the masked GEMM with its one group executed; mask[m, g] = logits[m, 2g] >= logits[m, 2g + 1].
+void router_impl(const float* h, int64_t M, int64_t H, const float* wc, const float* bc, int64_t R, const float* wr,
+                 const float* br, int64_t G, int32_t* mask) {
+  thread_local std::vector<float> z, logits;  // grown once
+  thread_local std::vector<int32_t> ones;
+  z.resize(M * R), logits.resize(M * 2 * G), ones.assign(M, 1);
+  gemm_n_impl<float>(h, wc, ones.data(), bc, z.data(), Geometry{M, R, H, 1, R});
+  gemm_n_impl<float>(z.data(), wr, ones.data(), br, logits.data(), Geometry{M, 2 * G, R, 1, 2 * G});
+  for (int64_t i = 0; i < M * G; ++i) mask[i] = logits[2 * i] >= logits[2 * i + 1];
+}
+
+void check_act(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), op, ": contiguous CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
+              ": float32, bfloat16 or float16 only");
+}
+
+bool rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& out) {
+  check_act(x, "wide_cpu::rms_norm");
+  const int64_t H = x.size(-1);
+  TORCH_CHECK(w.numel() == H && w.scalar_type() == x.scalar_type() && w.is_contiguous(),
+              "wide_cpu::rms_norm: w must be [H] of x's dtype");
+  TORCH_CHECK(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
+              "wide_cpu::rms_norm: out must be like x");
+  const bool vec = g_isa.load() >= kAvx512;
+  if (!vec && x.scalar_type() == at::kHalf) return false;
+  by_dtype(x, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *xp = ptr<T>(x), *wp = ptr<T>(w);
+    T* op = static_cast<T*>(out.data_ptr());
+    const int64_t M = x.numel() / H;
+    if (!vec) return rms_norm_impl<T>(xp, wp, op, M, H, static_cast<float>(eps));
+    at::parallel_for(0, M, 8, [&](int64_t b, int64_t e) {
+      for (int64_t m = b; m < e; ++m) rms_norm_row_avx512<T>(xp + m * H, wp, op + m * H, H, static_cast<float>(eps));
+    });
+  });
+  return true;
+}
+
+bool rope(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_act(x, "wide_cpu::rope");
+  TORCH_CHECK(x.dim() >= 2, "wide_cpu::rope: x must be [.., H, D]");
+  const int64_t D = x.size(-1), H = x.size(-2), M = x.numel() / (H * D);
+  TORCH_CHECK(D % 2 == 0 && D <= ROPE_MAX_D, "wide_cpu::rope: head size must be even and <= ", ROPE_MAX_D);
+  for (const at::Tensor* t : {&cos, &sin})
+    TORCH_CHECK(t->numel() == M * D && t->size(-1) == D && t->scalar_type() == x.scalar_type() && t->is_contiguous(),
+                "wide_cpu::rope: cos and sin must be [M, D] of x's dtype");
+  const bool vec = g_isa.load() >= kAvx512;
+  if (!vec && x.scalar_type() == at::kHalf) return false;
+  by_dtype(x, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* xp = static_cast<T*>(x.data_ptr());
+    at::parallel_for(0, M, 64, [&](int64_t b, int64_t e) {  // a decode step's few rows run in the calling thread
+      if (vec) rope_avx512<T>(xp + b * H * D, e - b, H, D, ptr<T>(cos) + b * D, ptr<T>(sin) + b * D);
+      else rope_impl<T>(xp + b * H * D, e - b, H, D, ptr<T>(cos) + b * D, ptr<T>(sin) + b * D);
+    });
+  });
+  return true;
+}
+
+bool decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
+                      const std::optional<at::Tensor>& head_mask, int64_t group_heads, at::Tensor& out) {
+  check_act(q, "wide_cpu::decode_attention");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4 && out.sizes() == q.sizes() && out.is_contiguous() &&
+                  out.scalar_type() == q.scalar_type(),
+              "wide_cpu::decode_attention: q and out [B, Hq, D], k and v [B, Hk, L, D]");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hk = k.size(1);
+  for (const at::Tensor* t : {&k, &v})
+    TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->size(0) == B && t->size(1) == Hk && t->size(3) == D &&
+                    t->size(2) >= length && t->stride(3) == 1 && t->stride(2) == D,
+                "wide_cpu::decode_attention: k / v must be [B, Hk, >= length, D] of q's dtype, rows contiguous");
+  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && length > 0 && D <= 512, "wide_cpu::decode_attention: bad heads or length");
+  TORCH_CHECK(!head_mask || (head_mask->scalar_type() == at::kInt && head_mask->is_contiguous() && group_heads > 0 &&
+                             Hq % group_heads == 0 && head_mask->numel() == B * (Hq / group_heads)),
+              "wide_cpu::decode_attention: head_mask must be int32 [B, Hq / group_heads]");
+  if (g_isa.load() < kAvx512) return false;
+  const AttnShape a{B, Hq, Hk, length, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                    static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  by_dtype(q, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    decode_attention_impl<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), static_cast<T*>(out.data_ptr()), a,
+                             head_mask ? head_mask->data_ptr<int32_t>() : nullptr, group_heads);
+  });
+  return true;
+}
+
+void router(const at::Tensor& h, const at::Tensor& wc, const at::Tensor& bc, const at::Tensor& wr,
+            const at::Tensor& br, at::Tensor& mask) {
+  check_act(h, "wide_cpu::router");
+  const int64_t H = h.size(-1), M = h.numel() / H, R = wc.size(0), G = wr.size(0) / 2;
+  for (const at::Tensor* t : {&wc, &bc, &wr, &br})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device().is_cpu(),
+                "wide_cpu::router: the router's weights must be contiguous float32");
+  TORCH_CHECK(wc.dim() == 2 && wc.size(1) == H && bc.numel() == R && wr.dim() == 2 && wr.size(1) == R &&
+                  wr.size(0) == 2 * G && br.numel() == 2 * G,
+              "wide_cpu::router: wc [R, H], bc [R], wr [2G, R], br [2G]");
+  TORCH_CHECK(mask.scalar_type() == at::kInt && mask.is_contiguous() && mask.numel() == M * G,
+              "wide_cpu::router: mask must be int32 [M, G]");
+  const at::Tensor hf = h.scalar_type() == at::kFloat ? h : h.to(at::kFloat);
+  router_impl(ptr<float>(hf), M, H, ptr<float>(wc), ptr<float>(bc), R, ptr<float>(wr), ptr<float>(br), G,
+              mask.data_ptr<int32_t>());
+}
+
 std::string isa() {
   std::string s = kIsaNames[g_isa.load()];
   if (g_isa.load() != detect()) s += std::string(" (of ") + kIsaNames[detect()] + ")";
@@ -971,6 +1279,11 @@ TORCH_LIBRARY(wide_cpu, m) {
   m.def("gated(Tensor x, Tensor w_gate, Tensor w_up, Tensor mask, int group_size, Tensor(a!) out) -> ()");
   m.def("gemm_k(Tensor x, Tensor w, Tensor mask, int group_size, Tensor? bias, Tensor(a!) out) -> ()");
   m.def("gemm_kt(Tensor x, Tensor wt, Tensor mask, int group_size, Tensor? bias, Tensor(a!) out) -> ()");
+  m.def("rms_norm(Tensor x, Tensor w, float eps, Tensor(a!) out) -> bool");
+  m.def("rope(Tensor(a!) x, Tensor cos, Tensor sin) -> bool");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, int length, Tensor? head_mask, int group_heads, "
+        "Tensor(a!) out) -> bool");
+  m.def("router(Tensor h, Tensor wc, Tensor bc, Tensor wr, Tensor br, Tensor(a!) mask) -> ()");
   m.def("isa() -> str", &isa);
   m.def("set_isa(str name) -> str", &set_isa);
 }
@@ -980,4 +1293,8 @@ TORCH_LIBRARY_IMPL(wide_cpu, CPU, m) {
   m.impl("gated", &gated);
   m.impl("gemm_k", &gemm_k);
   m.impl("gemm_kt", &gemm_kt);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rope", &rope);
+  m.impl("router", &router);
+  m.impl("decode_attention", &decode_attention);
 }

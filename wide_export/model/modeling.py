@@ -52,6 +52,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fast = dispatch.cpu_layer_ops(x)
+        if fast is not None and (y := fast.rms_norm(x, self.weight, self.eps)) is not None:
+            return y
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -120,9 +123,12 @@ class Attention(nn.Module):
         v = dispatch.linear(self.v_proj, x).view(b, t, self.hkv, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        fast = dispatch.cpu_layer_ops(x)
+        roped = fast is not None and fast.rope_(q, k, cos, sin)  # in place, before the heads move to dim 1
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if not roped:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         if isinstance(past, StaticKV):
             k, v = past.append(k, v)
             present = past
@@ -130,7 +136,7 @@ class Attention(nn.Module):
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
             present = (k, v)
-        o = self._attend(q, k, v, allowed)
+        o = self._attend(q, k, v, allowed, mask, group_heads)
         o = o.transpose(1, 2).reshape(b, t, self.hq * self.d)
         if mask is None:
             out = self.o_proj(o)
@@ -138,10 +144,13 @@ class Attention(nn.Module):
             out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d, self.o_proj.bias)
         return out, present
 
-    def _attend(self, q, k, v, allowed):
-        if dispatch.fast_cpu(q):  # generation: torch's fused attention, the KV heads shared without copies
-            floor = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, torch.finfo(q.dtype).min)
-            return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=floor,
+    def _attend(self, q, k, v, allowed, mask, group_heads):
+        fast = dispatch.cpu_layer_ops(q)
+        if fast is not None:  # generation: the decode step's attention without skipped heads, else torch's fused
+            # attention (allowed: the additive floor, None when every position is allowed), KV heads shared
+            if allowed is None and (o := fast.decode_attention(q, k, v, mask, group_heads or 1)) is not None:
+                return o
+            return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
                                                               enable_gqa=self.hq != self.hkv)
         rep = self.hq // self.hkv
         if rep > 1:  # GQA: repeat kv heads (transformers' repeat_kv)
@@ -205,6 +214,14 @@ class DecoderLayer(nn.Module):
         mask_f = self._route(self.router_ffn, h, "ffn", collect)
         h = h + self.mlp(self.post_attention_layernorm(h), mask_f, self.ffn_group_size)
         return h, present
+
+
+def attention_floor(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The additive attention mask of a boolean one (0 where allowed, the dtype's lowest value where not, a
+    finite floor as in _attend's reference), or None where every position is allowed."""
+    if bool(allowed.all()):
+        return None
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 class WideModel(nn.Module):
@@ -275,6 +292,8 @@ class WideForCausalLM(nn.Module):
         q_pos = torch.arange(t, device=h.device) + (s - t)
         causal = torch.arange(s, device=h.device)[None, :] <= q_pos[:, None]
         allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        if dispatch.fast_cpu(h):  # torch's fused attention takes the additive floor, made once for every layer
+            allowed = attention_floor(allowed, h.dtype)
         presents = []
         for layer, past in zip(m.layers, past_key_values):
             h, present = layer(h, cos, sin, allowed, past, collect)

@@ -40,6 +40,15 @@ def fast_cpu(x) -> bool:
     return _FAST_CPU[0] and x.device.type == "cpu" and not _exporting()
 
 
+def cpu_layer_ops(x):
+    """wide_export.cpu when calls on `x` take the fast CPU path (its fused rms_norm / rope_, each of which may
+    still decline a call), else None: the model then runs its reference ops."""
+    if not fast_cpu(x):
+        return None
+    from wide_export import cpu
+
+    return cpu
+
 
 def _symbolic(op: str, inputs: list, attrs: dict, dtype: torch.dtype, shape) -> torch.Tensor:
     return torch.onnx.ops.symbolic(
@@ -53,7 +62,11 @@ def router(hidden, wc, bc, wr, br) -> torch.Tensor:
     if _exporting():
         shape = (*hidden.shape[:-1], groups)
         return _symbolic("WideRouter", [hidden, wc, bc, wr, br], {"num_groups": groups}, torch.int32, shape)
-    return ref.wide_router(hidden, wc, bc, wr, br)  # ~1 % of a layer's weights: the reference is the CPU path too
+    if fast_cpu(hidden):
+        from wide_export import cpu
+
+        return cpu.router(hidden, wc, bc, wr, br)
+    return ref.wide_router(hidden, wc, bc, wr, br)
 
 
 def linear(layer: torch.nn.Linear, x) -> torch.Tensor:
