@@ -40,14 +40,23 @@ def fast_cpu(x) -> bool:
     return _FAST_CPU[0] and x.device.type == "cpu" and not _exporting()
 
 
-def cpu_layer_ops(x):
-    """wide_export.cpu when calls on `x` take the fast CPU path (its fused rms_norm / rope_, each of which may
-    still decline a call), else None: the model then runs its reference ops."""
-    if not fast_cpu(x):
-        return None
-    from wide_export import cpu
+def _cpu_ops():
+    """wide_export.cpu.ops, imported on first use (a decode step calls it ~100 times: no import statement per
+    call)."""
+    if not _CPU_OPS:
+        from wide_export.cpu import ops
 
-    return cpu
+        _CPU_OPS.append(ops)
+    return _CPU_OPS[0]
+
+
+_CPU_OPS: list = []
+
+
+def cpu_layer_ops(x):
+    """wide_export.cpu.ops when calls on `x` take the fast CPU path (its fused rms_norm / rope_ /
+    decode_attention, each of which may still decline a call), else None: the model then runs its reference."""
+    return _cpu_ops() if fast_cpu(x) else None
 
 
 def _symbolic(op: str, inputs: list, attrs: dict, dtype: torch.dtype, shape) -> torch.Tensor:
@@ -63,9 +72,7 @@ def router(hidden, wc, bc, wr, br) -> torch.Tensor:
         shape = (*hidden.shape[:-1], groups)
         return _symbolic("WideRouter", [hidden, wc, bc, wr, br], {"num_groups": groups}, torch.int32, shape)
     if fast_cpu(hidden):
-        from wide_export import cpu
-
-        return cpu.router(hidden, wc, bc, wr, br)
+        return _cpu_ops().router(hidden, wc, bc, wr, br)
     return ref.wide_router(hidden, wc, bc, wr, br)
 
 
@@ -74,9 +81,7 @@ def linear(layer: torch.nn.Linear, x) -> torch.Tensor:
     fast CPU path the masked kernel with its one group executed where the CPU's measured policy says that beats
     torch's GEMM at this many tokens (wide_export.cpu.dense_linear)."""
     if fast_cpu(x):
-        from wide_export import cpu
-
-        return cpu.dense_linear(x, layer.weight, layer.bias)
+        return _cpu_ops().dense_linear(x, layer.weight, layer.bias)
     return layer(x)
 
 
@@ -87,9 +92,7 @@ def gemm_n(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
         attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
         return _symbolic("WideMaskedGemmN", [x, w, mask, b], attrs, x.dtype, (*x.shape[:-1], w.shape[0]))
     if fast_cpu(x):
-        from wide_export import cpu
-
-        return cpu.masked_gemm_n(x, w, mask, group_size, bias)
+        return _cpu_ops().masked_gemm_n(x, w, mask, group_size, bias)
     return ref.masked_gemm_n(x, w, mask, group_size, bias)
 
 
@@ -98,9 +101,7 @@ def gated_mlp(x, w_gate, w_up, mask, group_size: int) -> torch.Tensor:
         return _symbolic("WideMaskedGatedMlp", [x, w_gate, w_up, mask], {"group_size": group_size}, x.dtype,
                          (*x.shape[:-1], w_gate.shape[0]))
     if fast_cpu(x):
-        from wide_export import cpu
-
-        return cpu.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
+        return _cpu_ops().masked_gated_mlp(x, w_gate, w_up, mask, group_size)
     return ref.masked_gated_mlp(x, w_gate, w_up, mask, group_size)
 
 
@@ -110,7 +111,5 @@ def gemm_k(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
         attrs = {"group_size": group_size, "has_bias": int(bias is not None)}
         return _symbolic("WideMaskedGemmK", [x, w, mask, b], attrs, x.dtype, (*x.shape[:-1], w.shape[0]))
     if fast_cpu(x):
-        from wide_export import cpu
-
-        return cpu.masked_gemm_k(x, w, mask, group_size, bias)
+        return _cpu_ops().masked_gemm_k(x, w, mask, group_size, bias)
     return ref.masked_gemm_k(x, w, mask, group_size, bias)
