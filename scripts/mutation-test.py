@@ -93,6 +93,8 @@ TESTS: dict[str, list[str]] = {
     "wide_export/verify/evaluator.py": ["tests/verify/test_evaluator.py"],
     "wide_export/verify/reference.py": ["tests/verify/test_reference_steps.py"],
     "wide_export/verify/onnx_verify.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
+    "wide_export/verify/common.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
+    "wide_export/export/session.py": ["tests/verify/test_onnx_verify_units.py"],
     # the OpenAI front end (issue 15): in-process on tests/frontend/fakes.py's engine (TestClient, or uvicorn
     # in a thread of the test process); test_serve_cli.py and test_openai_e2e.py run subprocesses / tritonserver
     "wide_export/frontend/protocol.py": ["tests/frontend/test_app.py", "tests/frontend/test_protocol.py"],

@@ -227,7 +227,7 @@ def test_onnx_router_agreement_counts_disagreements(ckpt, export):
 
     from wide_export.analyze.onnx_eval import onnx_windows
     from wide_export.export.onnx_export import read_wide_config
-    from wide_export.verify.onnx_verify import debug_session
+    from wide_export.export.session import debug_session
 
     folder, text = ckpt
     ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text.read_text()).ids[:WINDOW]

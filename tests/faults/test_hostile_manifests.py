@@ -13,7 +13,7 @@ from wide_export.errors import WideError
 
 
 def test_trt_verify_refuses_an_engine_manifest_linked_outside(tmp_path):
-    from wide_export.trt.verify import read_manifest
+    from wide_export.verify.tensorrt import read_manifest
 
     outside = tmp_path / "elsewhere.json"
     outside.write_text(json.dumps({"engines": [{"file": "wide.engine"}]}))
@@ -27,7 +27,7 @@ def test_trt_verify_refuses_an_engine_manifest_linked_outside(tmp_path):
 @pytest.mark.parametrize("text,what", [("{not json", "not valid JSON"), ("[" * 5000 + "]" * 5000, "nested too deep"),
                                        ('{"engines": []}', "lists no engines"), ("[1, 2]", "lists no engines")])
 def test_trt_verify_a_damaged_engine_manifest_is_one_error(tmp_path, text, what):
-    from wide_export.trt.verify import read_manifest
+    from wide_export.verify.tensorrt import read_manifest
 
     (tmp_path / "wide_engine.json").write_text(text)
     with pytest.raises(WideError, match=what) as err:
@@ -36,7 +36,7 @@ def test_trt_verify_a_damaged_engine_manifest_is_one_error(tmp_path, text, what)
 
 
 def test_tp_manifest_rank_folders_stay_inside_the_export(tmp_path):
-    from wide_export.tp.verify import FORMAT, MANIFEST, read_manifest
+    from wide_export.tp.ranks import FORMAT, MANIFEST, read_manifest
 
     outside = tmp_path / "outside"
     outside.mkdir()

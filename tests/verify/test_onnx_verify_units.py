@@ -1,4 +1,4 @@
-"""verify/onnx_verify.py's pieces without an export: which reference it builds from what, when the
+"""verify/onnx_verify.py's pieces (and those it shares: verify/common.py, export/session.py) without an export: which reference it builds from what, when the
 whole-graph check would not fit (by hand from file sizes and MemAvailable), the masks added as outputs,
 the graph-file checks, the model-shape check, the per-layer bookkeeping and the chained summary line."""
 
@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from wide_export.errors import WideError
+from wide_export.export import session as export_session
+from wide_export.verify import common
 from wide_export.verify import onnx_verify as ov
 from wide_export.verify.reference import Step
 from wide_export.verify.tolerances import Tolerance
@@ -31,31 +33,31 @@ def _sources(tmp_path, lora=True):
 
 
 def test_recorded_sources_name_the_checkpoint_router_and_lora(tmp_path):
-    got = ov._recorded_sources({"sources": _sources(tmp_path), "lora_scale": 1.5})
+    got = common._recorded_sources({"sources": _sources(tmp_path), "lora_scale": 1.5})
     assert got == {"model_dir": tmp_path / "m", "router": tmp_path / "router.pth", "lora": tmp_path / "lora.pth",
                    "lora_scale": 1.5}
     (tmp_path / "b").mkdir()
-    got = ov._recorded_sources({"sources": _sources(tmp_path / "b", lora=False)})
+    got = common._recorded_sources({"sources": _sources(tmp_path / "b", lora=False)})
     assert got["lora"] is None and got["lora_scale"] == 2.0  # the default scale without one recorded
 
 
 def test_recorded_sources_refusals(tmp_path):
     with pytest.raises(WideError, match="does not say which checkpoint was exported") as err:
-        ov._recorded_sources({"sources": {"config": {"path": "/x/config.json"}}})
+        common._recorded_sources({"sources": {"config": {"path": "/x/config.json"}}})
     assert err.value.message == "wide_config.json does not say which checkpoint was exported"
     assert err.value.hint == "pass --model (and --router/--lora) to verify against"
     with pytest.raises(WideError, match="does not say which checkpoint"):
-        ov._recorded_sources({})
+        common._recorded_sources({})
     src = _sources(tmp_path)
     (tmp_path / "router.pth").unlink()
     with pytest.raises(WideError, match=f"no longer at {tmp_path / 'm'}") as err:
-        ov._recorded_sources({"sources": src})
+        common._recorded_sources({"sources": src})
     assert err.value.message == f"the exported checkpoint is no longer at {tmp_path / 'm'}"
     assert err.value.hint == "pass --model (and --router/--lora) to verify against"
     src["config"]["path"] = str(tmp_path / "gone" / "config.json")
     (tmp_path / "router.pth").write_bytes(b"")
     with pytest.raises(WideError, match="no longer at"):
-        ov._recorded_sources({"sources": src})
+        common._recorded_sources({"sources": src})
 
 
 class _FakeLoaded:
@@ -74,21 +76,21 @@ def test_reference_for_reuses_a_float32_eager_model_and_loads_otherwise(tmp_path
         return _FakeLoaded(weights="lazy" if kw.get("lazy") else None)
 
     monkeypatch.setattr(checkpoint, "load_wide_model", load)
-    monkeypatch.setattr(ov, "streamed", lambda loaded: ("streamed", loaded.weights))
+    monkeypatch.setattr(common, "streamed", lambda loaded: ("streamed", loaded.weights))
     given = _FakeLoaded()
-    assert ov.reference_for({}, given) is given.model
+    assert common.reference_for({}, given) is given.model
     assert calls == []
     # a float16 model or a lazy one is not the float32 reference: load from the given folder
-    out = ov.reference_for({}, _FakeLoaded(dtype="torch.float16"), model_dir=tmp_path)
+    out = common.reference_for({}, _FakeLoaded(dtype="torch.float16"), model_dir=tmp_path)
     assert out.name == "eager"
     assert calls[-1] == {"dtype": "float32", "checksums": False, "lazy": False, "model_dir": tmp_path}
-    ov.reference_for({}, _FakeLoaded(weights="w"), model_dir=tmp_path)
+    common.reference_for({}, _FakeLoaded(weights="w"), model_dir=tmp_path)
     assert calls[-1]["model_dir"] == tmp_path
     # lazy: the streamed reference
-    assert ov.reference_for({"demo": True}, None, lazy=True, demo=True) == ("streamed", "lazy")
+    assert common.reference_for({"demo": True}, None, lazy=True, demo=True) == ("streamed", "lazy")
     assert calls[-1] == {"dtype": "float32", "checksums": False, "lazy": True, "demo": True}
     # neither a folder nor the demo: the recorded sources
-    ov.reference_for({"sources": _sources(tmp_path)})
+    common.reference_for({"sources": _sources(tmp_path)})
     assert calls[-1]["model_dir"] == tmp_path / "m" and calls[-1]["router"] == tmp_path / "router.pth"
     assert calls[-1]["lazy"] is False and calls[-1]["dtype"] == "float32"
 
@@ -185,25 +187,25 @@ def test_with_masks_adds_each_router_mask_once_as_an_int32_output(tmp_path):
     import onnx
 
     config = _graph_dir(tmp_path)
-    proto = ov.with_masks(tmp_path, config)
+    proto = export_session.with_masks(tmp_path, config)
     outs = [(o.name, o.type.tensor_type.elem_type) for o in proto.graph.output]
     assert outs == [("logits", onnx.TensorProto.FLOAT), (FFN0, onnx.TensorProto.INT32),
                     (ATTN0, onnx.TensorProto.INT32)]
     # an output the graph already has is not added twice
     config["layers"].append({"attention": None, "ffn": {"mask": "logits"}})
-    assert [o.name for o in ov.with_masks(tmp_path, config).graph.output] == ["logits", FFN0, ATTN0]
+    assert [o.name for o in export_session.with_masks(tmp_path, config).graph.output] == ["logits", FFN0, ATTN0]
 
 
 @pytest.mark.parametrize("external", [False, True])
 def test_debug_session_runs_the_graph_with_its_masks(tmp_path, external):
     config = _graph_dir(tmp_path, external=external)
     config["layers"] = config["layers"][:1]
-    session = ov.debug_session(tmp_path, config)
+    session = export_session.debug_session(tmp_path, config)
     logits, mask = session.run(["logits", FFN0], {"x": np.array([[0.0, 1.0, -2.0]], np.float32)})
     assert mask.tolist() == [[1, 0, 0]] and mask.dtype == np.int32  # x + b > 0, by hand
     assert logits.tolist() == [[1.0, 0.0, 0.0]]
     # a serialized graph of the caller's instead of with_masks()
-    only = ov.debug_session(tmp_path, config, (tmp_path / "model.onnx").read_bytes())
+    only = export_session.debug_session(tmp_path, config, (tmp_path / "model.onnx").read_bytes())
     assert [o.name for o in only.get_outputs()] == ["logits"]
 
 
@@ -215,7 +217,7 @@ def test_debug_session_asks_for_no_provider_onnxruntime_lacks(tmp_path):
     config["layers"] = config["layers"][:1]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        session = ov.debug_session(tmp_path, config)
+        session = export_session.debug_session(tmp_path, config)
     assert [str(w.message) for w in caught] == []
     assert session.get_providers() == ["CPUExecutionProvider"]
 
@@ -224,7 +226,7 @@ def test_check_graph_files_refuses_weights_outside_the_folder(tmp_path):
     import onnx
 
     config = _graph_dir(tmp_path, external=True)
-    ov.check_graph_files(tmp_path, config)  # fine as written
+    export_session.check_graph_files(tmp_path, config)  # fine as written
     proto = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
     for t in proto.graph.initializer:
         for e in t.external_data:
@@ -232,10 +234,10 @@ def test_check_graph_files_refuses_weights_outside_the_folder(tmp_path):
                 e.value = "../elsewhere.data"
     onnx.save_model(proto, str(tmp_path / "model.onnx"))
     with pytest.raises(WideError):
-        ov.check_graph_files(tmp_path, config)
+        export_session.check_graph_files(tmp_path, config)
     (tmp_path / "model.onnx").write_bytes(b"not a graph")
     with pytest.raises(WideError, match="is not a readable ONNX model"):
-        ov.check_graph_files(tmp_path, config)
+        export_session.check_graph_files(tmp_path, config)
 
 
 def test_session_for_a_slice_follows_the_dtype(tmp_path):
@@ -243,7 +245,7 @@ def test_session_for_a_slice_follows_the_dtype(tmp_path):
 
     config = _graph_dir(tmp_path)
     config["layers"] = config["layers"][:1]
-    proto = ov.with_masks(tmp_path, config)
+    proto = export_session.with_masks(tmp_path, config)
     assert isinstance(ov._session(tmp_path, {**config, "dtype": "bfloat16"}, proto), EvaluatorSession)
     session = ov._session(tmp_path, {**config, "dtype": "float16"}, proto)
     assert not isinstance(session, EvaluatorSession)
@@ -255,7 +257,7 @@ def test_a_bfloat16_slice_reads_its_external_weights_from_the_export(tmp_path, m
     process runs: x + b > 0 by hand."""
     config = _graph_dir(tmp_path, external=True)
     config["layers"] = config["layers"][:1]
-    proto = ov.with_masks(tmp_path, config)
+    proto = export_session.with_masks(tmp_path, config)
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -273,15 +275,15 @@ def _model(**over):
 
 def test_check_same_model_names_the_first_difference():
     export = dict(num_layers=2, hidden_size=32, vocab_size=64, num_key_value_heads=2, head_dim=8)
-    ov.check_same_model(_model(), export)
+    common.check_same_model(_model(), export)
     for key, wrong in [("num_layers", 3), ("hidden_size", 16), ("vocab_size", 65), ("num_key_value_heads", 1),
                        ("head_dim", 4)]:
         with pytest.raises(WideError, match=f"the reference model has {key}={wrong} but the export has "
                                             f"{export[key]}") as err:
-            ov.check_same_model(_model(**{key: wrong}), export)
+            common.check_same_model(_model(**{key: wrong}), export)
         assert err.value.hint == "pass the --model/--router the ONNX folder was exported from"
     with pytest.raises(WideError, match="head_dim=8 but the export has None"):
-        ov.check_same_model(_model(), {k: v for k, v in export.items() if k != "head_dim"})
+        common.check_same_model(_model(), {k: v for k, v in export.items() if k != "head_dim"})
 
 
 # -- per-layer bookkeeping
@@ -329,7 +331,7 @@ def test_chained_summary_names_the_first_router_out_of_tolerance():
 
 # -- refusals of verify_onnx before any work
 def test_sliced_verification_of_a_tp_export_is_refused(tmp_path):
-    from wide_export.tp.verify import MANIFEST
+    from wide_export.tp.plan import MANIFEST
 
     (tmp_path / MANIFEST).write_text("{}")
     with pytest.raises(WideError, match="--sliced verifies a single-device export") as err:
@@ -339,9 +341,10 @@ def test_sliced_verification_of_a_tp_export_is_refused(tmp_path):
 
 
 def test_tp_exports_go_to_the_tp_verification(tmp_path, monkeypatch):
-    import wide_export.tp.verify as tpv
+    import wide_export.verify.sharded as tpv
+    from wide_export.tp.plan import MANIFEST
 
-    (tmp_path / tpv.MANIFEST).write_text("{}")
+    (tmp_path / MANIFEST).write_text("{}")
     seen = {}
     monkeypatch.setattr(tpv, "verify_tp", lambda folder, **kw: seen.update(folder=folder, **kw) or "tp-report")
     assert ov.verify_onnx(tmp_path, report_path=tmp_path / "r.json", batch=1, load_kwargs={"model_dir": "m"}) \
@@ -360,7 +363,7 @@ def test_quiet_polygraphy_keeps_errors_only():
 
     keep = G_LOGGER.module_severity
     try:
-        ov.quiet_polygraphy()
+        common.quiet_polygraphy()
         severity = G_LOGGER.module_severity
         level = severity.get() if hasattr(severity, "get") else severity
         assert level == G_LOGGER.ERROR

@@ -76,7 +76,7 @@ def _whole_and_sliced(ckpt, folder, optimize: bool):
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
     from wide_export.verify.compare import run_steps
-    from wide_export.verify.onnx_verify import with_masks
+    from wide_export.export.session import with_masks
     from wide_export.verify.slices import run_sliced
 
     config = read_wide_config(folder)

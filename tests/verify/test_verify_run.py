@@ -16,7 +16,8 @@ def _kw(ckpt):
 
 
 def test_whole_graph_verification_report(tiny, tmp_path):
-    from wide_export.verify.onnx_verify import DEFAULTS, verify_onnx
+    from wide_export.verify.common import DEFAULTS
+    from wide_export.verify.onnx_verify import verify_onnx
     from wide_export.verify.tolerances import tolerance_for
 
     ckpt, folder = tiny

@@ -17,7 +17,7 @@ from wide_export.errors import WideError
 def open_export(onnx_dir: Path, cfg) -> tuple[object, dict]:
     """(ONNX Runtime session with the router masks as outputs, wide_config.json), checked against cfg."""
     from wide_export.export.onnx_export import read_wide_config
-    from wide_export.verify.onnx_verify import debug_session
+    from wide_export.export.session import debug_session
 
     config = read_wide_config(Path(onnx_dir))
     for key, want in (("num_layers", cfg.num_layers), ("vocab_size", cfg.vocab_size),

@@ -28,7 +28,7 @@ def run_tp(
     from wide_export.errors import WideError
     from wide_export.tp.launch import run_ranks
     from wide_export.tp.run import BACKENDS, _parse_ids
-    from wide_export.tp.verify import read_manifest
+    from wide_export.tp.ranks import read_manifest
 
     if max_new_tokens < 1:
         raise WideError("--max-new-tokens must be >= 1", "e.g. --max-new-tokens 16")

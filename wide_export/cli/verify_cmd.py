@@ -64,7 +64,7 @@ def verify(
         if sliced:
             raise WideError("--sliced verifies an ONNX export", "drop --sliced with --engine (the engine is "
                             "verified whole)")
-        from wide_export.trt.verify import verify_engine
+        from wide_export.verify.tensorrt import verify_engine
 
         result = verify_engine(engine, report_path=report, load_kwargs=load_kwargs, steps=steps, batch=batch,
                                prompt_len=prompt_len, seed=seed)

@@ -46,7 +46,7 @@ class RankGenerator:
 
     def __init__(self, onnx_dir: Path, rank: int, world_size: int, all_reduce: Callable[[np.ndarray], np.ndarray]):
         from wide_export.export.onnx_export import read_wide_config
-        from wide_export.tp.verify import RankRunner, read_manifest
+        from wide_export.tp.ranks import RankRunner, read_manifest
 
         manifest = read_manifest(onnx_dir)
         if manifest["world_size"] != world_size:

@@ -7,83 +7,13 @@ from typing import Any
 
 from wide_export.errors import WideError
 from wide_export.names import VERIFY_REPORT
+from wide_export.export.session import check_graph_files, debug_session, with_masks
+from wide_export.verify.common import check_same_model, quiet_polygraphy, reference_for, with_defaults
 from wide_export.verify.compare import VerifyReport, compare, run_steps
-from wide_export.verify.reference import reference_steps, streamed
+from wide_export.verify.reference import reference_steps
 from wide_export.verify.tolerances import tolerance_for
 
-DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
 REPORT_NAME = VERIFY_REPORT  # default report file, inside the verified folder
-
-
-def reference_for(config: dict[str, Any], loaded=None, lazy: bool = False, **load_kwargs):
-    """The float32 reference model for an export: the given one, the demo, or the recorded sources.
-
-    lazy=True (sliced verification) reads the checkpoint's weights module by module while the reference
-    runs (reference.streamed), instead of loading them all."""
-    from wide_export.checkpoint import load_wide_model
-
-    if loaded is not None and loaded.weights is None and str(loaded.model.dtype) == "torch.float32":
-        return loaded.model
-    if load_kwargs.get("model_dir") is not None or config.get("demo"):
-        kwargs = load_kwargs
-    else:
-        kwargs = _recorded_sources(config)
-    ref = load_wide_model(dtype="float32", checksums=False, lazy=lazy, **kwargs)
-    return streamed(ref) if ref.weights is not None else ref.model
-
-
-def _recorded_sources(config: dict[str, Any]) -> dict[str, Any]:
-    src = config.get("sources", {})
-    try:
-        model_dir = Path(src["config"]["path"]).parent
-        router = Path(src["router"]["path"])
-        lora = Path(src["lora"]["path"]) if "lora" in src else None
-    except KeyError:
-        raise WideError("wide_config.json does not say which checkpoint was exported",
-                        "pass --model (and --router/--lora) to verify against") from None
-    if not model_dir.is_dir() or not router.is_file():
-        raise WideError(f"the exported checkpoint is no longer at {model_dir}",
-                        "pass --model (and --router/--lora) to verify against")
-    return {"model_dir": model_dir, "router": router, "lora": lora,
-            "lora_scale": config.get("lora_scale") or 2.0}
-
-
-def with_masks(onnx_dir: Path, config: dict[str, Any]):
-    """model.onnx (an onnx.ModelProto, weights not loaded) with the router masks as extra graph outputs."""
-    import onnx
-
-    from wide_export.paths import load_graph
-
-    proto = load_graph(Path(onnx_dir) / config["files"]["model"])
-    known = {o.name for o in proto.graph.output}
-    for layer in config["layers"]:
-        for kind in ("attention", "ffn"):
-            if layer[kind] and layer[kind]["mask"] not in known:
-                proto.graph.output.append(onnx.helper.make_tensor_value_info(layer[kind]["mask"],
-                                                                             onnx.TensorProto.INT32, None))
-    return proto
-
-
-def check_graph_files(onnx_dir: Path, config: dict[str, Any]) -> None:
-    """model.onnx parses and its external-data locations lie inside onnx_dir -- checked before the
-    reference is built or ONNX Runtime opens anything."""
-    from wide_export.paths import external_data_files, load_graph
-
-    graph = Path(onnx_dir) / config["files"]["model"]
-    external_data_files(load_graph(graph), graph)
-
-
-def debug_session(onnx_dir: Path, config: dict[str, Any], model: bytes | None = None):
-    """An ONNX Runtime CPU session of with_masks() (or of `model`, a serialized graph whose
-    external weights are the export's). External weights are read from the export folder itself (a copy
-    or link of them elsewhere is refused by ONNX Runtime as a path escape)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                     str(Path(onnx_dir).resolve()))
-    return ort.InferenceSession(model or with_masks(onnx_dir, config).SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
 
 
 def needs_slices(onnx_dir: Path, config: dict[str, Any]) -> bool:
@@ -121,11 +51,10 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
 
     from wide_export.export.onnx_export import read_wide_config
     from wide_export.progress import Stages
-
-    from wide_export.tp.verify import is_tp_export
+    from wide_export.tp.ranks import is_tp_export
 
     if is_tp_export(onnx_dir):  # a `wide-export onnx --tp N` folder: every rank, all-reduces simulated
-        from wide_export.tp.verify import verify_tp
+        from wide_export.verify.sharded import verify_tp
 
         if sliced:
             raise WideError("--sliced verifies a single-device export", "drop --sliced for a --tp export (each "
@@ -133,7 +62,7 @@ def verify_onnx(onnx_dir: Path, *, loaded=None, report_path: Path | None = None,
         return verify_tp(onnx_dir, loaded=loaded, report_path=report_path, stages=stages,
                          load_kwargs=load_kwargs, **settings)
     stages = stages or Stages(quiet=True)
-    settings = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    settings = with_defaults(settings)
     onnx_dir = Path(onnx_dir)
     config = read_wide_config(onnx_dir, {"engines": "pass it as --engine DIR"})  # its files.* lie inside onnx_dir
     check_graph_files(onnx_dir, config)
@@ -210,18 +139,3 @@ def _with_layer_outputs(step):
 
 def _presents(ref: dict) -> dict:
     return {name: value for name, value in ref.items() if name.startswith("present.")}
-
-
-def check_same_model(model, config: dict[str, Any]) -> None:
-    c = model.config
-    for key in ("num_layers", "hidden_size", "vocab_size", "num_key_value_heads", "head_dim"):
-        ref = getattr(c, key)
-        if config.get(key) != ref:
-            raise WideError(f"the reference model has {key}={ref} but the export has {config.get(key)}",
-                            "pass the --model/--router the ONNX folder was exported from")
-
-
-def quiet_polygraphy() -> None:
-    from polygraphy.logger import G_LOGGER
-
-    G_LOGGER.module_severity = G_LOGGER.ERROR

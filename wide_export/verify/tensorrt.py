@@ -18,8 +18,7 @@ from typing import Any, Optional
 from wide_export.errors import WideError
 from wide_export.names import ENGINE_MANIFEST as MANIFEST
 from wide_export.trt.backend import has_gpu, needs_child, rtx_child_env, select_backend
-
-DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
+from wide_export.verify.common import check_same_model, quiet_polygraphy, reference_for, with_defaults
 
 
 def read_manifest(engine_dir: Path) -> dict[str, Any]:
@@ -74,12 +73,11 @@ def verify_engine_here(engine_dir: str, report_path: Optional[str] = None, load_
     from wide_export.trt.plugins import load_plugin_library
     from wide_export.trt.recipes import tolerance_with
     from wide_export.verify.compare import VerifyReport, compare, run_steps
-    from wide_export.verify.onnx_verify import check_same_model, quiet_polygraphy, reference_for
     from wide_export.verify.reference import reference_steps
 
     folder = Path(engine_dir)
     manifest = read_manifest(folder)
-    settings = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    settings = with_defaults(settings)
     _check_settings(manifest, settings["batch"], settings["prompt_len"], settings["steps"])
     if not has_gpu():
         raise WideError("running a TensorRT engine needs a CUDA GPU and there is none on this machine",
@@ -136,5 +134,5 @@ def verify_engine(engine_dir: Path, *, report_path: Optional[Path] = None, load_
         from wide_export.trt._child import run_in_child
 
         env = {**rtx_child_env(), "POLYGRAPHY_USE_TENSORRT_RTX": "1"}
-        return report_from_dict(run_in_child("wide_export.trt.verify:verify_engine_here", args, env))
+        return report_from_dict(run_in_child("wide_export.verify.tensorrt:verify_engine_here", args, env))
     return report_from_dict(verify_engine_here(**args))
