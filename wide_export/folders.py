@@ -3,7 +3,7 @@
 A command given the wrong kind of folder says what it got and where that goes,
 not only what it misses: `triton --onnx` on a tensor-parallel export points to
 `run-tp`, `verify --onnx` on an engine folder to `--engine`. Recognised by the
-marker file each writer leaves (names.py, tp/plan.py, vllm/spec.py); nothing
+marker file each writer leaves (names.py, tp/plan.py); nothing
 heavy is read (one small JSON for a vLLM folder).
 """
 
@@ -12,20 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.names import ENGINE_MANIFEST, ONNX_FILE, WIDE_CONFIG
+from wide_export.names import ENGINE_MANIFEST, ONNX_FILE, VLLM_FORMAT, VLLM_SECTION, WIDE_CONFIG
 
 
 def _is_vllm(folder: Path) -> bool:
     from wide_export.errors import WideError
     from wide_export.paths import read_json
-    from wide_export.vllm.spec import FORMAT, SECTION
 
     try:
         raw = read_json(folder / "config.json")
     except (WideError, OSError):
         return False
-    section = raw.get(SECTION) if isinstance(raw, dict) else None
-    return isinstance(section, dict) and section.get("format") == FORMAT
+    section = raw.get(VLLM_SECTION) if isinstance(raw, dict) else None
+    return isinstance(section, dict) and section.get("format") == VLLM_FORMAT
 
 
 def _is_repository(folder: Path) -> bool:

@@ -16,3 +16,7 @@ VERIFY_REPORT = "verify_report.json"
 ENGINE_FILE = "wide.engine"
 ENGINE_MANIFEST = "wide_engine.json"
 TIMING_CACHE = "timing.cache"
+
+# a vLLM folder (`wide-export vllm`): config.json's SECTION object carries format FORMAT (vllm/spec.py)
+VLLM_FORMAT = "wide-export/vllm"
+VLLM_SECTION = "wide"

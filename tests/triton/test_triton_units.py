@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from wide_export.errors import WideError
+from wide_export.export import genai_config
 from wide_export.triton import ports, textfiles
 from wide_export.triton.templates import placeholders, render, render_text, template_text
 
@@ -291,12 +292,12 @@ def test_a_tokenizer_over_the_json_limit_is_refused_before_it_is_read(tmp_path, 
 
 def test_serving_files_present_and_confined(tmp_path):
     folder = _write(tmp_path / "f", tokenizer__json="{}", generation_config__json="{}")
-    assert sorted(p.name for p in textfiles.serving_files(folder)) == ["generation_config.json", "tokenizer.json"]
-    assert all(p.parent == folder for p in textfiles.serving_files(folder))
+    assert sorted(p.name for p in genai_config.serving_files(folder)) == ["generation_config.json", "tokenizer.json"]
+    assert all(p.parent == folder for p in genai_config.serving_files(folder))
     outside = _write(tmp_path / "elsewhere", tokenizer_config__json="{}")
     os.symlink(outside / "tokenizer_config.json", folder / "tokenizer_config.json")
     with pytest.raises(WideError):
-        textfiles.serving_files(folder)
+        genai_config.serving_files(folder)
 
 
 # -- templates

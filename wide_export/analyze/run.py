@@ -71,7 +71,7 @@ def analyze_text(model_dir: Path, text_path: Path, *, router: Optional[Path] = N
     """Realized sparsity per layer and perplexity dense vs WIDE of `model_dir` on the text of `text_path`."""
     import torch
 
-    from wide_export.analyze.text import load_tokenizer, read_text, windows
+    from wide_export.checkpoint.text import load_tokenizer, read_text, windows
     from wide_export.checkpoint import load_wide_model
 
     say = progress or (lambda _m: None)

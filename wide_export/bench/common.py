@@ -115,3 +115,9 @@ def pyplot():
     except ImportError:
         return None
     return plt
+
+
+def model_rates(cases_ms, tokens: int, layers: int, model_layers: int) -> list[float]:
+    """Whole-model tokens/s of each case: `tokens` through `layers` timed layers in ms, scaled to the model's
+    `model_layers` (bench e2e times a few layers of a model's shapes)."""
+    return [tokens / (ms / layers * model_layers * 1e-3) for ms in cases_ms]

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.bench.common import CPU_DTYPES, cuda_or_tiny, time_ms, torch_dtype
+from wide_export.bench.common import CPU_DTYPES, cuda_or_tiny, model_rates, time_ms, torch_dtype
 from wide_export.errors import WideError
 
 PAPER = {"prefill": 1.68, "decode": 1.55}  # WIDE paper, end to end at 50 % sparsity (RTX 5090)
@@ -227,11 +227,6 @@ def _algos(shape, M: int, algo: str, device) -> dict:
             "down": choose("k", M, shape.ffn_group_size, pol, H, I)}
 
 
-def _rates(cases_ms: tuple[float, float], tokens: int, layers: int, model_layers: int):
-    per_layer = [ms / layers for ms in cases_ms]
-    return [tokens / (p * model_layers * 1e-3) for p in per_layer]
-
-
 def _prefill(shape, stack, ops, T: int, s: float, cfg: E2EPreset, gen, report: E2EReport, cuda: bool) -> Case:
     """One sequence of T tokens through the stack from an empty cache (causal SDPA)."""
     import torch
@@ -265,7 +260,7 @@ def _prefill(shape, stack, ops, T: int, s: float, cfg: E2EPreset, gen, report: E
     else:
         (d_ms, w_ms, graphed, note), algos = _time_pair(dense, wide, cfg, cuda), _algos(shape, T, report.algo,
                                                                                        x.device)
-    d_tps, w_tps = _rates((d_ms, w_ms), T, len(stack), shape.model_layers)
+    d_tps, w_tps = model_rates((d_ms, w_ms), T, len(stack), shape.model_layers)
     return Case(s, "prefill", T, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed, algos=algos, note=note)
 
 
@@ -298,7 +293,7 @@ def _decode(shape, stack, ops, B: int, s: float, cfg: E2EPreset, gen, model_laye
         (d_ms, w_ms, graphed, note), algos = _timed_with_paths(lambda: _time_pair(dense, wide, cfg, cuda))
     else:
         (d_ms, w_ms, graphed, note), algos = _time_pair(dense, wide, cfg, cuda), _algos(shape, B, ops.algo, device)
-    d_tps, w_tps = _rates((d_ms, w_ms), B, len(stack), model_layers)
+    d_tps, w_tps = model_rates((d_ms, w_ms), B, len(stack), model_layers)
     return Case(s, "decode", B, d_ms, w_ms, d_tps, w_tps, d_ms / w_ms, cuda_graph=graphed, algos=algos, note=note)
 
 

@@ -10,7 +10,7 @@ embedding row and the LM head are under 0.3 % of the work: they are counted agai
   batch (timed: the mean step of `reps` steps).
 
 Milliseconds per step become tokens/s scaled from the stack's layers to the model's exactly as bench e2e's
-own cases are (e2e._rates). The values of the weights are llama.cpp's own random ones, not the stack's: a
+own cases are (common.model_rates). The values of the weights are llama.cpp's own random ones, not the stack's: a
 dense GEMM's speed does not depend on them.
 """
 
@@ -61,7 +61,7 @@ def time_llamacpp(shape, layers: int, preset, dtype: str, seed: int,
 def _cases(gguf: Path, shape, layers: int, preset, seq: int, steps: int, seed: int, say) -> dict:
     import torch
 
-    from wide_export.bench.e2e import _rates
+    from wide_export.bench.common import model_rates
     from wide_export.bench.llamacpp import LlamaCppModel
 
     gen = torch.Generator().manual_seed(seed)
@@ -76,10 +76,10 @@ def _cases(gguf: Path, shape, layers: int, preset, seq: int, steps: int, seed: i
             say(f"llama.cpp: prefill {T}")
             ms = statistics.median(model.generate(prompts(1, T), 1).prefill_s * 1e3
                                    for _ in range(max(preset.reps, 1)))
-            out[f"prefill {T}"] = _rates((ms,), T, layers, shape.model_layers)[0]
+            out[f"prefill {T}"] = model_rates((ms,), T, layers, shape.model_layers)[0]
         for B in preset.decode_batches:
             say(f"llama.cpp: decode batch {B} after {preset.decode_context} tokens")
             run = model.generate(prompts(B, preset.decode_context), steps + 1)
             ms = run.decode_s * 1e3 / run.decode_steps
-            out[f"decode b={B}"] = _rates((ms,), B, layers, shape.model_layers)[0]
+            out[f"decode b={B}"] = model_rates((ms,), B, layers, shape.model_layers)[0]
     return out

@@ -73,7 +73,7 @@ def onnx(
     check_output_dir(output, force, protect=(model, router, lora))  # fail before minutes of loading
     if tp is not None:
         with interrupt_on_signals():
-            from wide_export.tp.cli import export_tp_cmd
+            from wide_export.cli.onnx_tp_cmd import export_tp_cmd
 
             export_tp_cmd(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset,
                           force, verify, steps, seed, tp, balance_text)

@@ -77,7 +77,7 @@ class CpuGenerator:
             encode, decode = (lambda text: tok(text)["input_ids"]), (lambda ids: tok.decode(ids,
                                                                                           skip_special_tokens=True))
         else:
-            from wide_export.analyze.text import load_codec
+            from wide_export.checkpoint.text import load_codec
 
             try:
                 encode, decode = load_codec(loaded.model_dir or Path(model_dir))

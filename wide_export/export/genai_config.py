@@ -20,7 +20,18 @@ from wide_export.names import GENAI_CONFIG as GENAI_CONFIG_NAME
 from wide_export.paths import confined, read_json
 
 from wide_export.checkpoint.hf import TOKENIZER_FILES  # copied into the export
+
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+SERVED_FILES = (*TOKENIZER_FILES, GENAI_CONFIG_NAME)  # what an engine folder and a Triton repository carry along
+
+
+def serving_files(folder: Path) -> list[Path]:
+    """The tokenizer / generation files present in an export or engine folder, each resolving inside it
+    (a symlink to anywhere else is refused with one line, not copied)."""
+    files = [folder / name for name in SERVED_FILES if (folder / name).is_file()]
+    for path in files:
+        confined(path, folder, "tokenizer file")
+    return files
 
 
 def model_folder(loaded) -> Path | None:

@@ -124,7 +124,7 @@ def measure_rates(model, encode, text: str, window: int = 512,
     """{(layer, kind): [fraction of tokens executing group g]} of the reference model over the text."""
     import torch
 
-    from wide_export.analyze.text import windows
+    from wide_export.checkpoint.text import windows
     from wide_export.model.modeling import Collector
 
     ids = encode(text)
@@ -156,7 +156,7 @@ def measure_rates(model, encode, text: str, window: int = 512,
 def balance_from_text(model_dir: Path, text_path: Path, cfg, model, tp: int, window: int = 512,
                       progress=None) -> Balance:
     """Measure routing on the text (the model folder's tokenizer) and place the FFN groups."""
-    from wide_export.analyze.text import load_tokenizer, read_text
+    from wide_export.checkpoint.text import load_tokenizer, read_text
 
     text = read_text(text_path)
     encode = load_tokenizer(model_dir)

@@ -33,7 +33,8 @@ from wide_export.outdir import atomic_output_dir, check_output_dir
 from wide_export.triton.engines import EngineSource, EngineSpec, ProfileSpec, read_engine_folder
 from wide_export.triton.sources import OnnxSource, read_onnx_folder
 from wide_export.triton.templates import render
-from wide_export.triton.textfiles import check_tokenizer, generation_tokens, serving_files
+from wide_export.export.genai_config import serving_files
+from wide_export.triton.textfiles import check_tokenizer, generation_tokens
 
 BACKENDS = ("onnxruntime", "tensorrt")
 BATCHING = ("inflight", "static")

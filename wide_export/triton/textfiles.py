@@ -20,21 +20,10 @@ from pathlib import Path
 from typing import Optional
 
 from wide_export.errors import WideError
-from wide_export.export.genai_config import TOKENIZER_FILES
 from wide_export.names import GENAI_CONFIG
 from wide_export.paths import confined, read_confined, read_json
 
 TOKENIZER_JSON = "tokenizer.json"
-SERVED_FILES = (*TOKENIZER_FILES, GENAI_CONFIG)
-
-
-def serving_files(folder: Path) -> list[Path]:
-    """The tokenizer / generation files present in an export or engine folder, each resolving inside it
-    (a symlink to anywhere else is refused with one line, not copied)."""
-    files = [folder / name for name in SERVED_FILES if (folder / name).is_file()]
-    for path in files:
-        confined(path, folder, "tokenizer file")
-    return files
 
 
 def _json(path: Path) -> Optional[dict]:

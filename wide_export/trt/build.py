@@ -288,7 +288,7 @@ def _build(onnx_path: Path, graph_dir: Path, out: Path, model, config: dict[str,
     copies = {PLUGIN_LIB_NAME: (lib.path, None)} if lib else {}
     if config:
         copies[WIDE_CONFIG] = (graph_dir / WIDE_CONFIG, graph_dir)
-    from wide_export.triton.textfiles import serving_files
+    from wide_export.export.genai_config import serving_files
 
     # The tokenizer and generation settings travel with the engine: `wide-export triton` serves text from them.
     copies.update({path.name: (path, graph_dir) for path in serving_files(graph_dir)})

@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from wide_export.errors import WideError
+from wide_export.names import VLLM_FORMAT as FORMAT
+from wide_export.names import VLLM_SECTION as SECTION
 
-FORMAT = "wide-export/vllm"
 VERSION = 1
-SECTION = "wide"
 HINT = "re-create the folder with `wide-export vllm --output DIR`"
 MAX_TP = 64  # tensor_parallel_sizes lists the world sizes up to this that split no group
 

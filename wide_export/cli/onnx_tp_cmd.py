@@ -1,4 +1,4 @@
-"""`wide-export onnx --tp N [--balance-text FILE]` (wired from cli/onnx_cmd.py)."""
+"""`wide-export onnx --tp N [--balance-text FILE]`: the command body (parsed and checked by cli/onnx_cmd.py)."""
 
 from __future__ import annotations
 
