@@ -369,3 +369,16 @@ def test_quiet_polygraphy_keeps_errors_only():
         assert level == G_LOGGER.ERROR
     finally:
         G_LOGGER.module_severity = keep
+
+
+def test_one_defaults_table_for_every_target():
+    """verify/common.with_defaults: a given value wins, None keeps the default, an unknown setting is refused
+    (it would otherwise be dropped silently by one target and fail in another)."""
+    assert common.with_defaults({}) == common.DEFAULTS == {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}
+    assert common.with_defaults({"batch": 5, "steps": None}) == {"batch": 5, "prompt_len": 7, "steps": 3, "seed": 0}
+    with pytest.raises(TypeError, match=r"unknown verification settings \['stepz'\]"):
+        common.with_defaults({"stepz": 1})
+    import wide_export.verify.sharded as sharded
+    import wide_export.verify.tensorrt as tensorrt
+
+    assert not hasattr(tensorrt, "DEFAULTS") and not hasattr(sharded, "DEFAULTS")
