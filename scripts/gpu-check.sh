@@ -96,7 +96,7 @@ step "benchmark: end to end (Llama-3.1-8B layers, 50 %)"
 run e2e "$T_E2E" "$PYTHON" -c "from wide_export.cli import main; main()" bench e2e --preset llama-3.1-8b \
     --sparsity 0.5 --output "$OUT" $DRY_RUN
 
-# --- tensor parallelism, >= 2 GPUs only (issue 22; a stage of its own, kept apart from the rest) ------
+# --- tensor parallelism, >= 2 GPUs only (a stage of its own, kept apart from the rest) ------
 # `wide-export run-tp --backend nccl`: one rank process per GPU, the all-reduces over NCCL, greedy tokens
 # equal to the unsharded PyTorch reference's (tests/tp/test_tp_run.py). With fewer GPUs: one line, skipped
 # (the one-GPU H200 run's budget above does not include it; T_TP adds up to 240 s on a multi-GPU machine).
@@ -116,7 +116,7 @@ tp_check
 echo "tp (run-tp over NCCL, >= 2 GPUs): $tp_status" | tee -a "$LOG"   # and a row of summary.txt
 # --- end of the tensor-parallelism stage --------------------------------------------------------------
 
-# --- vLLM (issue 33), only where vllm is importable: a stage of its own, outside the 460 s above -------------
+# --- vLLM, only where vllm is importable: a stage of its own, outside the 460 s above -------------
 # `wide-export bench vllm`: the WIDE folder and its dense twin through vLLM's engine (the plugin's Triton
 # kernels on CUDA), prefill / decode tokens/s, TTFT and ITL at batch 1 and 16, and the WIDE side's greedy
 # tokens against the PyTorch reference (float32). The device image has no vLLM and its wheel is far over

@@ -95,7 +95,7 @@ TESTS: dict[str, list[str]] = {
     "wide_export/verify/onnx_verify.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
     "wide_export/verify/common.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
     "wide_export/export/session.py": ["tests/verify/test_onnx_verify_units.py"],
-    # the OpenAI front end (issue 15): in-process on tests/frontend/fakes.py's engine (TestClient, or uvicorn
+    # the OpenAI front end: in-process on tests/frontend/fakes.py's engine (TestClient, or uvicorn
     # in a thread of the test process); test_serve_cli.py and test_openai_e2e.py run subprocesses / tritonserver
     "wide_export/frontend/protocol.py": ["tests/frontend/test_app.py", "tests/frontend/test_protocol.py"],
     "wide_export/frontend/errors.py": ["tests/frontend/test_app.py", "tests/frontend/test_errors.py"],
@@ -131,7 +131,7 @@ TESTS: dict[str, list[str]] = {
     "wide_export/triton/server.py": ["tests/triton/test_server_units.py"],
     "wide_export/triton/supervise.py": ["tests/triton/test_supervise_units.py"],
     "wide_export/triton/client.py": ["tests/triton/test_client_units.py"],
-    # the kernels' auto policy (issue 20): table validation, choice, the measured policy's record
+    # the kernels' auto policy: table validation, choice, the measured policy's record
     "wide_export/kernels/policy.py": ["tests/kernels/test_policy.py"],
 }
 

@@ -1,4 +1,4 @@
-"""Issue 34 item 4: copies that cannot race. A thread swaps a folder's tokenizer file for a symlink to a
+"""Copies that cannot race. A thread swaps a folder's tokenizer file for a symlink to a
 private file outside the folder, and back, as fast as it can; every copy either copies the folder's own file
 or refuses in one line, and never the private file (the old check-then-copy-by-path copied it in 7 of 25
 runs). Then the exporters' call sites: each copies through paths.copy_confined."""

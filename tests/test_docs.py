@@ -1,5 +1,5 @@
 """The docs a user reads first: README's checkpoint layout is what the loader takes, and nothing the
-repository ships points at files outside it (issue 47 item 6)."""
+repository ships points at files outside it."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_nothing_points_outside_the_repository():
 
 
 def test_the_serving_extra_goes_into_its_own_environment():
-    """`pip install -e '.[triton]'` into the main environment downgrades numpy 2 -> 1.26 (issue 47 item 3):
+    """`pip install -e '.[triton]'` into the main environment downgrades numpy 2 -> 1.26:
     every doc line that installs the extra does it in .venv-serve."""
     bad = []
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
@@ -79,7 +79,7 @@ def test_the_serving_extra_goes_into_its_own_environment():
 
 def test_every_environment_draws_the_benchmark_plots():
     """The plots are drawn with matplotlib: a main dependency, so the main, serving and vLLM environments
-    (which install the project with its dependencies) all have it (issue 47 item 4)."""
+    (which install the project with its dependencies) all have it."""
     import tomllib
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]

@@ -1,4 +1,4 @@
-"""outdir.rename_noreplace, the step that publishes an output (issue 24, mutation testing): atomic on
+"""outdir.rename_noreplace, the step that publishes an output (mutation testing): atomic on
 Linux through renameat2(RENAME_NOREPLACE) (never a plain rename, which would replace an empty folder
 that another run created meanwhile), and the portable fallback where libc has no renameat2. The
 error a caller sees names the target, as FileExistsError(EEXIST)."""

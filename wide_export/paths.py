@@ -162,7 +162,7 @@ def _all_initializers(model):
 # ---------------------------------------------------------------------------------------------------------
 # Copies that cannot race: the file is opened once, the open file is checked, and the copy reads that file.
 # Checking a path and then copying it by path lets a swap in between (the name turned into a symlink to a
-# private file elsewhere) copy the other file (issue 34: 7 of 25 runs).
+# private file elsewhere) copy the other file.
 def _opened_path(fd: int) -> Path | None:
     """What an open descriptor is, as the kernel names it (Linux /proc); None where there is no /proc."""
     try:

@@ -151,7 +151,7 @@ def test_bench_e2e_rejects_a_sparsity_out_of_range(tmp_path):
 
 
 def test_bench_e2e_dry_run_plans_the_gpu_preset_without_cuda(tmp_path, monkeypatch):
-    """scripts/gpu-check.sh --dry-run (issue 44): gpu-check's e2e command starts (options checked, kernels
+    """scripts/gpu-check.sh --dry-run: gpu-check's e2e command starts (options checked, kernels
     imported) and stops before CUDA: 3 prefill lengths + 2 decode batches at the one sparsity, nothing written."""
     from wide_export.cli import app
 

@@ -120,7 +120,7 @@ def test_sigterm_stops_the_export_and_removes_the_checkpoints(tmp_path):
 
 
 def test_a_tiny_weight_size_is_labelled_in_mib(monkeypatch, tmp_path):
-    """Issue 35: the tiny preset's legend said "weights 0.00 GiB"; 20 MB are "20.0 MiB"."""
+    """The tiny preset's legend said "weights 0.00 GiB"; 20 MB are "20.0 MiB"."""
     fig = _figure_of(monkeypatch, _rows([2]), tmp_path)
     texts = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert "weights 20.0 MiB" in texts, texts

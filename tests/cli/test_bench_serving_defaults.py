@@ -1,4 +1,4 @@
-"""`wide-export bench serving` with its defaults, end to end on the demo export (issue 47 item 1): the demo
+"""`wide-export bench serving` with its defaults, end to end on the demo export: the demo
 model ends rows at its eos id, so every served request must ask the server to ignore it and get the tokens it
 asked for; the run says what it is doing on stderr (one line per stage, piped) and writes its results."""
 

@@ -1,4 +1,4 @@
-"""Issue 23 item 2 for `bench serving`: SIGTERM / Ctrl-C while it measures stops the tritonserver it started
+"""`bench serving` interrupted: SIGTERM / Ctrl-C while it measures stops the tritonserver it started
 and removes its temp folder (repository, server work folder); one line, 143 / 130."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench serving's rows that make the table compare like with like (issue 23 item 4): the batched direct
+"""bench serving's rows that make the table compare like with like: the batched direct
 path (the best one ONNX Runtime session does with concurrent requests), ratios against the best direct row,
 rounds pooled. Checked against hand-made numbers; the real run is tests/triton/test_triton_cli.py."""
 

@@ -101,7 +101,7 @@ def test_build_output_parser_reads_ninja_make_and_aot_lines():
 
 
 def test_the_compiler_processes_say_when_they_are_ready(capsys, monkeypatch):
-    """Issue 35 item 6: the bar stayed at `0/264` for the ~30 s the compiler processes took to start."""
+    """The bar stayed at `0/264` for the ~30 s the compiler processes took to start."""
     from wide_export.kernels import aot
     from wide_export.native.build import BuildOutput
 

@@ -50,7 +50,7 @@ def test_triton_force_never_replaces_its_input(demo_onnx, tmp_path):
 
 @pytest.mark.parametrize("force", [False, True])
 def test_triton_output_inside_its_input_is_refused(demo_onnx, tmp_path, force):
-    """A repository written into the export it reads (issue 47 item 7): refused like the reverse, nothing written."""
+    """A repository written into the export it reads: refused like the reverse, nothing written."""
     import shutil
 
     onnx_dir = tmp_path / "onnx"

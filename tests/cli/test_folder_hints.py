@@ -1,4 +1,4 @@
-"""Issue 35, folder recognition: a command given another kind of our folders says what it got and which
+"""A command given another kind of our folders says what it got and which
 command or flag takes it (wide_export/folders.py). The folders are their writers' marker files only: the
 commands must refuse them before reading anything else."""
 

@@ -1,4 +1,4 @@
-"""Issue 23 item 2: an interrupt is handled "the same way for every command": every command the CLI
+"""An interrupt is handled "the same way for every command": every command the CLI
 registers (bench subcommands included) runs inside cli.common.user_errors, which turns SIGINT / SIGTERM into
 one line and 130 / 143 (its behaviour: tests/cli/test_interrupts.py, test_build_progress.py, ...). A command
 registered without it would print a traceback and exit 1 on Ctrl-C."""

@@ -1,4 +1,4 @@
-"""bfloat16 end to end on CPU (issue 21): `onnx --dtype bfloat16`, the fp32 -> bf16 conversion `trt --bf16`
+"""bfloat16 end to end on CPU: `onnx --dtype bfloat16`, the fp32 -> bf16 conversion `trt --bf16`
 uses, their verification by onnx's reference evaluator, and `triton` refusing a bf16 model in one line.
 
 The checkpoint is a Llama with `attention_bias: true` (q, k, v and o_proj biases), so both issue-21

@@ -96,7 +96,7 @@ def test_an_fp16_export_is_not_converted_again(fp16_export, tmp_path):
 
 
 def test_values_fp16_cannot_hold_are_counted_not_warned_per_tensor(demo_onnx, tmp_path):
-    """Issue 47 item 5: the converter warned once per tensor ('the float32 number ... will be truncated'),
+    """The converter warned once per tensor ('the float32 number ... will be truncated'),
     naming neither tensor nor count. Now: no such warning; wide_config.json counts what was clamped in the
     tensors the conversion turned into fp16 (a router weight stays float32, so its big value is not
     clamped and not counted); trt's one line names the tensor where it matters."""

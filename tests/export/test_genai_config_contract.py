@@ -1,4 +1,4 @@
-"""genai_config.json against independent sources (issue 24, mutation testing), without an export:
+"""genai_config.json against independent sources (mutation testing), without an export:
 the graph's own input/output names (io_spec, what the ONNX file is written with), the model's
 dimensions, the search section (greedy, no penalties), and the special ids with no folder (the demo) or with config.json
 only. The end-to-end load by onnxruntime-genai is tests/export/test_genai.py (minutes)."""

@@ -1,4 +1,4 @@
-"""genai_config.json's special token ids against transformers' own `generate` (issue 24).
+"""genai_config.json's special token ids against transformers' own `generate`.
 
 A model with several eos ids and no pad id: transformers' `generate` pads the rows that stopped early
 with one id of its own choosing. The expectation is taken from `generate` itself, run on an

@@ -1,4 +1,4 @@
-"""Shared pieces of the hostile-folder tests (issue 19): a secret file outside every folder the command
+"""Shared pieces of the hostile-folder tests: a secret file outside every folder the command
 is given, and the checks that it never reaches an output and that a refusal leaves nothing behind."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile export and engine folders (issue 19, Why 1, 9, 10): every file `wide-export triton --onnx F`,
+"""Hostile export and engine folders: every file `wide-export triton --onnx F`,
 `triton --engines E` and `verify --onnx F` read, link or copy resolves inside F or E -- external-data
 locations checked before anything is opened or linked -- the repository shares no inode with a file that
 has another name, and model limits no KV cache could hold are refused. Each case ends in one line

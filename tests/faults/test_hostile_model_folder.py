@@ -1,4 +1,4 @@
-"""Hostile model folders (issue 19, Why 2, 6, 7, 10): every file `wide-export onnx --model DIR` reads or
+"""Hostile model folders: every file `wide-export onnx --model DIR` reads or
 copies resolves inside DIR (or, for a Hugging Face cache snapshot, inside the cache's blobs/), and the
 folder's inputs are bounded before anything is allocated: JSON size and depth, safetensors headers, the
 layer count against the weights present, router.pth's inflated size. Each case is one small reproduction

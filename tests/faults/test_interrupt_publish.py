@@ -1,4 +1,4 @@
-"""An interrupt swallowed late never publishes an interrupted run (issue 24).
+"""An interrupt swallowed late never publishes an interrupted run.
 
 Ctrl-C / SIGTERM run signals.raise_interrupt, which records the interrupt and raises KeyboardInterrupt.
 Raised inside a finalizer (or a callback from native code) that exception cannot propagate: the work

@@ -1,4 +1,4 @@
-"""`wide-export serve` against a hostile or broken neighbour (issue: security and hostile inputs), on a
+"""`wide-export serve` against a hostile or broken neighbour, on a
 real tritonserver on 127.0.0.1: no secret on any command line and nobody can load a model (code)
 into the server; a crashed tritonserver and a hung (SIGSTOPped) model process are restarted within
 30 s, an open stream ends instead of stalling; with the OpenAI API in front, Triton's HTTP parser is

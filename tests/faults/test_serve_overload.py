@@ -1,5 +1,5 @@
 """`wide-export serve --openai-port` against oversized requests, a burst from one client and a SIGTERM with
-streams open (issue 34 items 3, 5, 6), on a real tritonserver: each repro of the issue, timed."""
+streams open, on a real tritonserver: each case timed."""
 
 from __future__ import annotations
 

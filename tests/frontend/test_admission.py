@@ -1,4 +1,4 @@
-"""The fair queue in front of each model (issue 34 items 1 and 6) and who a client is."""
+"""The fair queue in front of each model and who a client is."""
 
 from __future__ import annotations
 

@@ -217,7 +217,7 @@ def test_repository_without_tokenizer_refuses_text_but_serves_ids(engine):
     ({"prompt": 5}, "prompt"),
     ({}, "prompt"),
     ({"prompt": "x", "model": 5}, "model"),
-    # issue 34: out of the int32 the generation model takes (2**32 + 3 wrapped to 3, 2**64 was a 500)
+    # out of the int32 the generation model takes (2**32 + 3 wrapped to 3, 2**64 was a 500)
     ({"prompt": "x", "max_tokens": 2**32 + 3}, "max_tokens"),
     ({"prompt": "x", "max_tokens": 2**64}, "max_tokens"),
     ({"prompt": "a\ud800b"}, "prompt"),  # a lone surrogate (UnicodeEncodeError, a 500)

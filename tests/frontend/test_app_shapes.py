@@ -272,7 +272,7 @@ def test_ignored_fields_are_logged_by_name(engine, caplog):
     with caplog.at_level(logging.WARNING, logger="wide_export.frontend"), make_client(engine) as client:
         client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "top_k": 5, "min_p": 0.1})
         client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "x\nERROR forged line": 1})
-    # escaped (issue 34): a newline in a client's field name cannot start a log line of its own
+    # escaped: a newline in a client's field name cannot start a log line of its own
     assert [r.getMessage() for r in caplog.records if r.name == "wide_export.frontend"] == [
         "ignored request fields: 'min_p', 'top_k'", "ignored request fields: 'x\\nERROR forged line'"]
 

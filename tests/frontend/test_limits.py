@@ -1,4 +1,4 @@
-"""Connection and body limits of the OpenAI frontend (issue 34 items 1 and 3), on a real uvicorn server over
+"""Connection and body limits of the OpenAI frontend, on a real uvicorn server over
 a fake engine, spoken to with raw sockets so the client's own behaviour cannot hide the server's."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Size limits before any work, the operator's max_tokens cap, templating off the event loop and a graceful
-stop that ends open streams with an error event and [DONE] (issue 34 items 3, 5, 6), over a fake engine."""
+stop that ends open streams with an error event and [DONE], over a fake engine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Row offsets past 2^31 elements (issue 20 item 2: int64 offsets where products can pass 2^31).
+"""Row offsets past 2^31 elements (int64 offsets where products can pass 2^31).
 
 A long prefill makes x ([M, K]) or y ([M, N]) larger than 2^31 elements (128k tokens x 28672 FFN
 channels is 3.7e9); int32 row offsets then wrap to addresses outside the tensor. Each case runs one

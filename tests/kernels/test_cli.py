@@ -93,7 +93,7 @@ def test_bench_kernels_tiny_preset_runs_the_kernels_on_cpu(cli, tmp_path):
 
 
 def test_bench_kernels_dry_run_plans_the_short_preset_without_cuda(cli, monkeypatch):
-    """scripts/gpu-check.sh --dry-run (issue 44): the preset parsed, the kernels imported, no CUDA call. The
+    """scripts/gpu-check.sh --dry-run: the preset parsed, the kernels imported, no CUDA call. The
     short preset by hand: 6 token counts x 4 Llama-3.1-8B shapes x group sizes 32/128/512 (each divides 4096
     and 14336) x one sparsity x one mask."""
     import torch
@@ -208,7 +208,7 @@ def test_measured_policy_reads_the_crossovers():
     (3, 8, 0.0, "random", 0), (3, 8, 1.0, "correlated", 8), (9, 32, 0.25, "correlated", 8),
 ])
 def test_bench_masks_have_exactly_the_labelled_sparsity_per_token(tokens, groups, sparsity, kind, skipped):
-    """Issue 35: the tiny preset's `T=1 gs16` row, labelled 0.5, had skipped every group. Counts by hand."""
+    """The tiny preset's `T=1 gs16` row, labelled 0.5, had skipped every group. Counts by hand."""
     import torch
 
     from wide_export.bench.kernels import make_mask
@@ -233,7 +233,7 @@ def test_bench_random_masks_skip_different_groups():
 
 
 def test_readme_build_figures_match_the_default_build():
-    """Issue 35: the README's progress example said 17/272 while the default build compiles 840."""
+    """The README's progress example said 17/272 while the default build compiles 840."""
     import re
     from pathlib import Path
 

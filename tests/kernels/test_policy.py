@@ -239,7 +239,7 @@ def test_roofline_counts_the_union_of_the_masks_by_hand():
 
 
 def test_unmeasured_default_runs_k_pruned_prefill_dense_not_the_fp32_scatter_add():
-    # issue 20: the grouped gemm_k (float32 atomics) was predicted to lose to dense on Hopper; until a GPU run
+    # the grouped gemm_k (float32 atomics) was predicted to lose to dense on Hopper; until a GPU run
     # records otherwise, the default (what sm_80 / sm_90 fall back to) never picks it, while N-pruned prefill
     # still runs grouped.
     from wide_export.kernels.policy import choose, policy_for

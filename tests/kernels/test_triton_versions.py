@@ -1,4 +1,4 @@
-"""Every tile builds under each Triton the project accepts (>= 3.6, the device image's): issue 44.
+"""Every tile builds under each Triton the project accepts (>= 3.6, the device image's).
 
 Triton 3.6's tl.dot asserts "Input shapes should have M >= 1, N >= 1 and K >= 16" (its frontend, for
 input_precision="ieee" as for the tensor-core precisions); newer releases accept a K step of 8, so a tile that

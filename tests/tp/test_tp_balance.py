@@ -1,4 +1,4 @@
-"""Balanced FFN placement (issue 22): measured on text, still exact, predicted slowest rank not busier."""
+"""Balanced FFN placement: measured on text, still exact, predicted slowest rank not busier."""
 
 from __future__ import annotations
 

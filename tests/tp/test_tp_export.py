@@ -1,4 +1,4 @@
-"""Tensor-parallel export (issue 22): per-rank graphs verified against the UNSHARDED PyTorch reference.
+"""Tensor-parallel export: per-rank graphs verified against the UNSHARDED PyTorch reference.
 
 Every rank runs in ONNX Runtime; the DistCollective all-reduces are simulated (the ranks' partials summed
 between stages). Verdicts: float32 max |err| / max |ref| <= 1e-5 per output and identical router decisions.
@@ -150,7 +150,7 @@ def test_rank_model_in_a_world_of_one_is_the_reference(ckpts):
 
 @pytest.mark.parametrize("model,kv", [("llama", 4), (None, 2)])
 def test_a_world_size_config_json_refuses_is_refused_before_torch_is_imported(ckpts, tmp_path, model, kv):
-    """Issue 35, cheap refusals first: `--tp 3` against config.json's KV heads needs no torch, no router file
+    """Cheap refusals first: `--tp 3` against config.json's KV heads needs no torch, no router file
     and no weights (it took 11.6 s)."""
     import subprocess
     import sys

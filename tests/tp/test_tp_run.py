@@ -1,4 +1,4 @@
-"""`wide-export run-tp` (issue 22 item 4, as far as this machine allows): a sharded export run as one process
+"""`wide-export run-tp` (as far as this machine allows): a sharded export run as one process
 per rank under torchrun, each with only its rank's graph, the all-reduces done by torch.distributed (gloo)
 between the processes. Its greedy tokens must be the UNSHARDED PyTorch reference's."""
 
@@ -147,7 +147,7 @@ LOOPBACK = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1, ::1 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")
 def test_nothing_the_ranks_start_listens_beyond_loopback(sharded):
-    """Issue 35: torchrun's stores listened on every interface (one on a port of its own). The ranks now meet
+    """The stores torchrun starts listened on every interface (one on a port of its own). The ranks now meet
     through a file store; every socket any process of the run listens on is bound to 127.0.0.1."""
     folder, want = sharded
     proc = subprocess.Popen([sys.executable, "-m", "wide_export", "run-tp", "--onnx", str(folder), "--prompt-ids",

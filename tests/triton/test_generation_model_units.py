@@ -739,7 +739,7 @@ def test_streamed_text_comes_with_each_token_and_ended_rows_get_the_pad(gm, tiny
     tokens = [_out(r, "output_ids")[:, 0].tolist() for r, _ in sender.sent if r is not None]
     assert tokens == [[want[0][0], want[1][0]], [pad, want[1][1]], [pad, want[1][2]]]
     texts = [_out(r, "text_output")[:, 0].tolist() for r, _ in sender.sent if r is not None]
-    # the stop token that ended row 0 brings no text (issue 34: as vLLM), row 1's first token its letter
+    # the stop token that ended row 0 brings no text (as vLLM), row 1's first token its letter
     assert texts[0] == [b"", _text_of(want[1][:1]).encode()]
     assert [t[1] for t in texts[1:]] == [_text_of([want[1][1]]).encode(), _text_of([want[1][2]]).encode()]
     quiet = _Sender()

@@ -1,4 +1,4 @@
-"""`serve` on ports another server holds (issue 23 item 3): refused before anything starts, naming
+"""`serve` on ports another server holds: refused before anything starts, naming
 who holds the port, and a readiness answer from another server is never taken for ours."""
 
 from __future__ import annotations

@@ -1518,7 +1518,7 @@ def test_a_server_that_cannot_come_back_stops_with_its_error(loop):
 
 
 def test_the_supervisors_own_failure_is_reported_once_and_retried_not_fatal(loop):
-    """EMFILE while reading /proc (a connection flood) killed `serve` and tritonserver with it (issue 34)."""
+    """EMFILE while reading /proc (a connection flood) killed `serve` and tritonserver with it."""
     import errno
 
     calls = []
@@ -1614,7 +1614,7 @@ def _tensorrt_repository(root: Path) -> Path:
 
 
 def test_serving_a_tensorrt_repository_without_a_gpu_is_one_line(tmp_path, monkeypatch):
-    """Issue 47 item 8: was tritonserver's load log ending in 'pip install torch' (torch was installed)."""
+    """Was tritonserver's load log ending in 'pip install torch' (torch was installed)."""
     import torch
     from typer.testing import CliRunner
 

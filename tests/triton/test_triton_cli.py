@@ -57,7 +57,7 @@ def test_serve_without_any_server_binary_is_a_clear_error(tiny_repo, monkeypatch
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo, rng, sig, code):
-    """Issue 35: once ready, Ctrl-C / SIGTERM exit 130 / 143 as for every command (they exited 0)."""
+    """Once ready, Ctrl-C / SIGTERM exit 130 / 143 as for every command (they exited 0)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
     from wide_export.triton.server import free_port
 
@@ -114,7 +114,7 @@ def _free_range(n: int) -> int:
 
 
 def test_bench_serving_reports_both_paths(tiny, tmp_path, monkeypatch):
-    """Also issue 35: --base-port puts tritonserver's ports at base..base+2 (it opened random ones)."""
+    """--base-port puts tritonserver's ports at base..base+2 (it opened random ones)."""
     import wide_export.triton.server as server_mod
 
     out = tmp_path / "serving.json"
@@ -265,7 +265,7 @@ def test_sigterm_while_loading_stops_the_server(tiny, tmp_path):
 
 
 def test_kill_9_of_serve_takes_tritonserver_and_its_stub_down(tiny_repo, tmp_path):
-    """Issue 34 item 5: `kill -9` of `wide-export serve` left tritonserver and its Python stub serving as
+    """`kill -9` of `wide-export serve` left tritonserver and its Python stub serving as
     orphans (the next serve found the ports taken). They now get SIGTERM when serve dies, however it dies,
     and the stub's shared-memory region, 0600 now, is removed with it."""
     import shutil

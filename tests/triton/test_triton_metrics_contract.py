@@ -1,4 +1,4 @@
-"""metrics.py: what Prometheus shows beyond the values (issue 24, mutation testing): every family has
+"""metrics.py: what Prometheus shows beyond the values (mutation testing): every family has
 its description and kind, histograms their buckets, the families stay referenced (a collected family
 takes its metrics off the endpoint), and an unknown finish reason is counted as "stop"."""
 

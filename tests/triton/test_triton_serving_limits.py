@@ -1,4 +1,4 @@
-"""Serving behaviours pinned by what a client sees (issue 24), each shown failing with the code broken:
+"""Serving behaviours pinned by what a client sees, each shown failing with the code broken:
 
 - the in-flight batch reaches exactly its configured size (max_batch_size rows decode together, not one
   fewer) -- broken by `fits` comparing with `<` instead of `<=`;

@@ -123,7 +123,7 @@ def test_held_back_text_is_released_when_it_cannot_start_a_stop_string(textgen, 
 
 @pytest.mark.parametrize("final_char", ["\n", "Z"])
 def test_the_text_of_an_ordinary_token_that_ended_the_row_is_not_in_the_answer(textgen, byte_level, final_char):
-    """Issue 34 item 7: an eos id named in generation_config.json that is an ordinary token (a byte here, as
+    """An eos id named in generation_config.json that is an ordinary token (a byte here, as
     "<|im_end|>" added without special=True would be) ended the row and its text was in the answer; vLLM
     leaves it out. The token still counts (usage unchanged)."""
     stop, = byte_level.encode(final_char, add_special_tokens=False).tolist()

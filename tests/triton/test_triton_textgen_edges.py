@@ -1,4 +1,4 @@
-"""textgen.py edges (issue 24, mutation testing): a stop string at the very start of the output or
+"""textgen.py edges (mutation testing): a stop string at the very start of the output or
 completed by the last character of a token, the codec's ids, special tokens and vocabulary size,
 a repository without tokenizer.json, and the exact messages an operator reads."""
 

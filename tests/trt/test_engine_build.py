@@ -278,7 +278,7 @@ def test_backend_spellings_of_the_readme(monkeypatch):
         backend.select_backend("tensorrt-llm")
 
 
-# ---- issue 21: an attention_bias checkpoint, and bfloat16 engines ---------------------------------------------
+# ---- an attention_bias checkpoint, and bfloat16 engines ---------------------------------------------
 @pytest.fixture(scope="module")
 def bias_exports(tmp_path_factory):
     """(bf16 export, float32 export) of a Llama checkpoint with attention_bias: true (o_proj has a bias)."""

@@ -68,7 +68,7 @@ def test_config_carries_our_profiles_and_target():
 
 
 def test_the_logger_drops_the_int64_binding_reminder_and_keeps_other_warnings(capsys):
-    """Issue 35: TensorRT-RTX printed `Make sure input input_ids has Int64 binding` three times per build."""
+    """TensorRT-RTX printed `Make sure input input_ids has Int64 binding` three times per build."""
     import enum
     import types
 

@@ -1,4 +1,4 @@
-"""TensorRT's build phases reach a log when the output is piped (issue 23 item 1): one line per top-level
+"""TensorRT's build phases reach a log when the output is piped: one line per top-level
 phase, no bars; the monitor still cancels the build after an interrupt."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Verification in bounded memory (issue 13 item 4): ONNX Runtime runs the graph one layer slice at a
+"""Verification in bounded memory: ONNX Runtime runs the graph one layer slice at a
 time, the reference reads its weights module by module. Each piece is checked against something it does
 not share code with: the sliced run against ONNX Runtime running the whole graph, the streamed reference
 against the eagerly loaded one."""

@@ -65,7 +65,7 @@ PRESETS = {
 TINY_SHAPES = [("tiny", "q", 64, 48, "n"), ("tiny", "gate_up", 64, 48, "gated"), ("tiny", "down", 48, 64, "k")]
 
 
-# The H200 figures issue 20 was written against; the roofline of a CPU run uses them (its timings mean
+# An H200's published figures; the roofline of a CPU run uses them (its timings mean
 # nothing, so its % of the limit is not reported), a GPU run measures its own.
 H200_COPY_GBS = 4300.0
 H200_BF16_TFLOPS = 790.0

@@ -1,4 +1,4 @@
-"""Which generation request runs next: a bounded, fair queue in front of each model (issue 34 items 1, 6).
+"""Which generation request runs next: a bounded, fair queue in front of each model.
 
 The generation model runs at most `max_batch_size` rows at once and queues the
 rest first come, first served, so one client's burst of 64 long requests made

@@ -1,4 +1,4 @@
-"""What one connection and one request may cost the OpenAI frontend before it refuses (issue 34).
+"""What one connection and one request may cost the OpenAI frontend before it refuses.
 
 uvicorn times out only a connection idle *between* requests (its keep-alive timer
 starts after a response and stops at the first byte); a connection that sends

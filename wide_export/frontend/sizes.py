@@ -1,4 +1,4 @@
-"""Size checks before any work (issue 34 item 3): a request that cannot fit the model's context is a 400
+"""Size checks before any work: a request that cannot fit the model's context is a 400
 before it is templated, tokenized or sent, so an oversized one costs nothing but its parse.
 
 A text prompt can hold at most `max_model_len` tokens, and one token covers at most as many characters as

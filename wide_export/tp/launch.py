@@ -1,5 +1,5 @@
 """Start the ranks of a tensor-parallel run on this machine, one process each, with nothing listening
-beyond loopback (issue 35 item 3).
+beyond loopback.
 
 torchrun's rendezvous is a torch TCPStore, which listens on every interface (torch has no setting for
 its address), and the workers' store takes a second port of its own. On one machine the ranks need
