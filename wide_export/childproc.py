@@ -1,10 +1,14 @@
-"""Child processes we start, each in its own process group, so an interrupt stops all of it.
+"""Child processes we start, each in its own process group, so an interrupt stops all of it: the one helper
+every command uses to start (`start`), run to the end (`run_group`) and stop (`stop_group`) a child.
 
 A tool such as CMake starts ninja, which starts the Triton AOT compiler, which starts worker
 processes, which start ptxas: killing only the first leaves the others running, orphaned to PID 1.
 Each child here leads a new session (its own process group, away from the terminal's, so a Ctrl-C
 reaches us alone and we stop the group in order): on any exception, KeyboardInterrupt included,
 the whole group gets SIGTERM, then SIGKILL after a grace period, and we wait until it is gone.
+A child that must not outlive us however we die (`kill -9` included: tritonserver, the ranks of
+`run-tp`, TensorRT-RTX's child) is also started with `die_with_parent`: Linux sends it SIGTERM when
+the thread that started it is gone (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -13,9 +17,39 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable, Optional, Sequence, TextIO
+from typing import Any, Callable, Optional, Sequence, TextIO
 
 from wide_export.signals import shielded
+
+
+def _in_child(parent: int, die_with_parent: bool, umask: Optional[int]) -> Callable[[], None]:
+    """What runs in the child between fork and exec: the umask, and the parent-death signal (skipped where
+    prctl is missing; a parent already gone by then is acted on at once, as the signal would)."""
+
+    def child() -> None:
+        if umask is not None:
+            os.umask(umask)
+        if not die_with_parent:
+            return
+        import ctypes
+
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            return
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return child
+
+
+def start(cmd: Sequence[str], *, die_with_parent: bool = False, umask: Optional[int] = None,
+          **popen: Any) -> subprocess.Popen:
+    """subprocess.Popen(cmd, **popen) leading its own session (process group), optionally with a umask and
+    SIGTERM when this process dies; stop it with stop_group."""
+    hook = _in_child(os.getpid(), die_with_parent, umask) if die_with_parent or umask is not None else None
+    return subprocess.Popen(list(cmd), start_new_session=True, preexec_fn=hook, **popen)
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -66,8 +100,8 @@ def run_group(cmd: Sequence[str], *, log: Optional[TextIO] = None, on_line: Opti
               env: Optional[dict] = None, cwd: Optional[str] = None) -> int:
     """Run `cmd` in its own process group, its stdout+stderr copied line by line to `log` and `on_line`;
     its exit code. Any exception (Ctrl-C, SIGTERM as KeyboardInterrupt) stops the whole group first."""
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, errors="replace", bufsize=1, start_new_session=True, env=env, cwd=cwd)
+    proc = start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                 errors="replace", bufsize=1, env=env, cwd=cwd)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

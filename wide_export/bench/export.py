@@ -77,18 +77,18 @@ with open(sys.argv[1], "w") as f:
 def _run(cmd: list[str], check: bool = True) -> dict[str, Any]:
     """Run `cmd`: wall seconds and the peak RSS of that process alone (started by _LAUNCHER).
     check=False accepts exit 1 (a verification that ran and failed)."""
+    from wide_export import childproc
+
     with tempfile.TemporaryFile("w+") as log, tempfile.NamedTemporaryFile("r", suffix=".json") as report:
         start = time.perf_counter()
         # Its own process group: Ctrl-C / SIGTERM of the benchmark stops it (and what it started) before the
         # temp folder it writes into is removed.
-        proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, report.name, *cmd], stdout=subprocess.DEVNULL,
-                                stderr=log, start_new_session=True)
+        proc = childproc.start([sys.executable, "-c", _LAUNCHER, report.name, *cmd], stdout=subprocess.DEVNULL,
+                               stderr=log)
         try:
             proc.wait()
         except BaseException:
-            from wide_export.childproc import stop_group
-
-            stop_group(proc)
+            childproc.stop_group(proc)
             raise
         seconds = time.perf_counter() - start
         try:

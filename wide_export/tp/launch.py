@@ -23,7 +23,7 @@ import tempfile
 import threading
 from typing import Callable, Sequence
 
-from wide_export.childproc import stop_group
+from wide_export.childproc import start, stop_group
 from wide_export.signals import signals_deferred
 
 INIT_ENV = "WIDE_TP_INIT"
@@ -55,10 +55,10 @@ def run_ranks(world: int, args: Sequence[str], on_line: Callable[[str], None], e
     try:
         for rank in range(world):
             with signals_deferred():  # a Ctrl-C between the fork and the append would leave this rank running
-                proc = subprocess.Popen([sys.executable, "-m", "wide_export.tp.run", *args],
-                                        env=rank_env(dict(env if env is not None else os.environ), rank, world, init),
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        text=True, errors="replace", bufsize=1, start_new_session=True)
+                proc = start([sys.executable, "-m", "wide_export.tp.run", *args], die_with_parent=True,
+                             env=rank_env(dict(env if env is not None else os.environ), rank, world, init),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             text=True, errors="replace", bufsize=1)
                 procs.append(proc)
             threading.Thread(target=relay, args=(proc, rank), name=f"wide-tp-rank{rank}", daemon=True).start()
         running, code = world, 0

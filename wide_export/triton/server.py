@@ -10,7 +10,6 @@ site-packages, as pytriton itself does.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -28,6 +27,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from wide_export import childproc
 from wide_export.errors import WideError
 
 # The serving packages' own environment (README, "The two commands"): the `triton` extra pins numpy < 2, protobuf and
@@ -138,27 +138,6 @@ def _private(region: str) -> None:
         os.chmod(SHM_DIR / region, 0o600)
     except OSError:
         pass  # gone already (a stub that died), or not ours to change
-
-
-def _dies_with(parent: int):
-    """A preexec_fn for tritonserver: umask 077, and SIGTERM when `parent` dies, however it dies (Linux
-    PR_SET_PDEATHSIG), so a `kill -9` of `wide-export serve` takes tritonserver down with it (which stops its
-    Python stubs and removes their shared memory) instead of leaving it serving on the ports. The signal is
-    skipped where prctl is missing."""
-
-    def child() -> None:
-        import ctypes
-
-        os.umask(0o077)  # its files 0600 (the stubs' regions need _private: the backend sets their mode)
-        try:
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            return
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died between fork and prctl: do as the signal would
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return child
 
 
 def restricted_flags(apis: str, http: bool, grpc: bool) -> list[str]:
@@ -418,10 +397,12 @@ class TritonServer:
                 self._served_repository.symlink_to(self.repository, target_is_directory=True)
             self.log_path = work / "tritonserver.log"
             with open(self.log_path, "wb") as log:
-                self.process = subprocess.Popen(
-                    self.command(binary, backends), env=server_environment(binary), stdout=log,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                    preexec_fn=_dies_with(os.getpid()),
+                # SIGTERM when we die, however (a `kill -9` of `wide-export serve` takes tritonserver down with
+                # it, which stops its Python stubs and removes their shared memory); its files 0600 (the stubs'
+                # regions need _private: the backend sets their mode)
+                self.process = childproc.start(
+                    self.command(binary, backends), die_with_parent=True, umask=0o077,
+                    env=server_environment(binary), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 )
             self.wait_ready(timeout)
         except BaseException:

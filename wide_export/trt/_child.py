@@ -9,16 +9,14 @@ to `result`. Bugs keep their traceback on stderr and a non-zero exit code.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from wide_export.childproc import start, stop_group
 from wide_export.errors import WideError
 from wide_export.signals import interrupt_on_signals
 
@@ -29,11 +27,13 @@ def run_in_child(function: str, kwargs: dict[str, Any], env: dict[str, str]) -> 
         result = Path(tmp) / "result.json"
         request = json.dumps({"function": function, "kwargs": kwargs, "result": str(result)})
         with interrupt_on_signals():
-            proc = subprocess.Popen([sys.executable, "-m", "wide_export.trt._child", request], env=env)
+            # its own process group, SIGTERM if we die: a Ctrl-C reaches us, and we stop it (it cleans up on
+            # SIGTERM and exits 130)
+            proc = start([sys.executable, "-m", "wide_export.trt._child", request], die_with_parent=True, env=env)
             try:
                 proc.wait()
-            except BaseException:  # Ctrl-C / SIGTERM: stop the child too (it cleans up on SIGTERM)
-                _stop(proc)
+            except BaseException:
+                stop_group(proc)
                 raise
         if result.is_file():
             answer = json.loads(result.read_text())
@@ -46,27 +46,7 @@ def run_in_child(function: str, kwargs: dict[str, Any], env: dict[str, str]) -> 
                            "see the TensorRT messages above")
 
 
-def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """SIGTERM the child, SIGKILL it if it has not exited after `grace` seconds."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies (prctl PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: best effort
-        pass
-
-
 def _main(argv: list[str]) -> int:
-    _die_with_parent()
     request = json.loads(argv[1])
     module, name = request["function"].split(":")
     fn = getattr(importlib.import_module(module), name)
