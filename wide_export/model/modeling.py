@@ -192,6 +192,10 @@ class DecoderLayer(nn.Module):
         self.attn_group_heads = cfg.attn_group_size(index)
         self.ffn_group_size = cfg.ffn_group_size(index)
         self.force_execute = False  # testing: every group executes (the dense model)
+        # tensor parallelism, as a hook on this one decoder (tp/model.py: RankShard): which slice of each router
+        # mask this rank's heads / FFN channels are (its projections hold only those), and the sum over the
+        # ranks after o_proj and down_proj. None: the whole model on one device.
+        self.shard = None
 
     def _route(self, router: Router | None, h, name: str, collect: Collector | None):
         if router is None:
@@ -208,12 +212,17 @@ class DecoderLayer(nn.Module):
         if collect is not None:
             collect.masks.append({})
             collect.margins.append({})
+        shard = self.shard
         mask_a = self._route(self.router_attention, h, "attention", collect)
+        if shard is not None:
+            mask_a = shard.attention_mask(mask_a)
         a, present = self.self_attn(self.input_layernorm(h), cos, sin, allowed, past, mask_a, self.attn_group_heads)
-        h = h + a
+        h = h + (a if shard is None else shard.all_reduce(a))
         mask_f = self._route(self.router_ffn, h, "ffn", collect)
-        h = h + self.mlp(self.post_attention_layernorm(h), mask_f, self.ffn_group_size)
-        return h, present
+        if shard is not None:
+            mask_f = shard.ffn_mask(mask_f)
+        y = self.mlp(self.post_attention_layernorm(h), mask_f, self.ffn_group_size)
+        return h + (y if shard is None else shard.all_reduce(y)), present
 
 
 def attention_floor(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

@@ -1,5 +1,6 @@
-"""One rank's model: the WIDE decoder with its heads / FFN channels only, and all-reduces after o_proj and
-down_proj (row-parallel). Traced like the single-device model; the all-reduce becomes a `DistCollective` node.
+"""One rank's model: the WIDE decoder (model/modeling.py, the only one) with its heads / FFN channels only and a
+RankShard on each layer: the rank's slices of the router masks, all-reduces after o_proj and down_proj
+(row-parallel). Traced like the single-device model; the all-reduce becomes a `DistCollective` node.
 
 Routers stay whole on every rank (replicated, a few MB): each rank computes the full [B, T, G] mask and
 uses its own slice of it, so every rank takes the same decisions and no mask is communicated.
@@ -7,9 +8,10 @@ uses its own slice of it, so every rank takes the same decisions and no mask is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from wide_export.model.modeling import DecoderLayer
 from wide_export.ops import dispatch
 
 # The all-reduce as Polygraphy's `multi-device shard` writes collectives into ONNX
@@ -35,27 +37,23 @@ def all_reduce(x: torch.Tensor, tp: int) -> torch.Tensor:
     return x
 
 
-class TPDecoderLayer(DecoderLayer):
-    """DecoderLayer of one rank (set up by to_rank_layer)."""
+@dataclass
+class RankShard:
+    """One rank's hook on the decoder (modeling.DecoderLayer.shard): its slices of the router masks (the groups
+    whose heads / FFN channels its projections hold) and the all-reduce after o_proj and down_proj."""
 
-    tp: int = 1
-    attn_slice: tuple[int, int] | None = None
-    ffn_slice: tuple[int, int] | None = None
+    tp: int
+    attn_slice: tuple[int, int] | None  # [start, end) of the attention mask's groups; None: no attention router
+    ffn_slice: tuple[int, int] | None
 
-    def forward(self, h, cos, sin, allowed, past, collect=None):
-        if collect is not None:
-            collect.masks.append({})
-            collect.margins.append({})
-        mask_a = self._route(self.router_attention, h, "attention", collect)
-        if mask_a is not None:
-            mask_a = mask_a[..., self.attn_slice[0]:self.attn_slice[1]]
-        a, present = self.self_attn(self.input_layernorm(h), cos, sin, allowed, past, mask_a, self.attn_group_heads)
-        h = h + all_reduce(a, self.tp)
-        mask_f = self._route(self.router_ffn, h, "ffn", collect)
-        if mask_f is not None:
-            mask_f = mask_f[..., self.ffn_slice[0]:self.ffn_slice[1]]
-        y = self.mlp(self.post_attention_layernorm(h), mask_f, self.ffn_group_size)
-        return h + all_reduce(y, self.tp), present
+    def attention_mask(self, mask):
+        return mask if mask is None or self.attn_slice is None else mask[..., self.attn_slice[0]:self.attn_slice[1]]
+
+    def ffn_mask(self, mask):
+        return mask if mask is None or self.ffn_slice is None else mask[..., self.ffn_slice[0]:self.ffn_slice[1]]
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(x, self.tp)
 
 
 def to_rank_model(model, cfg, tp: int, rank: int):
@@ -64,14 +62,12 @@ def to_rank_model(model, cfg, tp: int, rank: int):
     The router's FFN groups are in placement order (export.py permutes the router rows), so a rank's
     groups are always the contiguous slice [rank*Gf/tp, (rank+1)*Gf/tp) of the mask."""
     for i, layer in enumerate(model.model.layers):
-        layer.__class__ = TPDecoderLayer
-        layer.tp = tp
         r = cfg.routing[i]
         # group sizes are the model's (heads / channels per group), not the rank config's
         layer.attn_group_heads = cfg.attn_group_size(i)
         layer.ffn_group_size = cfg.ffn_group_size(i)
-        layer.attn_slice = None if r.attn_groups is None else (rank * r.attn_groups // tp,
-                                                               (rank + 1) * r.attn_groups // tp)
-        layer.ffn_slice = None if r.ffn_groups is None else (rank * r.ffn_groups // tp,
-                                                             (rank + 1) * r.ffn_groups // tp)
+        layer.shard = RankShard(
+            tp,
+            None if r.attn_groups is None else (rank * r.attn_groups // tp, (rank + 1) * r.attn_groups // tp),
+            None if r.ffn_groups is None else (rank * r.ffn_groups // tp, (rank + 1) * r.ffn_groups // tp))
     return model
