@@ -1,7 +1,8 @@
 """The decoder-layer stack `bench e2e` times: one set of random weights, run dense or WIDE.
 
-A Llama layer reduced to what costs time: RMSNorm, q/k/v/o, a simple RoPE,
-causal SDPA (PyTorch's, on both sides), SiLU-gated MLP. The dense side is the
+A Llama layer reduced to what costs time: RMSNorm and RoPE (the reference
+decoder's own, model/modeling.py), q/k/v/o, causal SDPA (PyTorch's, on both
+sides), SiLU-gated MLP. The dense side is the
 dense model as a serving engine would run it: fused [q; k; v] and [gate; up]
 weights through cuBLAS (F.linear). The WIDE side routes every sublayer and runs
 `wide_export.kernels`: masked q (gemm_n), dense [k; v], masked o (gemm_k), masked
@@ -16,6 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Optional
+
+from wide_export.model.modeling import apply_rope, rms_norm
+
+EPS = 1e-5  # RMSNorm's epsilon
 
 
 @dataclass(frozen=True)
@@ -93,20 +98,6 @@ def rope(positions, head_dim: int, dtype, theta: float = 500000.0):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate(x, cos, sin):
-    import torch
-
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-def _rms(x, weight, eps: float = 1e-5):
-    import torch
-
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 def _sdpa(q, k, v, causal: bool):
     """PyTorch SDPA on [B, heads, T, D]; GQA through enable_gqa (repeat_interleave on older torch)."""
     import torch.nn.functional as F
@@ -124,9 +115,9 @@ def _attention(shape: StackShape, q, kv, rotary, cache):
     B, T, _ = q.shape
     D = shape.head_dim
     cos, sin = rotary
-    q = _rotate(q.view(B, T, shape.heads, D).transpose(1, 2), cos, sin)
+    q = apply_rope(q.view(B, T, shape.heads, D).transpose(1, 2), cos, sin)
     k, v = kv.view(B, T, 2, shape.kv_heads, D).permute(2, 0, 3, 1, 4)
-    k = _rotate(k, cos, sin)
+    k = apply_rope(k, cos, sin)
     if cache is not None:  # decode: write this step's k/v at `pos`, attend to the whole cache
         kc, vc, pos = cache
         kc[:, :, pos:pos + T].copy_(k)
@@ -141,9 +132,9 @@ def dense_layer(shape: StackShape, L: Layer, h, rotary, cache=None):
     import torch.nn.functional as F
 
     qd = shape.heads * shape.head_dim
-    qkv = F.linear(_rms(h, L.ln1), L.wqkv)
+    qkv = F.linear(rms_norm(h, L.ln1, EPS), L.wqkv)
     h = h + F.linear(_attention(shape, qkv[..., :qd], qkv[..., qd:], rotary, cache), L.wo)
-    g, u = F.linear(_rms(h, L.ln2), L.wgu).chunk(2, dim=-1)
+    g, u = F.linear(rms_norm(h, L.ln2, EPS), L.wgu).chunk(2, dim=-1)
     return h + F.linear(F.silu(g) * u, L.wd)
 
 
@@ -187,7 +178,7 @@ def reference_ops() -> SimpleNamespace:
 
 def _wide_attention(shape: StackShape, L: Layer, h, rotary, ops, cache=None):
     ma = ops.router(h, *L.router_attn)
-    x = _rms(h, L.ln1)
+    x = rms_norm(h, L.ln1, EPS)
     q = ops.gemm_n(x, L.wq, ma, shape.attn_group_size)
     o = _attention(shape, q, _linear(x, L.wkv), rotary, cache)
     return h + _gemm_k(ops, o, L.wo, L.wo_k, ma, shape.attn_group_size), ma
@@ -195,7 +186,7 @@ def _wide_attention(shape: StackShape, L: Layer, h, rotary, ops, cache=None):
 
 def _wide_ffn(shape: StackShape, L: Layer, h, ops):
     mf = ops.router(h, *L.router_ffn)
-    y = ops.gated(_rms(h, L.ln2), L.wg, L.wu, mf, shape.ffn_group_size)
+    y = ops.gated(rms_norm(h, L.ln2, EPS), L.wg, L.wu, mf, shape.ffn_group_size)
     return h + _gemm_k(ops, y, L.wd, L.wd_k, mf, shape.ffn_group_size), mf
 
 

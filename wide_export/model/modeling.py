@@ -55,9 +55,14 @@ class RMSNorm(nn.Module):
         fast = dispatch.cpu_layer_ops(x)
         if fast is not None and (y := fast.rms_norm(x, self.weight, self.eps)) is not None:
             return y
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm's reference: normalise in float32, scale in the input dtype (as transformers)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
 
 
 class Router(nn.Module):
@@ -97,6 +102,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding's reference: x * cos + rotate_half(x) * sin (cos / sin broadcast over heads)."""
+    return x * cos + rotate_half(x) * sin
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: WideConfig):
         super().__init__()
@@ -127,8 +137,7 @@ class Attention(nn.Module):
         roped = fast is not None and fast.rope_(q, k, cos, sin)  # in place, before the heads move to dim 1
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if not roped:
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if isinstance(past, StaticKV):
             k, v = past.append(k, v)
             present = past
