@@ -629,7 +629,7 @@ def test_response_text_and_reasons_are_object_arrays(gm, monkeypatch):
     textgen = gm.load_sibling("textgen")
     out = textgen.RowOutput(np.ones(1, np.int64), 1)
     out.add(3)
-    tensors = {t.name(): t.as_numpy() for t in gm.response_tensors([out], np.array([[3]]), set(gm.OUTPUTS), ["é"])}
+    tensors = {t.name(): t.as_numpy() for t in gm.response_tensors([out], np.array([[3]]), set(gm.C.OUTPUT_NAMES), ["é"])}
     assert tensors["text_output"].dtype == np.object_ and tensors["finish_reason"].dtype == np.object_
     assert tensors["text_output"].tolist() == [["é".encode()]]
 

@@ -257,7 +257,7 @@ def test_response_tensors_hold_what_was_asked(gm, pb):
     a.add(1), a.add(2), b.add(8)  # a: length after 2; b: a stop token
     tokens = gm.padded_tokens([a, b], pad=0)
     assert tokens.tolist() == [[1, 2], [8, 0]]
-    every = gm.response_tensors([a, b], tokens, set(gm.OUTPUTS), ["xy", "é"])
+    every = gm.response_tensors([a, b], tokens, set(gm.C.OUTPUT_NAMES), ["xy", "é"])
     got = {t.name(): t.as_numpy() for t in every}
     assert list(got) == ["output_ids", "text_output", "finish_reason", "num_input_tokens", "num_output_tokens"]
     assert got["output_ids"].dtype == np.int64 and got["output_ids"].tolist() == [[1, 2], [8, 0]]
@@ -274,8 +274,8 @@ def test_response_tensors_hold_what_was_asked(gm, pb):
 
 def test_wanted_outputs_probe_and_finish_reason(gm, pb):
     assert gm._wanted(_Request(wanted=["text_output"])) == {"text_output"}
-    assert gm._wanted(_Request()) == set(gm.OUTPUTS)  # none named: all
-    assert gm._wanted(SimpleNamespace()) == set(gm.OUTPUTS)
+    assert gm._wanted(_Request()) == set(gm.C.OUTPUT_NAMES)  # none named: all
+    assert gm._wanted(SimpleNamespace()) == set(gm.C.OUTPUT_NAMES)
     assert gm._is_probe(_Request(parameters='{"wide_probe": true}')) is True
     for parameters in ('{"wide_probe": false}', "{}", "", None, "not json", "[1]"):
         assert gm._is_probe(_Request(parameters=parameters)) is False

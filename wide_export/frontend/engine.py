@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Mapping, Optional, Protocol, Sequence
 
+from wide_export.triton import contract as C
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -33,7 +35,7 @@ log = logging.getLogger("wide_export.frontend")
 
 STOP = "stop"
 LENGTH = "length"
-OUTPUTS = ("output_ids", "text_output", "finish_reason", "num_input_tokens", "num_output_tokens")
+OUTPUTS = C.OUTPUT_NAMES
 # Triton core's messages for a model that cannot take requests now (stream errors have no status).
 _UNAVAILABLE_SIGNS = ("Request for unknown model", "has no available versions", "is not ready", "is not healthy")
 _DRAIN_TIMEOUT = 30.0  # seconds a finished stream may take to close before it is cancelled
@@ -129,7 +131,8 @@ def request_tensors(req: GenerationRequest, info: ModelInfo) -> list[tuple[str, 
 
     tensors: list[tuple[str, np.ndarray, str]] = []
 
-    def add(name: str, values: list, dtype: str, param: str) -> None:
+    def add(name: str, values: list, param: str) -> None:
+        dtype = C.client_dtype(name)
         if name not in info.inputs:
             raise EngineError("invalid", f"model {info.name} does not take {param} (it has no input {name!r})",
                               param=param)
@@ -141,25 +144,25 @@ def request_tensors(req: GenerationRequest, info: ModelInfo) -> list[tuple[str, 
         tensors.append((name, array[None, :] if info.batched else array, dtype))
 
     if req.prompt_ids is not None:
-        add("input_ids", [int(t) for t in req.prompt_ids], "INT64", "prompt")
+        add(C.INPUT_IDS, [int(t) for t in req.prompt_ids], "prompt")
     else:
-        add("text_input", [(req.prompt or "").encode("utf-8")], "BYTES", "prompt")
-        if "add_special_tokens" in info.inputs:
-            add("add_special_tokens", [bool(req.add_special_tokens)], "BOOL", "add_special_tokens")
+        add(C.TEXT_INPUT, [(req.prompt or "").encode("utf-8")], "prompt")
+        if C.ADD_SPECIAL_TOKENS in info.inputs:
+            add(C.ADD_SPECIAL_TOKENS, [bool(req.add_special_tokens)], "add_special_tokens")
     if req.max_tokens is not None:
-        add("max_new_tokens", [int(req.max_tokens)], "INT32", "max_tokens")
-    if req.temperature is not None and (req.temperature > 0 or "temperature" in info.inputs):
-        add("temperature", [float(req.temperature)], "FP32", "temperature")
-    if req.top_p is not None and (req.top_p < 1 or "top_p" in info.inputs):
-        add("top_p", [float(req.top_p)], "FP32", "top_p")
+        add(C.MAX_NEW_TOKENS, [int(req.max_tokens)], "max_tokens")
+    if req.temperature is not None and (req.temperature > 0 or C.TEMPERATURE in info.inputs):
+        add(C.TEMPERATURE, [float(req.temperature)], "temperature")
+    if req.top_p is not None and (req.top_p < 1 or C.TOP_P in info.inputs):
+        add(C.TOP_P, [float(req.top_p)], "top_p")
     if req.seed is not None:
-        add("seed", [int(req.seed)], "INT64", "seed")
+        add(C.SEED, [int(req.seed)], "seed")
     if req.stop:
-        add("stop_words", [s.encode("utf-8") for s in req.stop], "BYTES", "stop")
+        add(C.STOP_WORDS, [s.encode("utf-8") for s in req.stop], "stop")
     if req.stop_token_ids:
-        add("stop_token_ids", [int(t) for t in req.stop_token_ids], "INT64", "stop_token_ids")
+        add(C.STOP_TOKEN_IDS, [int(t) for t in req.stop_token_ids], "stop_token_ids")
     if req.ignore_eos:
-        add("ignore_eos", [True], "BOOL", "ignore_eos")
+        add(C.IGNORE_EOS, [True], "ignore_eos")
     return tensors
 
 
@@ -184,15 +187,15 @@ def parse_response(result) -> GenerationChunk:
     """A chunk from one InferResult (decoupled: one token; otherwise the whole generation)."""
     ids = None
     try:
-        ids = result.as_numpy("output_ids")
+        ids = result.as_numpy(C.OUTPUT_IDS)
     except Exception:  # noqa: BLE001
         ids = None
     token_ids = tuple(int(t) for t in ids.reshape(-1)) if ids is not None else ()
-    finish = _text(_scalar(result, "finish_reason")) or None
-    prompt_tokens = _scalar(result, "num_input_tokens")
-    completion_tokens = _scalar(result, "num_output_tokens")
+    finish = _text(_scalar(result, C.FINISH_REASON)) or None
+    prompt_tokens = _scalar(result, C.NUM_INPUT_TOKENS)
+    completion_tokens = _scalar(result, C.NUM_OUTPUT_TOKENS)
     return GenerationChunk(
-        text=_text(_scalar(result, "text_output")), token_ids=token_ids, finish_reason=finish,
+        text=_text(_scalar(result, C.TEXT_OUTPUT)), token_ids=token_ids, finish_reason=finish,
         prompt_tokens=None if prompt_tokens is None else int(prompt_tokens),
         completion_tokens=None if completion_tokens is None else int(completion_tokens),
     )
@@ -329,7 +332,7 @@ class TritonEngine:
                     raise engine_error(error)
                 chunk = parse_response(result)
                 tokens += len(chunk.token_ids)
-                if chunk.finish_reason is None and "finish_reason" not in info.outputs and request.max_tokens \
+                if chunk.finish_reason is None and C.FINISH_REASON not in info.outputs and request.max_tokens \
                         and tokens >= request.max_tokens:
                     chunk = GenerationChunk(chunk.text, chunk.token_ids, LENGTH, chunk.prompt_tokens,
                                             chunk.completion_tokens)

@@ -7,6 +7,7 @@ from typing import Optional
 import numpy as np
 
 from wide_export.errors import WideError
+from wide_export.triton import contract as C
 
 PROTOCOLS = ("http", "grpc")
 
@@ -40,12 +41,12 @@ class GenerationClient:
     def raw_infer(self, inputs: dict[str, tuple[np.ndarray, str]]) -> np.ndarray:
         """Send arbitrary tensors ({name: (array, triton dtype)}); returns output_ids."""
         tensors = [self._input(name, array, dtype) for name, (array, dtype) in inputs.items()]
-        outputs = [self._module.InferRequestedOutput("output_ids")]
+        outputs = [self._module.InferRequestedOutput(C.OUTPUT_IDS)]
         if self.protocol == "http":
             result = self._client.infer(self.model, tensors, outputs=outputs, timeout=int(self.timeout * 1e6))
         else:
             result = self._client.infer(self.model, tensors, outputs=outputs, client_timeout=self.timeout)
-        return result.as_numpy("output_ids")
+        return result.as_numpy(C.OUTPUT_IDS)
 
     def generate(
         self,
@@ -62,16 +63,11 @@ class GenerationClient:
         single = ids.ndim == 1
         ids = ids.reshape(1, -1) if single else ids
         batch = ids.shape[0]
-        inputs = {"input_ids": (ids, "INT64"),
-                  "max_new_tokens": (np.full((batch, 1), max_new_tokens, np.int32), "INT32")}
-        if temperature is not None:
-            inputs["temperature"] = (np.full((batch, 1), temperature, np.float32), "FP32")
-        if top_p is not None:
-            inputs["top_p"] = (np.full((batch, 1), top_p, np.float32), "FP32")
-        if seed is not None:
-            inputs["seed"] = (np.full((batch, 1), seed, np.int64), "INT64")
-        if ignore_eos is not None:
-            inputs["ignore_eos"] = (np.full((batch, 1), ignore_eos, np.bool_), "BOOL")
+        given = {C.MAX_NEW_TOKENS: (max_new_tokens, np.int32), C.TEMPERATURE: (temperature, np.float32),
+                 C.TOP_P: (top_p, np.float32), C.SEED: (seed, np.int64), C.IGNORE_EOS: (ignore_eos, np.bool_)}
+        inputs = {C.INPUT_IDS: (ids, C.client_dtype(C.INPUT_IDS))}
+        inputs.update({name: (np.full((batch, 1), value, dtype), C.client_dtype(name))
+                       for name, (value, dtype) in given.items() if value is not None})
         out = self.raw_infer(inputs)
         return out[0] if single else out
 

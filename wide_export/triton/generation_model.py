@@ -1,9 +1,10 @@
 """WIDE generation model for Triton's Python backend (copied as `<model>/1/model.py`).
 
 Self-contained on purpose (numpy, onnxruntime, Triton's pb_utils; `tokenizers` for text): a
-generated repository must run where wide_export is not installed. Its siblings inflight.py
-(in-flight batching), textgen.py (tokenizer, stop rules, streamed text) and metrics.py
-(Prometheus metrics through pb_utils.MetricFamily) are copied beside it.
+generated repository must run where wide_export is not installed. Its siblings contract.py (the
+names, dtypes and shapes of its inputs and outputs), inflight.py (in-flight batching), textgen.py
+(tokenizer, stop rules, streamed text) and metrics.py (Prometheus metrics through
+pb_utils.MetricFamily) are copied beside it.
 
 Interface (one prompt per row; the rows of an input_ids request share a length):
   inputs  exactly one of input_ids INT64 [-1] or text_input BYTES [1] (UTF-8, tokenized by the
@@ -419,7 +420,8 @@ def check_device_cache_ops(settings: Settings, step: StepFn, inflight) -> None:
 
 
 def load_sibling(name: str):
-    """A module of this folder (inflight.py, textgen.py, metrics.py: in the package and in a repository)."""
+    """A module of this folder (contract.py, inflight.py, textgen.py, metrics.py: in the package and in a
+    repository)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     key = f"wide_{name}_{abs(hash(path))}"
     if key not in sys.modules:
@@ -428,6 +430,9 @@ def load_sibling(name: str):
         sys.modules[key] = module  # dataclasses look their module up while the file executes
         spec.loader.exec_module(module)
     return sys.modules[key]
+
+
+C = load_sibling("contract")  # the I/O contract: every tensor name this model reads and writes
 
 
 def load_inflight():
@@ -473,8 +478,8 @@ def _text(value, name: str) -> str:
 
 def _prompts(request, codec) -> list[np.ndarray]:
     """The request's prompts as token ids: from input_ids, or text_input through the tokenizer."""
-    ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
-    text = pb_utils.get_input_tensor_by_name(request, "text_input")
+    ids = pb_utils.get_input_tensor_by_name(request, C.INPUT_IDS)
+    text = pb_utils.get_input_tensor_by_name(request, C.TEXT_INPUT)
     if (ids is None) == (text is None):
         raise RequestError("send exactly one of input_ids (token ids) or text_input (text)")
     if ids is not None:
@@ -486,7 +491,7 @@ def _prompts(request, codec) -> list[np.ndarray]:
         raise RequestError("this repository has no tokenizer (tokenizer.json): send input_ids, or regenerate "
                            "the repository from an export of a model folder with its tokenizer files")
     texts = text.as_numpy().reshape(-1)
-    specials = _per_row(request, "add_special_tokens", texts.size, True)
+    specials = _per_row(request, C.ADD_SPECIAL_TOKENS, texts.size, True)
     return [codec.encode(_text(t, "text_input"), bool(add)) for t, add in zip(texts, specials)]
 
 
@@ -499,20 +504,20 @@ def rows_from_request(request, settings: Optional[Settings] = None, codec=None) 
     batch = len(prompts)
     limit = settings.max_total_tokens if settings is not None else 0
     eos = tuple(settings.eos_token_ids) if settings is not None else ()
-    new = _per_row(request, "max_new_tokens", batch, None)
+    new = _per_row(request, C.MAX_NEW_TOKENS, batch, None)
     extras = {name: _per_row(request, name, batch, default)
-              for name, default in (("temperature", 0.0), ("top_p", 1.0), ("seed", None), ("ignore_eos", False))}
-    stop_ids = _per_row_lists(request, "stop_token_ids", batch)
-    stop_words = [[_text(w, "stop_words") for w in words] for words in _per_row_lists(request, "stop_words", batch)]
+              for name, default in ((C.TEMPERATURE, 0.0), (C.TOP_P, 1.0), (C.SEED, None), (C.IGNORE_EOS, False))}
+    stop_ids = _per_row_lists(request, C.STOP_TOKEN_IDS, batch)
+    stop_words = [[_text(w, C.STOP_WORDS) for w in words] for words in _per_row_lists(request, C.STOP_WORDS, batch)]
     if codec is None and any(any(words) for words in stop_words):
         raise RequestError("stop_words need the model's tokenizer, and this repository has none (tokenizer.json)")
     rows = []
     for b, prompt in enumerate(prompts):
         n = new[b] if new[b] is not None else max(limit - prompt.size, 0)
-        rows.append(Row(prompt=prompt, max_new_tokens=int(n), temperature=float(extras["temperature"][b]),
-                        top_p=float(extras["top_p"][b]),
-                        seed=None if extras["seed"][b] is None else int(extras["seed"][b]),
-                        stop_ids=(() if extras["ignore_eos"][b] else eos) + tuple(int(i) for i in stop_ids[b]),
+        rows.append(Row(prompt=prompt, max_new_tokens=int(n), temperature=float(extras[C.TEMPERATURE][b]),
+                        top_p=float(extras[C.TOP_P][b]),
+                        seed=None if extras[C.SEED][b] is None else int(extras[C.SEED][b]),
+                        stop_ids=(() if extras[C.IGNORE_EOS][b] else eos) + tuple(int(i) for i in stop_ids[b]),
                         stop_strings=tuple(w for w in stop_words[b] if w)))
     return rows
 
@@ -527,10 +532,9 @@ def _wanted(request) -> set:
     """The outputs a request asked for (all when it named none)."""
     names = getattr(request, "requested_output_names", None)
     asked = set(names()) if callable(names) else set()
-    return asked or set(OUTPUTS)
+    return asked or set(C.OUTPUT_NAMES)
 
 
-OUTPUTS = ("output_ids", "text_output", "finish_reason", "num_input_tokens", "num_output_tokens")
 
 
 def _column(values: list, dtype) -> np.ndarray:
@@ -539,16 +543,16 @@ def _column(values: list, dtype) -> np.ndarray:
 
 def response_tensors(outputs: list, tokens: np.ndarray, wanted: set, text: list) -> list:
     """The tensors of one response: `tokens` [rows, n] (the new tokens), `text` per row."""
-    tensors = [pb_utils.Tensor("output_ids", tokens.astype(np.int64))]
-    if "text_output" in wanted:
-        tensors.append(pb_utils.Tensor("text_output", _column([t.encode("utf-8") for t in text], np.object_)))
-    if "finish_reason" in wanted:
-        tensors.append(pb_utils.Tensor("finish_reason",
+    tensors = [pb_utils.Tensor(C.OUTPUT_IDS, tokens.astype(np.int64))]
+    if C.TEXT_OUTPUT in wanted:
+        tensors.append(pb_utils.Tensor(C.TEXT_OUTPUT, _column([t.encode("utf-8") for t in text], np.object_)))
+    if C.FINISH_REASON in wanted:
+        tensors.append(pb_utils.Tensor(C.FINISH_REASON,
                                        _column([(o.finish_reason or "").encode() for o in outputs], np.object_)))
-    if "num_input_tokens" in wanted:
-        tensors.append(pb_utils.Tensor("num_input_tokens", _column([o.prompt_tokens for o in outputs], np.int32)))
-    if "num_output_tokens" in wanted:
-        tensors.append(pb_utils.Tensor("num_output_tokens", _column([len(o.tokens) for o in outputs], np.int32)))
+    if C.NUM_INPUT_TOKENS in wanted:
+        tensors.append(pb_utils.Tensor(C.NUM_INPUT_TOKENS, _column([o.prompt_tokens for o in outputs], np.int32)))
+    if C.NUM_OUTPUT_TOKENS in wanted:
+        tensors.append(pb_utils.Tensor(C.NUM_OUTPUT_TOKENS, _column([len(o.tokens) for o in outputs], np.int32)))
     return tensors
 
 
@@ -658,7 +662,7 @@ class TritonPythonModel:
     def _stream_response(self, outputs: list, fresh: list, wanted: set):
         """One streamed response: each row's token of this step (pad for rows that ended before)."""
         tokens = np.array([[self.settings.pad_token_id if t is None else t] for t in fresh], dtype=np.int64)
-        text = [o.take_text() if "text_output" in wanted else "" for o in outputs]
+        text = [o.take_text() if C.TEXT_OUTPUT in wanted else "" for o in outputs]
         return pb_utils.InferenceResponse(output_tensors=response_tensors(outputs, tokens, wanted, text))
 
     def _submit(self, requests: list) -> None:

@@ -4,6 +4,7 @@ Layout (standard Triton):
     REPO/README.md
     REPO/<model>/config.pbtxt            generation model (Python backend)
     REPO/<model>/1/model.py              = wide_export/triton/generation_model.py
+    REPO/<model>/1/contract.py           = wide_export/triton/contract.py (its inputs' and outputs' names, dtypes)
     REPO/<model>/1/inflight.py           = wide_export/triton/inflight.py (in-flight batching)
     REPO/<model>/1/textgen.py            = wide_export/triton/textgen.py (tokenizer, stop rules, text)
     REPO/<model>/1/metrics.py            = wide_export/triton/metrics.py (Prometheus metrics)
@@ -32,6 +33,7 @@ from wide_export.names import ONNX_FILE
 from wide_export.outdir import atomic_output_dir, check_output_dir
 from wide_export.triton.engines import EngineSource, EngineSpec, ProfileSpec, read_engine_folder
 from wide_export.triton.sources import OnnxSource, read_onnx_folder
+from wide_export.triton import contract
 from wide_export.triton.templates import render
 from wide_export.export.genai_config import serving_files
 from wide_export.triton.textfiles import check_tokenizer, generation_tokens
@@ -99,7 +101,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.close(fd)
 
 
-SIBLINGS = ("inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its own folder
+SIBLINGS = ("contract.py", "inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its folder
 
 
 def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, settings: dict, source: Path) -> Path:
@@ -113,6 +115,7 @@ def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, setting
         "generation.pbtxt", flavour=flavour, model_name=opts.model_name, max_batch=settings.pop("_max_batch"),
         instances=opts.instances, queue_delay_us=opts.queue_delay_us, intra_op_threads=opts.intra_op_threads,
         decoupled="true" if opts.streaming else "false", batching=opts.batching if opts.streaming else "static",
+        inputs=contract.pbtxt(contract.INPUTS), outputs=contract.pbtxt(contract.OUTPUTS),
     ))
     package = files("wide_export.triton")
     (version / "model.py").write_text(package.joinpath("generation_model.py").read_text())
