@@ -35,3 +35,33 @@ def test_empty_cache_runs_every_layer(model):
     assert logits.shape == (2, 3, c.vocab_size) and torch.isfinite(logits).all()
     assert len(presents) == c.num_layers  # one present per layer, each holding the 3 new positions
     assert all(k.shape == (2, c.num_key_value_heads, 3, c.head_dim) for k, _ in presents)
+
+
+def test_the_export_pipeline_is_a_library_call(tmp_path):
+    """What `wide-export onnx` does, without the CLI: export.pipeline.export_and_verify of checkpoint.Sources
+    publishes the folder with its verification report; a sharded one the same through tp.pipeline."""
+    import json
+
+    from wide_export.checkpoint import Sources
+    from wide_export.export.pipeline import export_and_verify
+    from wide_export.tp.pipeline import export_tp_and_verify
+
+    run = export_and_verify(Sources(), tmp_path / "out", steps=1)
+    assert run.report is not None and run.report.passed
+    assert sum(run.result.wide_nodes.values()) > 0 and (tmp_path / "out" / "model.onnx").is_file()
+    assert json.loads((tmp_path / "out" / "verify_report.json").read_text())["passed"] is True
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the hidden staging folder is gone
+    run = export_tp_and_verify(Sources(), tmp_path / "tp", tp=2, steps=1)
+    assert run.report.passed and run.result["world_size"] == 2 and (tmp_path / "tp" / "rank1" / "model.onnx").is_file()
+    nothing = export_and_verify(Sources(), tmp_path / "unverified", verify=False)
+    assert nothing.report is None and not (tmp_path / "unverified" / "verify_report.json").exists()
+
+
+def test_sources_load_what_the_loader_loads_from_the_same_options():
+    from wide_export.checkpoint import Sources
+
+    s = Sources(lora_scale=1.5)
+    assert s.reference_kwargs() == {"model_dir": None, "router": None, "lora": None, "lora_scale": 1.5}
+    assert s.given_paths() == (None, None, None)
+    a, b = s.load(dtype="float32").model, load_wide_model(None, lora_scale=1.5, dtype="float32").model
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -70,57 +70,34 @@ def onnx(
         check_tp_early(model, tp)
     if tp is not None and dtype == "bfloat16" and verify:
         raise WideError("a bfloat16 --tp export cannot be verified on CPU", "add --no-verify, or export float32")
-    check_output_dir(output, force, protect=(model, router, lora))  # fail before minutes of loading
-    if tp is not None:
-        with interrupt_on_signals():
-            from wide_export.cli.onnx_tp_cmd import export_tp_cmd
-
-            export_tp_cmd(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset,
-                          force, verify, steps, seed, tp, balance_text)
-        return
-    with interrupt_on_signals():  # SIGTERM cleans up as Ctrl-C does (no hidden temp folder stays)
-        _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset, force,
-                verify, steps, seed, sliced)
-
-
-def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, opset, force,
-            verify, steps, seed, sliced) -> None:
-    from wide_export.checkpoint import load_wide_model
-    from wide_export.export.onnx_export import export_onnx
+    from wide_export.checkpoint import Sources
     from wide_export.progress import Stages
 
+    sources = Sources(model, router, lora, lora_scale, attn_group_size, ffn_group_size)
+    check_output_dir(output, force, protect=sources.given_paths())  # fail before minutes of loading
     stages = Stages()
-    if model is None:
-        from wide_export.model.demo import DEMO_NAME
+    with interrupt_on_signals():  # SIGTERM cleans up as Ctrl-C does (no hidden temp folder stays)
+        if tp is not None:
+            from wide_export.tp.pipeline import export_tp_and_verify
 
-        stages.note(f"no --model given: exporting the embedded demo model, {DEMO_NAME}")
-    with stages.stage("load"):
-        loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale,
-                                 attn_group_size=attn_group_size, ffn_group_size=ffn_group_size,
-                                 dtype=dtype, progress=stages.update, lazy=True,  # weights streamed at save
-                                 checksums=False)  # sha256 computed while tracing (export/provenance.py)
-    from wide_export.outdir import atomic_output_dir
-    from wide_export.verify.onnx_verify import REPORT_NAME
+            run = export_tp_and_verify(sources, output, tp=tp, balance_text=balance_text, dtype=dtype, opset=opset,
+                                       force=force, verify=verify, steps=steps, seed=seed, stages=stages)
+            manifest = run.result
+            stages.note(f"wrote {output}: {tp} rank graph(s) (rank*/model.onnx, "
+                        f"{manifest['ranks'][0]['collectives']} DistCollective all-reduces each) and tp_manifest.json")
+        else:
+            from wide_export.export.pipeline import export_and_verify
 
-    report = None
-    # Export and verify in a hidden folder beside OUTPUT, renamed to OUTPUT at the end: Ctrl-C or SIGTERM,
-    # also while verifying, leaves no new export and an OUTPUT replaced with --force as it was.
-    with atomic_output_dir(output, force) as staging:
-        result = export_onnx(loaded, staging, opset=opset, force=True, stages=stages)
-        if verify:
-            from wide_export.verify.onnx_verify import verify_onnx
+            if model is None:
+                from wide_export.model.demo import DEMO_NAME
 
-            ref = loaded if dtype == "float32" else None
-            report = verify_onnx(staging, loaded=ref, stages=stages, steps=steps, seed=seed, sliced=sliced,
-                                 report_path=staging / REPORT_NAME,
-                                 load_kwargs=_reload_kwargs(model, router, lora, lora_scale))
-    counts = ", ".join(f"{n} {op}" for op, n in result.wide_nodes.items())
-    stages.note(f"wrote {output}/model.onnx ({counts})")
-    if report is not None:
+                stages.note(f"no --model given: exporting the embedded demo model, {DEMO_NAME}")
+            run = export_and_verify(sources, output, dtype=dtype, opset=opset, force=force, verify=verify,
+                                    steps=steps, seed=seed, sliced=sliced, stages=stages)
+            counts = ", ".join(f"{n} {op}" for op, n in run.result.wide_nodes.items())
+            stages.note(f"wrote {output}/model.onnx ({counts})")
+    if run.report is not None:
         from wide_export.cli.verify_cmd import finish_verification
+        from wide_export.verify.onnx_verify import REPORT_NAME
 
-        finish_verification(report, output / REPORT_NAME)  # a failed check keeps OUTPUT, exits 1
-
-
-def _reload_kwargs(model, router, lora, lora_scale) -> dict:
-    return {"model_dir": model, "router": router, "lora": lora, "lora_scale": lora_scale}
+        finish_verification(run.report, output / REPORT_NAME)  # a failed check keeps OUTPUT, exits 1

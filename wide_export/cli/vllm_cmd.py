@@ -66,24 +66,24 @@ def vllm(
                         f"pass the folder itself as --output ({output.resolve()}), or remove the link")
     if dtype not in DTYPES:
         raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
-    check_output_dir(output, force, protect=(model, router, lora))
-    _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, force)
+    from wide_export.checkpoint import Sources
+
+    sources = Sources(model, router, lora, lora_scale, attn_group_size, ffn_group_size)
+    check_output_dir(output, force, protect=sources.given_paths())
+    _export(output, sources, dtype, force)
 
 
-def _export(output, model, router, lora, lora_scale, attn_group_size, ffn_group_size, dtype, force) -> None:
-    from wide_export.checkpoint import load_wide_model
+def _export(output, sources, dtype, force) -> None:
     from wide_export.outdir import atomic_output_dir
     from wide_export.progress import Stages
     from wide_export.vllm.export import export_vllm, source_dtype
 
     stages = Stages()
     if dtype == "auto":
-        dtype = source_dtype(model)
+        dtype = source_dtype(sources.model_dir)
     with stages.stage("load"):
-        loaded = load_wide_model(model, router=router, lora=lora, lora_scale=lora_scale,
-                                 attn_group_size=attn_group_size, ffn_group_size=ffn_group_size, dtype=dtype,
-                                 progress=stages.update, lazy=True, checksums=False)
-    if model is None:  # after the checks: a bad flag stays the only line
+        loaded = sources.load(dtype=dtype, progress=stages.update, lazy=True, checksums=False)
+    if sources.model_dir is None:  # after the checks: a bad flag stays the only line
         from wide_export.model.demo import DEMO_NAME
 
         stages.note(f"no --model given: writing the embedded demo model, {DEMO_NAME}")
