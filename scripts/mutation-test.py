@@ -95,6 +95,10 @@ TESTS: dict[str, list[str]] = {
     "wide_export/verify/onnx_verify.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
     "wide_export/verify/common.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
     "wide_export/export/session.py": ["tests/verify/test_onnx_verify_units.py"],
+    "wide_export/childproc.py": ["tests/test_childproc.py"],
+    "wide_export/triton/contract.py": ["tests/triton/test_contract.py", "tests/frontend/test_engine_units.py"],
+    "wide_export/checkpoint/sources.py": ["tests/test_python_api.py::test_sources_load_what_the_loader_loads_from_the_same_options",
+                                          "tests/test_python_api.py::test_sources_pass_every_option_to_the_loader"],
     # the OpenAI front end: in-process on tests/frontend/fakes.py's engine (TestClient, or uvicorn
     # in a thread of the test process); test_serve_cli.py and test_openai_e2e.py run subprocesses / tritonserver
     "wide_export/frontend/protocol.py": ["tests/frontend/test_app.py", "tests/frontend/test_protocol.py"],

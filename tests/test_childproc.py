@@ -89,3 +89,17 @@ def test_the_tensorrt_child_runs_a_function_and_returns_its_json():
     assert run_in_child("json:dumps", {"obj": [1, 2]}, dict(os.environ)) == "[1, 2]"
     with pytest.raises(WideError, match="unknown --preset nope"):
         run_in_child("wide_export.bench.generate:run_generate_bench", {"preset": "nope"}, dict(os.environ))
+
+
+def test_the_death_signal_and_the_umask_are_set_in_the_child_itself():
+    """What the child runs between fork and exec, read back by the child (prctl PR_GET_PDEATHSIG = 2)."""
+    code = ("import ctypes, os; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v)); "
+            "print(v.value, os.umask(0))")
+    before = os.umask(0o022)
+    os.umask(before)
+    for kwargs, want in (({"die_with_parent": True, "umask": 0o027}, [int(signal.SIGTERM), 0o027]),
+                         ({"die_with_parent": True}, [int(signal.SIGTERM), before]),
+                         ({"umask": 0o077}, [0, 0o077]), ({}, [0, before])):
+        proc = childproc.start([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, **kwargs)
+        out, _ = proc.communicate(timeout=30)
+        assert [int(v) for v in out.split()] == want, kwargs

@@ -65,3 +65,19 @@ def test_sources_load_what_the_loader_loads_from_the_same_options():
     assert s.given_paths() == (None, None, None)
     a, b = s.load(dtype="float32").model, load_wide_model(None, lora_scale=1.5, dtype="float32").model
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_sources_pass_every_option_to_the_loader(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from wide_export.checkpoint import Sources, loader
+
+    seen = {}
+    monkeypatch.setattr(loader, "load_wide_model", lambda model_dir, **kw: seen.update(model_dir=model_dir, **kw))
+    s = Sources(tmp_path, Path("r.pth"), Path("l.pth"), 0.5, 3, 7)
+    s.load(dtype="float16", lazy=True)
+    assert seen == {"model_dir": tmp_path, "router": Path("r.pth"), "lora": Path("l.pth"), "lora_scale": 0.5,
+                    "attn_group_size": 3, "ffn_group_size": 7, "dtype": "float16", "lazy": True}
+    assert s.reference_kwargs() == {"model_dir": tmp_path, "router": Path("r.pth"), "lora": Path("l.pth"),
+                                    "lora_scale": 0.5}
+    assert s.given_paths() == (tmp_path, Path("r.pth"), Path("l.pth"))

@@ -78,3 +78,11 @@ def test_the_copied_model_files_import_without_wide_export(tiny_repo, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["input_ids", "10", "5", "False"]
+
+
+def test_pbtxt_entries_by_hand():
+    tensors = (contract.Tensor("a", "INT64", (-1, 4), optional=True, ragged=True), contract.Tensor("b", "FP32", (1,)))
+    assert contract.pbtxt(tensors) == (
+        '  { name: "a" data_type: TYPE_INT64 dims: [ -1, 4 ] optional: true allow_ragged_batch: true },\n'
+        '  { name: "b" data_type: TYPE_FP32 dims: [ 1 ] }')
+    assert contract.pbtxt(()) == ""

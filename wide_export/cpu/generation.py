@@ -92,7 +92,7 @@ class CpuGenerator:
         return self.loaded.model
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, sampling: Optional[Sampling] = None,
-            on_token: Optional[Callable[[int, torch.Tensor], None]] = None, stop_at_eos: bool = True) -> Generated:
+            on_token: Optional[Callable[[int, object], None]] = None, stop_at_eos: bool = True) -> Generated:
         """New tokens for prompts of one length (a batch of rows), timed: prefill = the first step."""
         from wide_export.ops import dispatch
 
@@ -107,12 +107,12 @@ class CpuGenerator:
                             f"{self.model.config.max_position_embeddings} positions", "lower --max-new")
         marks: list[float] = []
 
-        def seen(step: int, ids: torch.Tensor) -> None:
+        def seen(step: int, ids) -> None:
             marks.append(time.perf_counter())
             if on_token is not None:
                 on_token(step, ids)
 
-        def stop(ids: torch.Tensor) -> bool:
+        def stop(ids) -> bool:
             return stop_at_eos and bool(self.eos) and all(int(i) in self.eos for i in ids)
 
         start = time.perf_counter()

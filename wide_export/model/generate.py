@@ -1,8 +1,11 @@
-"""Generation with the reference model: prefill, then one token per step with the KV cache.
+"""The one generation loop: a prefill, then one token per step, whatever computes the step.
 
-`greedy_generate` is the oracle's loop (the tuple cache, any left padding). `generate` is the loop of the
-fast CPU path (`wide-export generate`, `bench generate`): a preallocated cache (modeling.StaticKV), greedy or
-sampled, each token handed to a callback as it is chosen.
+`decode_loop(step, input_ids, attention_mask, n, choose)` keeps the bookkeeping (the ids, attention mask and
+positions of each step, left padding included), chooses each token (`greedy`, or `Sampling`), hands it to a
+callback and stops early when asked; `step(ids, mask, positions) -> logits [B, T, V]` computes a forward and
+keeps its own KV cache. Steps: the PyTorch model with a tuple cache (`TorchStep`: the reference, verification)
+or a preallocated one (the fast CPU path), the ranks of a sharded export (tp/run.py). `greedy_generate` and
+`generate` are the loop on the PyTorch model.
 """
 
 from __future__ import annotations
@@ -10,12 +13,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 
-def positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """position_ids for left padding: the count of real tokens before each position."""
+def positions(attention_mask):
+    """position_ids for left padding: the count of real tokens before each position (torch or numpy)."""
+    if isinstance(attention_mask, np.ndarray):
+        return np.maximum(attention_mask.cumsum(-1) - 1, 0)
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def greedy(logits):
+    """The most likely token of each row of logits [B, V] (torch or numpy)."""
+    return logits.argmax(-1)
+
+
+def decode_loop(step: Callable, input_ids: np.ndarray, attention_mask: Optional[np.ndarray], max_new_tokens: int,
+                choose: Callable = greedy, on_token: Optional[Callable[[int, np.ndarray], None]] = None,
+                stop: Optional[Callable[[np.ndarray], bool]] = None) -> np.ndarray:
+    """New tokens [B, n <= max_new_tokens] (int64) for input_ids [B, T] (rows left-padded by attention_mask,
+    None: none are). Each step feeds the new ids, the mask over past + new positions and their positions to
+    `step`; choose(logits[:, -1]) picks a token per row; on_token(k, ids [B]) sees them as they are chosen
+    (k = 0 after the prefill); stop(ids) ends after those tokens."""
+    ids = np.asarray(input_ids, dtype=np.int64)
+    batch = ids.shape[0]
+    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
+    pos = positions(mask)
+    new = []
+    for k in range(max_new_tokens):
+        logits = step(ids, mask, pos)
+        chosen = np.asarray(choose(logits[:, -1]), dtype=np.int64).reshape(batch)
+        new.append(chosen)
+        if on_token is not None:
+            on_token(k, chosen)
+        if stop is not None and stop(chosen):
+            break
+        ids, pos = chosen[:, None], pos[:, -1:] + 1
+        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+    return np.stack(new, axis=1) if new else np.zeros((batch, 0), np.int64)
+
+
+class TorchStep:
+    """The PyTorch model (modeling.WideForCausalLM) as the loop's step: its KV cache kept here (`past`: the
+    tuple cache of empty_cache(batch), or a preallocated static_cache), `collect` recording router masks."""
+
+    def __init__(self, model, past, collect=None):
+        self.model, self.past, self.collect = model, past, collect
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> torch.Tensor:
+        logits, self.past = self.model(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(pos),
+                                       self.past, self.collect)
+        return logits
 
 
 @torch.no_grad()
@@ -25,19 +74,9 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
     `collect` (modeling.Collector) records every step's router masks when given.
     """
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    batch = input_ids.shape[0]
-    past = model.empty_cache(batch)
-    ids, mask, pos = input_ids, attention_mask, positions(attention_mask)
-    new = []
-    for _ in range(max_new_tokens):
-        logits, past = model(ids, mask, pos, past, collect)
-        ids = logits[:, -1].argmax(-1, keepdim=True)
-        new.append(ids)
-        mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
-        pos = pos[:, -1:] + 1
-    return torch.cat(new, dim=1) if new else input_ids.new_zeros(batch, 0)
+    step = TorchStep(model, model.empty_cache(input_ids.shape[0]), collect)
+    mask = None if attention_mask is None else attention_mask.numpy()
+    return torch.from_numpy(decode_loop(step, input_ids.numpy(), mask, max_new_tokens))
 
 
 @dataclass
@@ -71,24 +110,12 @@ class Sampling:
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, sampling: Optional[Sampling] = None,
-             on_token: Optional[Callable[[int, torch.Tensor], None]] = None,
-             stop: Optional[Callable[[torch.Tensor], bool]] = None) -> torch.Tensor:
+             on_token: Optional[Callable[[int, np.ndarray], None]] = None,
+             stop: Optional[Callable[[np.ndarray], bool]] = None) -> torch.Tensor:
     """New tokens [B, n <= max_new_tokens] for prompts of one length input_ids [B, T], with a preallocated KV
     cache of T + max_new_tokens positions. on_token(step, ids [B]) sees each step's tokens as they are
     chosen (step 0 after the prefill); stop(ids) ends early (e.g. every row reached an end token)."""
-    sampling = sampling or Sampling()
     batch, t = input_ids.shape
-    past = model.static_cache(batch, t + max_new_tokens)
-    ids, pos = input_ids, torch.arange(t)[None].expand(batch, t)
-    mask = torch.ones(batch, t + max_new_tokens, dtype=torch.long)
-    new = []
-    for step in range(max_new_tokens):
-        logits, past = model(ids, mask[:, :past[0].length + ids.shape[1]], pos, past)  # past + new positions
-        chosen = sampling(logits[:, -1])
-        new.append(chosen)
-        if on_token is not None:
-            on_token(step, chosen)
-        if stop is not None and stop(chosen):
-            break
-        ids, pos = chosen[:, None], torch.full((batch, 1), t + step, dtype=torch.long)
-    return torch.stack(new, dim=1) if new else input_ids.new_zeros(batch, 0)
+    step = TorchStep(model, model.static_cache(batch, t + max_new_tokens))
+    return torch.from_numpy(decode_loop(step, input_ids.numpy(), None, max_new_tokens, sampling or Sampling(),
+                                        on_token, stop))

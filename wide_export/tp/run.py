@@ -72,27 +72,25 @@ class RankGenerator:
         return env
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> list[int]:
-        """Greedy: prefill the prompt, then one token per step with the KV cache (batch 1)."""
+        """Greedy: prefill the prompt, then one token per step with the KV cache (batch 1), through the one
+        generation loop (model/generate.py), the ranks' graphs as its step."""
+        from wide_export.model.generate import decode_loop
+
         cfg = self.config
         n_layers, kvh, hd = cfg["num_layers"], cfg["num_key_value_heads"], cfg["head_dim"]
-        ids = np.asarray([list(prompt)], dtype=np.int64)
         past = {f"past_key_values.{i}.{kv}": np.zeros((1, kvh, 0, hd), self.kv_dtype)
                 for i in range(n_layers) for kv in ("key", "value")}
-        seen, out = 0, []
-        for _ in range(max_new_tokens):
-            t = ids.shape[1]
-            feed = {"input_ids": ids, "attention_mask": np.ones((1, seen + t), np.int64),
-                    "position_ids": np.arange(seen, seen + t, dtype=np.int64)[None], **past}
-            env = self.step(feed)
-            nxt = int(env["logits"][0, -1].argmax())
-            out.append(nxt)
-            if nxt in eos:
-                break
-            past = {f"past_key_values.{i}.{kv}": env[f"present.{i}.{kv}"] for i in range(n_layers)
-                    for kv in ("key", "value")}
-            seen += t
-            ids = np.asarray([[nxt]], dtype=np.int64)
-        return out
+
+        def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> np.ndarray:
+            env = self.step({"input_ids": np.ascontiguousarray(ids), "attention_mask": mask,
+                             "position_ids": pos, **past})
+            past.update({f"past_key_values.{i}.{kv}": env[f"present.{i}.{kv}"] for i in range(n_layers)
+                         for kv in ("key", "value")})
+            return env["logits"]
+
+        new = decode_loop(step, np.asarray([list(prompt)], dtype=np.int64), None, max_new_tokens,
+                          stop=lambda ids: int(ids[0]) in eos)
+        return new[0].tolist()
 
 
 BACKENDS = ("gloo", "nccl")

@@ -39,13 +39,12 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
     """
     import torch
 
-    from wide_export.model.generate import positions
+    from wide_export.model.generate import TorchStep, decode_loop
     from wide_export.model.modeling import Collector
 
     cfg = model.config
     ids, mask = left_padded_prompts(cfg.vocab_size, batch, prompt_len, seed)
-    past = model.empty_cache(batch)
-    pos = positions(mask)
+    step = TorchStep(model, model.empty_cache(batch))
     out: list[Step] = []
     if kv_dtype == "bfloat16":
         from wide_export.verify.evaluator import bfloat16
@@ -54,28 +53,29 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
     else:
         np_kv = np.float16 if kv_dtype == "float16" else np.float32
     hidden: list[np.ndarray] = []  # this step's residual stream entering each layer, then the final norm
+
+    def recorded(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray):
+        """The step of the one generation loop, its feed and every output kept."""
+        step.collect = collect = Collector()
+        hidden.clear()
+        logits = step(ids, mask, pos)
+        feed = {"input_ids": np.ascontiguousarray(ids), "attention_mask": mask.copy(), "position_ids": pos.copy()}
+        ref = {"logits": logits.numpy()}
+        for i, (k, v) in enumerate(step.past):
+            ref[f"present.{i}.key"], ref[f"present.{i}.value"] = k.float().numpy(), v.float().numpy()
+        margins = {}
+        for i, (masks, mrg) in enumerate(zip(collect.masks, collect.margins)):
+            for kind, m in masks.items():
+                ref[mask_output_name(i, kind)] = m.numpy().astype(np.int32)
+                margins[mask_output_name(i, kind)] = mrg[kind].numpy()
+        out.append(Step(feed, ref, margins, list(hidden)))
+        return logits
+
     hooks = [m.register_forward_pre_hook(lambda module, args: hidden.append(args[0].float().numpy()))
              for m in [*model.model.layers, model.model.norm]]
     try:
-        for _ in range(steps + 1):
-            collect = Collector()
-            hidden = []
-            with torch.no_grad():
-                logits, past = model(ids, mask, pos, past, collect)
-            feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "position_ids": pos.numpy()}
-            ref = {"logits": logits.numpy()}
-            for i, (k, v) in enumerate(past):
-                ref[f"present.{i}.key"], ref[f"present.{i}.value"] = k.float().numpy(), v.float().numpy()
-            margins = {}
-            for i, (masks, mrg) in enumerate(zip(collect.masks, collect.margins)):
-                for kind, m in masks.items():
-                    ref[mask_output_name(i, kind)] = m.numpy().astype(np.int32)
-                    margins[mask_output_name(i, kind)] = mrg[kind].numpy()
-            out.append(Step(feed, ref, margins, hidden))
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
-            ids = nxt
-            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
-            pos = pos[:, -1:] + 1
+        with torch.no_grad():
+            decode_loop(recorded, ids.numpy(), mask.numpy(), steps + 1)
     finally:
         for hook in hooks:
             hook.remove()

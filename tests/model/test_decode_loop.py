@@ -1,0 +1,45 @@
+"""model/generate.decode_loop, the one generation loop, with a step that records what it is fed and whose next
+token is known by hand: the ids, the mask over past + new positions and the positions of each step (left
+padding included), the chosen tokens, the callback and the early stop."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wide_export.model.generate import decode_loop
+
+
+class CountingStep:
+    """logits whose argmax is (last id + row + 1) % V; records each feed."""
+
+    V = 50
+
+    def __init__(self):
+        self.fed = []
+
+    def __call__(self, ids, mask, pos):
+        self.fed.append((ids.copy(), mask.copy(), pos.copy()))
+        logits = np.zeros((*ids.shape, self.V), np.float32)
+        for b in range(ids.shape[0]):
+            logits[b, -1, (ids[b, -1] + b + 1) % self.V] = 1.0
+        return logits
+
+
+def test_feeds_tokens_and_callback_by_hand():
+    step, seen = CountingStep(), []
+    ids = np.array([[0, 7, 8], [3, 4, 5]])
+    mask = np.array([[0, 1, 1], [1, 1, 1]])  # row 0 left-padded by one
+    new = decode_loop(step, ids, mask, 3, on_token=lambda k, chosen: seen.append((k, chosen.tolist())))
+    assert new.tolist() == [[9, 10, 11], [7, 9, 11]]
+    assert seen == [(0, [9, 7]), (1, [10, 9]), (2, [11, 11])]
+    (i0, m0, p0), (i1, m1, p1), (i2, m2, p2) = step.fed
+    assert i0.tolist() == ids.tolist() and m0.tolist() == mask.tolist() and p0.tolist() == [[0, 0, 1], [0, 1, 2]]
+    assert i1.tolist() == [[9], [7]] and m1.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]] and p1.tolist() == [[2], [3]]
+    assert i2.tolist() == [[10], [9]] and m2.shape == (2, 5) and p2.tolist() == [[3], [4]]
+
+
+def test_stop_ends_after_the_token_that_asked_and_zero_tokens_is_empty():
+    step = CountingStep()
+    new = decode_loop(step, np.array([[1]]), None, 10, stop=lambda chosen: int(chosen[0]) == 4)
+    assert new.tolist() == [[2, 3, 4]] and len(step.fed) == 3
+    assert decode_loop(CountingStep(), np.array([[1], [2]]), None, 0).shape == (2, 0)
