@@ -453,3 +453,134 @@ def wide_apply_mask_kernel(src_ptr, src2_ptr, dst_ptr, mask_ptr, M, N, G, group_
         u = tl.load(src2_ptr + _row_offsets(rm, N)[:, None] + rn[None, :], mask=keep, other=0.0).to(tl.float32)
         v = v * tl.sigmoid(v) * u
     tl.store(dst_ptr + _row_offsets(rm, N)[:, None] + rn[None, :], tl.where(keep, v, 0.0).to(dst_ptr.dtype.element_ty), mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Attention that leaves out the heads of skipped attention groups (WideMaskedAttention, docs/opset.md).
+# q / k / v rows are D elements apart (head_dim contiguous); batch and head strides are arguments, so a
+# preallocated KV cache is read in place. Softmax in float32 with the running maximum (online softmax).
+
+@triton.jit(do_not_specialize=["blocks_per_split"])
+def wide_decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, out_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                                 Hq, G, D, sqb, sqh, skb, skh, svb, svh, scale, blocks_per_split,
+                                 REP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr,
+                                 BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, SPLIT: tl.constexpr,
+                                 PRECISE: tl.constexpr):
+    """Decode: one query per sequence. Program (sequence b, KV head kh, split s) scores the REP query heads of
+    kh that are active against keys [s * blocks_per_split * BLOCK_L, ...) of the sequence's length; a KV head
+    none of whose query heads is active loads no key or value. SPLIT 1: writes out (skipped heads 0); more:
+    float32 partials (acc, running max, sum) that wide_attention_reduce_kernel combines."""
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    s = tl.program_id(2)
+    rh = tl.arange(0, BLOCK_H)
+    rd = tl.arange(0, BLOCK_D)
+    h = kh * REP + rh
+    h_in = rh < REP
+    h_ok = h_in
+    if HAS_MASK:
+        keep = tl.load(mask_ptr + b * G + h // (Hq // G), mask=h_in, other=0)
+        h_ok = h_in & (keep != 0)
+    active = tl.sum(h_ok.to(tl.int32), axis=0)
+    d_ok = rd < D
+    L = tl.load(len_ptr + b)
+    start = s * blocks_per_split * BLOCK_L
+    end = tl.minimum(start + blocks_per_split * BLOCK_L, L)
+    m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    if active > 0:
+        q = tl.load(q_ptr + b * sqb + h[:, None] * sqh + rd[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+        for l0 in range(start, end, BLOCK_L):
+            rl = l0 + tl.arange(0, BLOCK_L)
+            l_ok = rl < end
+            kt = tl.load(k_ptr + b * skb + kh * skh + rl[None, :] * D + rd[:, None],
+                         mask=l_ok[None, :] & d_ok[:, None], other=0.0)
+            sc = _mma(q, kt, tl.zeros([BLOCK_H, BLOCK_L], tl.float32), PRECISE) * scale
+            sc = tl.where(l_ok[None, :], sc, -1.0e30)
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            p = tl.exp(sc - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            vt = tl.load(v_ptr + b * svb + kh * svh + rl[:, None] * D + rd[None, :],
+                         mask=l_ok[:, None] & d_ok[None, :], other=0.0)
+            acc = _mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISE)
+            m_i = m_new
+    if SPLIT == 1:
+        o = tl.where(h_ok[:, None] & (l_i[:, None] > 0), acc / tl.maximum(l_i, 1.0e-30)[:, None], 0.0)
+        tl.store(out_ptr + (b * Hq + h)[:, None] * D + rd[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=h_in[:, None] & d_ok[None, :])
+    else:
+        row = (s * tl.num_programs(0) + b) * Hq + h  # partials [SPLIT, B, Hq, (D)]
+        tl.store(pacc_ptr + row[:, None] * D + rd[None, :], acc, mask=h_in[:, None] & d_ok[None, :])
+        tl.store(pm_ptr + row, m_i, mask=h_in)
+        tl.store(pl_ptr + row, tl.where(h_ok, l_i, 0.0), mask=h_in)
+
+
+@triton.jit
+def wide_attention_reduce_kernel(pacc_ptr, pm_ptr, pl_ptr, out_ptr, S, BH, D,
+                                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[row] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits, in split order; a row no
+    split summed (a skipped head) is 0."""
+    row = tl.program_id(0)
+    rs = tl.arange(0, BLOCK_S)
+    rd = tl.arange(0, BLOCK_D)
+    s_ok = rs < S
+    m = tl.load(pm_ptr + rs * BH + row, mask=s_ok, other=-1.0e30)
+    l_s = tl.load(pl_ptr + rs * BH + row, mask=s_ok, other=0.0)
+    w = tl.where(s_ok, tl.exp(m - tl.max(m, axis=0)), 0.0)
+    den = tl.sum(w * l_s, axis=0)
+    acc = tl.load(pacc_ptr + (rs[:, None] * BH + row) * D + rd[None, :], mask=s_ok[:, None] & (rd < D)[None, :],
+                  other=0.0)
+    num = tl.sum(w[:, None] * acc, axis=0)
+    o = tl.where(den > 0, num / tl.maximum(den, 1.0e-30), 0.0)
+    tl.store(out_ptr + row * D + rd, o.to(out_ptr.dtype.element_ty), mask=rd < D)
+
+
+@triton.jit
+def wide_prefill_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, T, S, past, Hq, G, D,
+                                  sqb, sqt, sqh, skb, skh, svb, svh, scale,
+                                  REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, PRECISE: tl.constexpr):
+    """Prefill: program (query tile, b * Hq + h) attends BLOCK_M queries (positions past + t) of head h to the
+    keys up to each query's position (causal, GQA: KV head h // REP); a tile none of whose tokens keeps h's
+    group computes nothing. out [B, T, Hq, D] contiguous; a (token, head) whose group is skipped is 0."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    kh = h // REP
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, BLOCK_D)
+    m_ok = rm < T
+    d_ok = rd < D
+    keep = m_ok
+    if HAS_MASK:
+        keep = m_ok & (tl.load(mask_ptr + (b * T + rm) * G + h // (Hq // G), mask=m_ok, other=0) != 0)
+    active = tl.sum(keep.to(tl.int32), axis=0)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if active > 0:
+        q = tl.load(q_ptr + b * sqb + rm[:, None] * sqt + h * sqh + rd[None, :], mask=keep[:, None] & d_ok[None, :],
+                    other=0.0)
+        hi = tl.minimum(S, past + (pid_m + 1) * BLOCK_M)  # the tile's last query sees keys up to here
+        for n0 in range(0, hi, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            n_ok = rn < hi
+            kt = tl.load(k_ptr + b * skb + kh * skh + rn[None, :] * D + rd[:, None], mask=n_ok[None, :] & d_ok[:, None],
+                         other=0.0)
+            sc = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PRECISE) * scale
+            allowed = n_ok[None, :] & (rn[None, :] <= past + rm[:, None])
+            sc = tl.where(allowed, sc, -1.0e30)
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            p = tl.where(allowed, tl.exp(sc - m_new[:, None]), 0.0)
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            vt = tl.load(v_ptr + b * svb + kh * svh + rn[:, None] * D + rd[None, :], mask=n_ok[:, None] & d_ok[None, :],
+                         other=0.0)
+            acc = _mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISE)
+            m_i = m_new
+    o = tl.where(keep[:, None] & (l_i[:, None] > 0), acc / tl.maximum(l_i, 1.0e-30)[:, None], 0.0)
+    tl.store(out_ptr + ((b * T + rm) * Hq + h)[:, None] * D + rd[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & d_ok[None, :])

@@ -49,6 +49,27 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None) -> torch.Tensor:
     return F.linear(xm, w.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
+def masked_attention(q, k, v, head_mask=None, group_heads: int = 1, past_len: int | None = None):
+    """Attention that leaves out skipped heads: q [B, Hq, T, D], k / v [B, Hk, S, D] (GQA: query head h reads
+    KV head h // (Hq / Hk)), causal with the T queries at positions past_len .. past_len + T - 1 of the S keys
+    (default S - T); softmax(q k^T / sqrt(D)) v in float32, cast to q's dtype. head_mask [B, T, G] (or [B, G]
+    for T = 1) int: the output of a (token, head) whose group (head // group_heads) is skipped is exactly 0."""
+    B, Hq, T, D = q.shape
+    S = k.shape[2]
+    rep = Hq // k.shape[1]
+    past = S - T if past_len is None else past_len
+    kf = k.float().repeat_interleave(rep, dim=1)
+    vf = v.float().repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * D**-0.5
+    causal = torch.arange(S)[None, :] <= (past + torch.arange(T))[:, None]
+    scores = scores.masked_fill(~causal, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), vf)
+    if head_mask is not None:
+        keep = head_mask.reshape(B, T, -1).bool().repeat_interleave(group_heads, dim=-1)  # [B, T, Hq]
+        out = out * keep.transpose(1, 2)[..., None]
+    return out.to(q.dtype)
+
+
 REFERENCES = {
     "WideRouter": wide_router,
     "WideMaskedGemmN": masked_gemm_n,

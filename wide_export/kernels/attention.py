@@ -1,0 +1,124 @@
+"""Decode attention that leaves out the heads of skipped attention groups, on torch tensors (the kernels:
+sources.py, wide_decode_attention_kernel + wide_attention_reduce_kernel; CUDA tensors JIT, CPU tensors in
+Triton's interpreter). The reference: wide_export.ops.reference.masked_attention.
+
+    out = decode_attention(q, k_cache, v_cache, head_mask, group_heads, lengths)
+
+q [B, Hq, D] (one query per sequence), k / v [B, Hk, capacity, D] with head_dim contiguous (a preallocated
+cache read in place), lengths int32 [B] (each sequence's past, default the capacity), head_mask int [B, G]
+(G = Hq / group_heads; None: every head). Outputs of skipped heads are exactly 0; a KV head none of whose
+query heads is active is not read. Long contexts split over the sequence (`splits`, chosen from the length
+and the GPU's size unless given), partials combined in a fixed order."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from wide_export.errors import WideError
+
+BLOCK_L = 64  # keys per tile
+SPLIT_TARGET_PROGRAMS = 264  # programs a decode call aims at (two waves of an H100's 132 SMs)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def plan_splits(batch: int, kv_heads: int, length: int, block_l: int = BLOCK_L,
+                target: int = SPLIT_TARGET_PROGRAMS) -> tuple[int, int]:
+    """(splits, tiles per split) for a call: enough (sequence, KV head, split) programs to fill the GPU, each
+    split at least one tile of keys."""
+    tiles = max(1, -(-length // block_l))
+    splits = max(1, min(tiles, target // max(1, batch * kv_heads)))
+    per = -(-tiles // splits)
+    return -(-tiles // per), per
+
+
+def decode_attention(q, k, v, head_mask=None, group_heads: int = 1, lengths=None, *, splits: Optional[int] = None,
+                     block_l: int = BLOCK_L):
+    import torch
+
+    from wide_export.kernels.launch import _precise, kernels
+
+    if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
+        raise WideError("decode_attention takes q [B, Hq, D] and k / v [B, Hk, L, D] of one shape",
+                        f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+    B, Hq, D = q.shape
+    Hk, cap = k.shape[1], k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D or Hq % Hk:
+        raise WideError(f"q {list(q.shape)} and k {list(k.shape)} do not match (batch, head size, Hq % Hk == 0)",
+                        "pass q [B, Hq, D] and the cache [B, Hk, L, D]")
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(-2) != D or v.stride(-2) != D or q.stride(-1) != 1:
+        raise WideError("decode_attention needs head_dim contiguous and cache rows D apart",
+                        "pass k / v as [B, Hk, L, D] views of a contiguous cache")
+    G = Hq // group_heads if head_mask is not None else 1
+    if head_mask is not None and (Hq % group_heads or head_mask.numel() != B * G):
+        raise WideError(f"head_mask must be [B, {Hq} / group_heads] (group_heads {group_heads})",
+                        "pass the attention router's mask of this step")
+    lens = torch.full((B,), cap, dtype=torch.int32, device=q.device) if lengths is None \
+        else lengths.to(device=q.device, dtype=torch.int32).contiguous()
+    mask = None if head_mask is None else head_mask.reshape(B, G).to(torch.int32).contiguous()
+    src = kernels()
+    L = int(lens.max()) if lengths is not None else cap
+    if splits is None:
+        splits, per = plan_splits(B, Hk, L, block_l)
+    else:
+        tiles = max(1, -(-L // block_l))
+        per = -(-tiles // splits)
+        splits = -(-tiles // per)
+    out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
+    rep = Hq // Hk
+    f32 = torch.float32
+    pacc = torch.empty((splits, B, Hq, D), dtype=f32, device=q.device) if splits > 1 else out
+    pm = torch.empty((splits, B, Hq), dtype=f32, device=q.device) if splits > 1 else out
+    pl = torch.empty_like(pm) if splits > 1 else out
+    src.wide_decode_attention_kernel[(B, Hk, splits)](
+        q, k, v, lens, mask if mask is not None else lens, out, pacc, pm, pl,
+        Hq, G, D, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), D**-0.5, per,
+        REP=rep, BLOCK_H=max(16, _pow2(rep)), BLOCK_L=block_l, BLOCK_D=max(16, _pow2(D)),
+        HAS_MASK=mask is not None, SPLIT=splits, PRECISE=_precise(q.dtype), num_warps=4)
+    if splits > 1:
+        src.wide_attention_reduce_kernel[(B * Hq,)](pacc, pm, pl, out, splits, B * Hq, D,
+                                                   BLOCK_S=max(2, _pow2(splits)), BLOCK_D=max(16, _pow2(D)),
+                                                   num_warps=4)
+    return out
+
+
+BLOCK_M = 64  # queries per prefill tile
+BLOCK_N = 64  # keys per prefill step
+
+
+def prefill_attention(q, k, v, head_mask=None, group_heads: int = 1, past_len: Optional[int] = None, *,
+                      block_m: int = BLOCK_M, block_n: int = BLOCK_N):
+    """Causal attention of T new tokens per sequence, q [B, T, Hq, D] (the q projection's layout, head_dim
+    contiguous), over k / v [B, Hk, S, D] (S = past_len + T keys, the new ones included; default past S - T);
+    head_mask int [B, T, G]: a (token, head) whose group is skipped is 0, and a tile of block_m tokens none of
+    which keeps a head's group does not compute that head. Returns [B, T, Hq, D] contiguous."""
+    import torch
+
+    from wide_export.kernels.launch import _precise, kernels
+
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        raise WideError("prefill_attention takes q [B, T, Hq, D] and k / v [B, Hk, S, D] of one shape",
+                        f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+    B, T, Hq, D = q.shape
+    Hk, S = k.shape[1], k.shape[2]
+    past = S - T if past_len is None else int(past_len)
+    if k.shape[0] != B or k.shape[3] != D or Hq % Hk or not 0 <= past <= S - T:
+        raise WideError(f"q {list(q.shape)} and k {list(k.shape)} do not match (batch, head size, Hq % Hk == 0, "
+                        f"past {past} + T {T} <= S {S})", "pass q [B, T, Hq, D] and the cache [B, Hk, S, D]")
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(-2) != D or v.stride(-2) != D or q.stride(-1) != 1:
+        raise WideError("prefill_attention needs head_dim contiguous and cache rows D apart",
+                        "pass k / v as [B, Hk, S, D] views of a contiguous cache")
+    G = Hq // group_heads if head_mask is not None else 1
+    if head_mask is not None and (Hq % group_heads or head_mask.numel() != B * T * G):
+        raise WideError(f"head_mask must be [B, T, {Hq} / group_heads] (group_heads {group_heads})",
+                        "pass the attention router's mask of these tokens")
+    mask = None if head_mask is None else head_mask.reshape(B, T, G).to(torch.int32).contiguous()
+    out = torch.empty((B, T, Hq, D), dtype=q.dtype, device=q.device)
+    kernels().wide_prefill_attention_kernel[(-(-T // block_m), B * Hq)](
+        q, k, v, mask if mask is not None else out, out, T, S, past, Hq, G, D,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1), D**-0.5,
+        REP=Hq // Hk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(D)), HAS_MASK=mask is not None,
+        PRECISE=_precise(q.dtype), num_warps=4)
+    return out
