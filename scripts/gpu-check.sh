@@ -5,7 +5,7 @@
 #      runtime's AOT cubins (the plugins' path) and one Llama layer on the kernels
 #      against the PyTorch references; ~78 cold JIT specialisations (counted on CPU
 #      by tests/kernels/test_gpu_budget.py)                                     <= 145 s
-#   3. wide-export bench kernels --preset short (bf16 vs cuBLAS; roofline; JSON
+#   3. wide-export bench kernels --preset short --attention short (bf16 vs cuBLAS; attention vs SDPA; roofline; JSON
 #      rewritten after every case, token counts outermost)                      <= 120 s
 #   4. wide-export bench e2e --sparsity 0.5 (WIDE vs dense Llama-3.1-8B layers)  <=  80 s
 #   5. a short pass/fail + speed table, printed last (summary.txt)
@@ -90,7 +90,7 @@ trap 'rm -f "$TESTS_LOG"' EXIT
 tail -n +"$((TESTS_START + 1))" "$LOG" > "$TESTS_LOG"
 
 step "benchmark: kernels (short preset)"
-run bench "$T_BENCH" "$PYTHON" -c "from wide_export.cli import main; main()" bench kernels --preset short --output "$OUT" $DRY_RUN
+run bench "$T_BENCH" "$PYTHON" -c "from wide_export.cli import main; main()" bench kernels --preset short --attention short --output "$OUT" $DRY_RUN
 
 step "benchmark: end to end (Llama-3.1-8B layers, 50 %)"
 run e2e "$T_E2E" "$PYTHON" -c "from wide_export.cli import main; main()" bench e2e --preset llama-3.1-8b \

@@ -34,6 +34,10 @@ def bench_kernels(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the options, import the kernels and list "
                                                             "the cases, then stop before the first CUDA call "
                                                             "(scripts/gpu-check.sh's CI dry run).")] = False,
+    attention: Annotated[str, typer.Option(help="Also time attention that skips head groups against SDPA: 'all' "
+                                               "(prefill 4k / 16k, decode at batch 1 / 16 / 64 over 4k / 32k), "
+                                               "'short' (prefill 4k, decode batch 16 over 4k) or 'none'; tiny cases "
+                                               "through the interpreter on CPU. Rows: attention.json.")] = "all",
 ) -> None:
     """Time every masked-GEMM algorithm against cuBLAS on Llama-3.1-8B / Qwen3-8B shapes; table, roofline, JSON, PNG.
 
@@ -64,6 +68,10 @@ def bench_kernels(
         from wide_export.errors import WideError
 
         raise WideError(f"unknown --device {device!r}", hint="cpu, gpu or auto")
+    if attention not in ("all", "short", "none"):
+        from wide_export.errors import WideError
+
+        raise WideError(f"unknown --attention {attention!r}", hint="all, short or none")
     if device == "cpu":
         return _bench_cpu(preset, dtype, output, seed)
     dtype = dtype or "bf16"
@@ -73,6 +81,10 @@ def bench_kernels(
         cases = plan_kernel_bench(preset, dtype)
         console.print(f"dry run: --preset {preset} --dtype {dtype} would time {len(cases)} cases, from "
                       f"{cases[0]} to {cases[-1]}; nothing run", soft_wrap=True)
+        if attention != "none":
+            from wide_export.bench.attention import CASE_SETS
+
+            console.print(f"dry run: and {2 * len(CASE_SETS[attention])} attention cases (0 % and 50 % skipped)")
         return
 
     from wide_export.bench.kernels import (measured_policy, roofline_table, run_kernel_bench, speedup_table,
@@ -99,6 +111,22 @@ def bench_kernels(
         console.print(f"measured auto policy: {policy_path} (wide-export bench kernels --record {policy_path})")
     console.print(f"results: {json_path}" + (f", plot: {png_path}" if plotted else
                                               " (no plot: install matplotlib)"))
+    if attention != "none":
+        _bench_attention(console, report.arch != "interpreter", attention, dtype, seed, output)
+
+
+def _bench_attention(console, cuda: bool, which: str, dtype: str, seed: int, output: Path) -> None:
+    import json
+
+    from wide_export.bench.attention import CASE_SETS, attention_table, rows_json, run_attention_bench
+
+    with console.status("attention") as status:
+        rows = run_attention_bench(cuda, dtype=dtype, seed=seed, cases=CASE_SETS[which] if cuda else None,
+                                   progress=status.update)
+    console.print(attention_table(rows, "GPU" if cuda else "CPU", interpreter=not cuda))
+    path = output / "attention.json"
+    path.write_text(json.dumps({"interpreter": not cuda, "rows": rows_json(rows)}, indent=2) + "\n")
+    console.print(f"attention results: {path}")
 
 
 def _bench_cpu(preset: str, dtype: Optional[str], output: Path, seed: int) -> None:
