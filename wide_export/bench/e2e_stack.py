@@ -1,15 +1,15 @@
 """The decoder-layer stack `bench e2e` times: one set of random weights, run dense or WIDE.
 
 A Llama layer reduced to what costs time: RMSNorm and RoPE (the reference
-decoder's own, model/modeling.py), q/k/v/o, causal SDPA (PyTorch's, on both
-sides), SiLU-gated MLP. The dense side is the
-dense model as a serving engine would run it: fused [q; k; v] and [gate; up]
-weights through cuBLAS (F.linear). The WIDE side routes every sublayer and runs
-`wide_export.kernels`: masked q (gemm_n), dense [k; v], masked o (gemm_k), masked
-gate+up (gated), masked down (gemm_k). SDPA computes every head on both
-sides (a skipped head's output is ignored by the masked o projection, as in
-docs/opset.md's layer minus the attention skip). Router biases are calibrated so
-that each group executes for a fraction 1 - sparsity of tokens.
+decoder's own, model/modeling.py), q/k/v/o, causal attention, SiLU-gated MLP.
+The dense side is the dense model as a serving engine would run it: fused
+[q; k; v] and [gate; up] weights through cuBLAS (F.linear), PyTorch's SDPA over
+every head. The WIDE side routes every sublayer and runs `wide_export.kernels`:
+masked q (gemm_n), dense [k; v], attention that skips the heads of skipped
+groups (kernels/attention.py; on CPU the compiled decode attention, SDPA for
+prefill), masked o (gemm_k), masked gate+up (gated), masked down (gemm_k).
+Router biases are calibrated so that each group executes for a fraction
+1 - sparsity of tokens.
 """
 
 from __future__ import annotations
@@ -110,8 +110,9 @@ def _sdpa(q, k, v, causal: bool):
                                               is_causal=causal)
 
 
-def _attention(shape: StackShape, q, kv, rotary, cache):
-    """q [B, T, Hq*D], kv [B, T, 2*Hkv*D] -> o [B, T, Hq*D]. cache: None (prefill) or (k, v, pos) static tensors."""
+def _attention(shape: StackShape, q, kv, rotary, cache, attend=None, mask=None):
+    """q [B, T, Hq*D], kv [B, T, 2*Hkv*D] -> o [B, T, Hq*D]. cache: None (prefill) or (k, v, pos) static tensors.
+    attend: the WIDE side's attention that skips the heads of groups `mask` [B, T, G] skips (None: SDPA)."""
     B, T, _ = q.shape
     D = shape.head_dim
     cos, sin = rotary
@@ -123,8 +124,28 @@ def _attention(shape: StackShape, q, kv, rotary, cache):
         kc[:, :, pos:pos + T].copy_(k)
         vc[:, :, pos:pos + T].copy_(v)
         k, v = kc[:, :, :pos + T], vc[:, :, :pos + T]
-    o = _sdpa(q, k, v, causal=cache is None)
+    o = None if attend is None else attend(q, k, v, mask, shape.heads_per_group, cache is not None)
+    if o is None:
+        o = _sdpa(q, k, v, causal=cache is None)
     return o.transpose(1, 2).reshape(B, T, shape.heads * D)
+
+
+def _triton_attention(q, k, v, mask, group_heads: int, decode: bool):
+    """WIDE's attention kernels (kernels/attention.py) on q [B, Hq, T, D] and k / v [B, Hkv, S, D]: decode over
+    the cache (one query a sequence), else causal prefill; [B, Hq, T, D]."""
+    from wide_export.kernels.attention import decode_attention, prefill_attention
+
+    B, Hq, T, D = q.shape
+    if decode and T == 1:
+        return decode_attention(q[:, :, 0], k, v, mask.reshape(B, -1), group_heads)[:, :, None]
+    return prefill_attention(q.transpose(1, 2), k.contiguous(), v.contiguous(), mask, group_heads).transpose(1, 2)
+
+
+def _cpu_attention(q, k, v, mask, group_heads: int, decode: bool):
+    """wide_export.cpu's decode attention (None where it declines, e.g. a prefill: SDPA then)."""
+    from wide_export import cpu
+
+    return cpu.decode_attention(q, k, v, mask, group_heads) if decode else None
 
 
 def dense_layer(shape: StackShape, L: Layer, h, rotary, cache=None):
@@ -147,7 +168,7 @@ def kernel_ops(algo: str = "auto") -> SimpleNamespace:
     return SimpleNamespace(algo=algo, router=kernels.router,
                            gemm_n=functools.partial(kernels.masked_gemm_n, algo=algo),
                            gated=functools.partial(kernels.masked_gated_mlp, algo=algo),
-                           gemm_k=functools.partial(kernels.masked_gemm_k, algo=algo))
+                           gemm_k=functools.partial(kernels.masked_gemm_k, algo=algo), attention=_triton_attention)
 
 
 def pack_for_cpu(shape: StackShape, layers: list[Layer]) -> None:
@@ -165,7 +186,7 @@ def cpu_ops() -> SimpleNamespace:
     from wide_export import cpu
 
     return SimpleNamespace(algo="cpu", router=cpu.router, gemm_n=cpu.masked_gemm_n, gated=cpu.masked_gated_mlp,
-                           gemm_k=cpu.masked_gemm_k)
+                           gemm_k=cpu.masked_gemm_k, attention=_cpu_attention)
 
 
 def reference_ops() -> SimpleNamespace:
@@ -180,7 +201,7 @@ def _wide_attention(shape: StackShape, L: Layer, h, rotary, ops, cache=None):
     ma = ops.router(h, *L.router_attn)
     x = rms_norm(h, L.ln1, EPS)
     q = ops.gemm_n(x, L.wq, ma, shape.attn_group_size)
-    o = _attention(shape, q, _linear(x, L.wkv), rotary, cache)
+    o = _attention(shape, q, _linear(x, L.wkv), rotary, cache, getattr(ops, "attention", None), ma)
     return h + _gemm_k(ops, o, L.wo, L.wo_k, ma, shape.attn_group_size), ma
 
 
