@@ -19,6 +19,16 @@ class LayerRouting:
     ffn_rank: int | None = None
 
 
+def rank_groups(groups: int | None, tp: int, rank: int) -> tuple[int, int] | None:
+    """The groups of a router's mask that rank `rank` of `tp` holds, [start, end): tensor parallelism splits a
+    layer's heads / FFN channels into tp contiguous parts, so each rank holds a contiguous run of whole groups
+    (the FFN groups in placement order: export permutes the router's rows). None: no router. The one rule the
+    PyTorch decoder's tp hook (tp/model.py) and the vLLM plugin (vllm/model.py) slice masks by."""
+    if groups is None:
+        return None
+    return rank * groups // tp, (rank + 1) * groups // tp
+
+
 @dataclass
 class WideConfig:
     model_type: str

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from wide_export.model.config import rank_groups
 from wide_export.ops import dispatch
 
 # The all-reduce as Polygraphy's `multi-device shard` writes collectives into ONNX
@@ -66,8 +67,5 @@ def to_rank_model(model, cfg, tp: int, rank: int):
         # group sizes are the model's (heads / channels per group), not the rank config's
         layer.attn_group_heads = cfg.attn_group_size(i)
         layer.ffn_group_size = cfg.ffn_group_size(i)
-        layer.shard = RankShard(
-            tp,
-            None if r.attn_groups is None else (rank * r.attn_groups // tp, (rank + 1) * r.attn_groups // tp),
-            None if r.ffn_groups is None else (rank * r.ffn_groups // tp, (rank + 1) * r.ffn_groups // tp))
+        layer.shard = RankShard(tp, rank_groups(r.attn_groups, tp, rank), rank_groups(r.ffn_groups, tp, rank))
     return model

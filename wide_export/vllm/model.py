@@ -59,6 +59,7 @@ from vllm.model_executor.models.utils import (PPMissingLayer, extract_layer_inde
 from vllm.sequence import IntermediateTensors
 
 from wide_export.errors import WideError
+from wide_export.model.config import rank_groups
 from wide_export.vllm.spec import HINT, check_world, config_from_hf, router_shapes
 
 logger = init_logger(__name__)
@@ -350,12 +351,10 @@ class WideDecoderLayer(nn.Module):
         if r.attn_groups is not None:
             self.router_attention = WideRouter(router_shapes(cfg, layer, "attention"), f"{prefix}.router_attention",
                                                kernels)
-            n = r.attn_groups // tp
-            self.attn_slice = (rank * n, (rank + 1) * n)  # the groups of this rank's query heads
+            self.attn_slice = rank_groups(r.attn_groups, tp, rank)  # the groups of this rank's query heads
         if r.ffn_groups is not None:
             self.router_ffn = WideRouter(router_shapes(cfg, layer, "ffn"), f"{prefix}.router_ffn", kernels)
-            n = r.ffn_groups // tp
-            self.ffn_slice = (rank * n, (rank + 1) * n)  # the groups of this rank's FFN channels
+            self.ffn_slice = rank_groups(r.ffn_groups, tp, rank)  # the groups of this rank's FFN channels
 
     @staticmethod
     def _route(router: WideRouter | None, h: torch.Tensor, part: tuple[int, int]) -> torch.Tensor | None:
