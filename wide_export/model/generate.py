@@ -34,8 +34,9 @@ def decode_loop(step: Callable, input_ids: np.ndarray, attention_mask: Optional[
                 stop: Optional[Callable[[np.ndarray], bool]] = None) -> np.ndarray:
     """New tokens [B, n <= max_new_tokens] (int64) for input_ids [B, T] (rows left-padded by attention_mask,
     None: none are). Each step feeds the new ids, the mask over past + new positions and their positions to
-    `step`; choose(logits[:, -1]) picks a token per row; on_token(k, ids [B]) sees them as they are chosen
-    (k = 0 after the prefill); stop(ids) ends after those tokens."""
+    `step` (fresh arrays each step, never changed afterwards: a step may keep them); choose(logits[:, -1])
+    picks a token per row; on_token(k, ids [B]) sees them as they are chosen (k = 0 after the prefill);
+    stop(ids) ends after those tokens."""
     ids = np.asarray(input_ids, dtype=np.int64)
     batch = ids.shape[0]
     mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
@@ -49,7 +50,7 @@ def decode_loop(step: Callable, input_ids: np.ndarray, attention_mask: Optional[
             on_token(k, chosen)
         if stop is not None and stop(chosen):
             break
-        ids, pos = chosen[:, None], pos[:, -1:] + 1
+        ids, pos = chosen.reshape(batch, 1), pos[:, -1:] + 1
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
     return np.stack(new, axis=1) if new else np.zeros((batch, 0), np.int64)
 

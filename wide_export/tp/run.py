@@ -82,8 +82,7 @@ class RankGenerator:
                 for i in range(n_layers) for kv in ("key", "value")}
 
         def step(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> np.ndarray:
-            env = self.step({"input_ids": np.ascontiguousarray(ids), "attention_mask": mask,
-                             "position_ids": pos, **past})
+            env = self.step({"input_ids": ids, "attention_mask": mask, "position_ids": pos, **past})
             past.update({f"past_key_values.{i}.{kv}": env[f"present.{i}.{kv}"] for i in range(n_layers)
                          for kv in ("key", "value")})
             return env["logits"]

@@ -59,7 +59,7 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
         step.collect = collect = Collector()
         hidden.clear()
         logits = step(ids, mask, pos)
-        feed = {"input_ids": np.ascontiguousarray(ids), "attention_mask": mask.copy(), "position_ids": pos.copy()}
+        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
         ref = {"logits": logits.numpy()}
         for i, (k, v) in enumerate(step.past):
             ref[f"present.{i}.key"], ref[f"present.{i}.value"] = k.float().numpy(), v.float().numpy()
