@@ -1002,16 +1002,11 @@ WIDE_AVX512 inline __m512 exp16(__m512 x) {
 
 // RMSNorm (model/modeling.py): out = w * T(x * rsqrt(mean(x^2) + eps)), the mean in float32 as the reference's
 template <typename T>
-void rms_norm_impl(const T* x, const T* w, T* out, int64_t M, int64_t H, float eps) {
-  at::parallel_for(0, M, 8, [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m) {
-      const T* xm = x + m * H;
-      float ss = 0.f;
-      for (int64_t k = 0; k < H; ++k) ss += load1(xm + k) * load1(xm + k);
-      const float r = 1.f / std::sqrt(ss / H + eps);
-      for (int64_t k = 0; k < H; ++k) put(out + m * H + k, load1(w + k) * rounded<T>(load1(xm + k) * r));
-    }
-  });
+void rms_norm_row(const T* x, const T* w, T* out, int64_t H, float eps) {
+  float ss = 0.f;
+  for (int64_t k = 0; k < H; ++k) ss += load1(x + k) * load1(x + k);
+  const float r = 1.f / std::sqrt(ss / H + eps);
+  for (int64_t k = 0; k < H; ++k) put(out + k, load1(w + k) * rounded<T>(load1(x + k) * r));
 }
 
 template <typename T>
@@ -1132,7 +1127,7 @@ void decode_attention_impl(const T* q, const T* k, const T* v, T* out, const Att
   const int64_t rep = a.Hq / a.Hk;
   at::parallel_for(0, a.B * a.Hk, 1, [&](int64_t b0, int64_t e0) {
     thread_local std::vector<float> sc;  // scores of the active heads, grown once
-    std::vector<int> heads;
+    thread_local std::vector<int> heads;
     for (int64_t it = b0; it < e0; ++it) {
       const int64_t b = it / a.Hk, kh = it % a.Hk;
       heads.clear();
@@ -1178,10 +1173,9 @@ bool rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& 
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *xp = ptr<T>(x), *wp = ptr<T>(w);
     T* op = static_cast<T*>(out.data_ptr());
-    const int64_t M = x.numel() / H;
-    if (!vec) return rms_norm_impl<T>(xp, wp, op, M, H, static_cast<float>(eps));
-    at::parallel_for(0, M, 8, [&](int64_t b, int64_t e) {
-      for (int64_t m = b; m < e; ++m) rms_norm_row_avx512<T>(xp + m * H, wp, op + m * H, H, static_cast<float>(eps));
+    at::parallel_for(0, x.numel() / H, 8, [&](int64_t b, int64_t e) {
+      for (int64_t m = b; m < e; ++m)
+        (vec ? rms_norm_row_avx512<T> : rms_norm_row<T>)(xp + m * H, wp, op + m * H, H, static_cast<float>(eps));
     });
   });
   return true;
