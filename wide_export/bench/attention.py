@@ -38,7 +38,7 @@ class AttentionRow:
         return self.dense_ms / self.wide_ms if self.wide_ms > 0 else 0.0
 
 
-def _inputs(phase, B, T, P, heads, dtype, device, gen, sparsity):
+def _inputs(B, T, P, heads, dtype, device, gen, sparsity):
     import torch
 
     Hq, Hk, D, gh = heads["Hq"], heads["Hk"], heads["D"], heads["group_heads"]
@@ -69,7 +69,7 @@ def run_attention_bench(cuda: bool, sparsity: float = 0.5, dtype: str = "bf16", 
         for s in sorted({0.0, sparsity}):
             if progress:
                 progress(f"attention {phase} batch {B}, {T} tokens after {P}, {s:.0%} skipped")
-            q, k, v, mask = _inputs(phase, B, T, P, heads, torch_dtype, device, gen, s)
+            q, k, v, mask = _inputs(B, T, P, heads, torch_dtype, device, gen, s)
             gh = heads["group_heads"]
             qh = q.transpose(1, 2)  # [B, Hq, T, D] for SDPA
             if phase == "decode":

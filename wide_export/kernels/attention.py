@@ -24,6 +24,14 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _check_layout(op: str, q, k, v, cache: str) -> None:
+    """What both kernels address by hand: head_dim contiguous in q, k and v, and the cache's rows D apart."""
+    D = q.shape[-1]
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(-2) != D or v.stride(-2) != D or q.stride(-1) != 1:
+        raise WideError(f"{op} needs head_dim contiguous and cache rows D apart",
+                        f"pass k / v as {cache} views of a contiguous cache")
+
+
 def plan_splits(batch: int, kv_heads: int, length: int, block_l: int = BLOCK_L,
                 target: int = SPLIT_TARGET_PROGRAMS) -> tuple[int, int]:
     """(splits, tiles per split) for a call: enough (sequence, KV head, split) programs to fill the GPU, each
@@ -48,9 +56,7 @@ def decode_attention(q, k, v, head_mask=None, group_heads: int = 1, lengths=None
     if k.shape[0] != B or k.shape[3] != D or Hq % Hk:
         raise WideError(f"q {list(q.shape)} and k {list(k.shape)} do not match (batch, head size, Hq % Hk == 0)",
                         "pass q [B, Hq, D] and the cache [B, Hk, L, D]")
-    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(-2) != D or v.stride(-2) != D or q.stride(-1) != 1:
-        raise WideError("decode_attention needs head_dim contiguous and cache rows D apart",
-                        "pass k / v as [B, Hk, L, D] views of a contiguous cache")
+    _check_layout("decode_attention", q, k, v, "[B, Hk, L, D]")
     G = Hq // group_heads if head_mask is not None else 1
     if head_mask is not None and (Hq % group_heads or head_mask.numel() != B * G):
         raise WideError(f"head_mask must be [B, {Hq} / group_heads] (group_heads {group_heads})",
@@ -107,9 +113,7 @@ def prefill_attention(q, k, v, head_mask=None, group_heads: int = 1, past_len: O
     if k.shape[0] != B or k.shape[3] != D or Hq % Hk or not 0 <= past <= S - T:
         raise WideError(f"q {list(q.shape)} and k {list(k.shape)} do not match (batch, head size, Hq % Hk == 0, "
                         f"past {past} + T {T} <= S {S})", "pass q [B, T, Hq, D] and the cache [B, Hk, S, D]")
-    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(-2) != D or v.stride(-2) != D or q.stride(-1) != 1:
-        raise WideError("prefill_attention needs head_dim contiguous and cache rows D apart",
-                        "pass k / v as [B, Hk, S, D] views of a contiguous cache")
+    _check_layout("prefill_attention", q, k, v, "[B, Hk, S, D]")
     G = Hq // group_heads if head_mask is not None else 1
     if head_mask is not None and (Hq % group_heads or head_mask.numel() != B * T * G):
         raise WideError(f"head_mask must be [B, T, {Hq} / group_heads] (group_heads {group_heads})",
