@@ -88,10 +88,6 @@ def onnx(
         else:
             from wide_export.export.pipeline import export_and_verify
 
-            if model is None:
-                from wide_export.model.demo import DEMO_NAME
-
-                stages.note(f"no --model given: exporting the embedded demo model, {DEMO_NAME}")
             run = export_and_verify(sources, output, dtype=dtype, opset=opset, force=force, verify=verify,
                                     steps=steps, seed=seed, sliced=sliced, stages=stages)
             counts = ", ".join(f"{n} {op}" for op, n in run.result.wide_nodes.items())

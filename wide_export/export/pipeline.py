@@ -31,6 +31,10 @@ def export_and_verify(sources, output: Path, *, dtype: str = "float32", opset: i
     from wide_export.verify.onnx_verify import REPORT_NAME
 
     stages = stages or Stages(quiet=True)
+    if sources.model_dir is None:
+        from wide_export.model.demo import DEMO_NAME
+
+        stages.note(f"no --model given: exporting the embedded demo model, {DEMO_NAME}")
     with stages.stage("load"):
         loaded = sources.load(dtype=dtype, progress=stages.update, lazy=True,  # weights streamed at save
                               checksums=False)  # sha256 computed while tracing (export/provenance.py)

@@ -1,7 +1,7 @@
 """Read an engine folder's `wide_engine.json` (written by trt/build.py) as every JSON file of a user's folder is
 read: a one-line error naming where the folder belongs when it has none, the file confined to the folder, size-
 and depth-checked (paths.read_json). Its callers validate what they need of it: `verify --engine`
-(trt/verify.py) and the Triton repository's tensorrt flavour (triton/engines.py)."""
+(verify/tensorrt.py) and the Triton repository's tensorrt flavour (triton/engines.py)."""
 
 from __future__ import annotations
 
