@@ -35,7 +35,6 @@ log = logging.getLogger("wide_export.frontend")
 
 STOP = "stop"
 LENGTH = "length"
-OUTPUTS = C.OUTPUT_NAMES
 # Triton core's messages for a model that cannot take requests now (stream errors have no status).
 _UNAVAILABLE_SIGNS = ("Request for unknown model", "has no available versions", "is not ready", "is not healthy")
 _DRAIN_TIMEOUT = 30.0  # seconds a finished stream may take to close before it is cancelled
@@ -289,7 +288,7 @@ class TritonEngine:
             tensor = grpcclient.InferInput(name, list(array.shape), dtype)
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
-        outputs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS if name in info.outputs]
+        outputs = [grpcclient.InferRequestedOutput(name) for name in C.OUTPUT_NAMES if name in info.outputs]
         if info.decoupled:
             # aclosing: when our consumer closes us early, the stream is cancelled now, not at GC
             async with contextlib.aclosing(self._stream(info, inputs, outputs, request)) as chunks:
