@@ -9,6 +9,8 @@
 //   wide_cpu::router(h, wc, bc, wr, br, mask!)            the router: the small ops of a decode step, fused
 //   wide_cpu::decode_attention(q, k, v, length, head_mask?, group_heads, out!) -> bool
 //                                                         one query per sequence; skipped heads not computed
+//   wide_cpu::decode_step(h, weights, cache_k!, cache_v!, length, cos, sin, eps, geo, norm_w, head_w, out!)
+//                                                         -> bool: a decode step's layers and LM head, one call
 //   wide_cpu::isa() -> str                                   the instruction set the kernels run with
 //   wide_cpu::set_isa(name) -> str                           use a lower one (tests run every path)
 //
@@ -714,6 +716,7 @@ void gemm_k_packed_impl(const T* x, const T* w, const int32_t* mask, const T* bi
 constexpr int KT_ROWS = 8;                  // weight rows per pass: eight streams, one accumulator load / store
 constexpr int KT_TOKENS = 16;               // tokens per pass over a group
 constexpr int64_t KT_ACC_BYTES = 16 << 10;  // a pass's accumulators: about an L1 data cache
+constexpr int64_t KT_ITEMS_PER_THREAD = 8;  // work items a thread takes on average (gemm_kt splits groups so)
 
 // acc[m][0 .. len) += sum_i xs[m][i] * w[i][0 .. len), i < nw <= KT_ROWS, m < nm
 template <typename T>
@@ -816,9 +819,16 @@ void gemm_kt_impl(const T* x, const T* wt, const int32_t* mask, const T* bias, T
   const int64_t MN = d.M * d.N;
   const int nt = std::max(1, at::get_num_threads());
   std::vector<float>& part = call_partials(nt * MN);
-  at::parallel_for(0, static_cast<int64_t>(plan.group.size()), 1, [&](int64_t b, int64_t e) {
+  // work items: a group's input rows in `splits` runs, enough items for the threads to share evenly (a decode
+  // step of o_proj has a few executed groups: one whole group an item left a thread idle a third of the time)
+  const int64_t ng = static_cast<int64_t>(plan.group.size());
+  const int64_t splits = ng == 0 ? 1 : std::clamp<int64_t>((KT_ITEMS_PER_THREAD * nt + ng - 1) / ng, 1,
+                                                           (d.gs + KT_ROWS - 1) / KT_ROWS);
+  const int64_t run = ((d.gs + splits - 1) / splits + KT_ROWS - 1) / KT_ROWS * KT_ROWS;
+  at::parallel_for(0, ng * splits, 1, [&](int64_t b, int64_t e) {
     float* mine = part.data() + std::min(at::get_thread_num(), nt - 1) * MN;
-    for (int64_t gi = b; gi < e; ++gi) {
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t gi = item / splits, k_begin = item % splits * run, k_end = std::min(d.gs, k_begin + run);
       const int64_t g = plan.group[gi];
       const int32_t* rows = plan.rows.data() + plan.start[gi];
       const int64_t nrows = plan.start[gi + 1] - plan.start[gi];
@@ -829,8 +839,8 @@ void gemm_kt_impl(const T* x, const T* wt, const int32_t* mask, const T* bias, T
           const int64_t len = std::min(tile, d.N - n0);
           float* acc[KT_TOKENS];
           for (int m = 0; m < nm; ++m) acc[m] = mine + rows[i + m] * d.N + n0;
-          for (int64_t k = 0; k < d.gs; k += KT_ROWS) {
-            const int nw = static_cast<int>(std::min<int64_t>(KT_ROWS, d.gs - k));
+          for (int64_t k = k_begin; k < k_end; k += KT_ROWS) {
+            const int nw = static_cast<int>(std::min<int64_t>(KT_ROWS, k_end - k));
             const T* w[KT_ROWS];
             float xs[KT_TOKENS][KT_ROWS];
             for (int j = 0; j < nw; ++j) w[j] = wt + (g * d.gs + k + j) * d.N + n0;
@@ -1245,6 +1255,229 @@ void router(const at::Tensor& h, const at::Tensor& wc, const at::Tensor& bc, con
               mask.data_ptr<int32_t>());
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// A decode step (model/modeling.py WideForCausalLM.forward for one new token a row: DecoderLayer.forward of each
+// layer in turn, the final RMSNorm, the LM head) in one call. Op by op, a float16 decode step spent about a
+// quarter of its time in Python and dispatch between the ops above (Python run between kernels that stream the
+// weights runs with cold caches). The same kernels in the same order with the same roundings, per layer:
+//   mask_a = router_attention(h); x = rms_norm(h); q = gemm_n(x, wq, mask_a) + bq; k, v = x W^T + b (dense);
+//   q, k = q_norm(q), k_norm(k) (Qwen3); rope(q, k); the cache's row `length` = k, v;
+//   o = decode attention over length + 1 positions (skipped heads 0); h1 = h + o W_o (gemm_kt over mask_a);
+//   mask_f = router_ffn(h1); y = gated(rms_norm(h1), mask_f); out = h1 + y W_d (gemm_kt over mask_f).
+// A layer without a router runs that sublayer dense, through the same kernels with one group every token
+// executes (an unrouted FFN's silu(gate) * up rounded once, as the kernels do; the reference's torch ops round
+// each). Weights, per layer (DecoderLayer's order, cpu/step.py): ln1, wq, bq?, wk, bk?, wv, bv?, q_norm?, k_norm?,
+// wo, bo?, ln2, wg, wu, wd, then the attention router's wc, bc, wr, br and the FFN router's (absent where the
+// layer has none); a routed wo / wd is W^T [K, N] (cpu/model.py: prepare), an unrouted one [N, K]. geo, per
+// layer: Hq, Hk, D, attention group heads (0: no router), FFN group size (0: no router), force (every group
+// executes). Needs AVX-512 (the decode attention): false (nothing written) without it.
+constexpr int LAYER_WEIGHTS = 23, LAYER_GEO = 6;
+struct LayerShape {
+  int64_t B, H, Hq, Hk, D, F, gh, gs;
+};
+
+// A layer's scratch of dtype T, the calling thread's (grown once): carve(n) hands out n elements in turn
+struct Arena {
+  std::vector<float> buf;
+  size_t used = 0;
+  template <typename U>
+  U* carve(int64_t n) {
+    const size_t words = (static_cast<size_t>(n) * sizeof(U) + 63) / 64 * 16;  // 64-byte steps
+    U* p = reinterpret_cast<U*>(buf.data() + used);
+    used += words;
+    return p;
+  }
+};
+
+template <typename T>
+void routed_mask(const T* h, const LayerShape& s, const at::Tensor* r /* wc, bc, wr, br in a row */, int64_t G, bool force, float* hf,
+                 int32_t* mask) {
+  if (force) {
+    std::fill(mask, mask + s.B * G, 1);
+    return;
+  }
+  const float* hp = reinterpret_cast<const float*>(h);
+  if (!std::is_same_v<T, float>) {
+    for (int64_t i = 0; i < s.B * s.H; ++i) hf[i] = load1(h + i);
+    hp = hf;
+  }
+  router_impl(hp, s.B, s.H, ptr<float>(r[0]), ptr<float>(r[1]), r[0].size(0), ptr<float>(r[2]), ptr<float>(r[3]), G,
+              mask);
+}
+
+template <typename T>
+void add_rows(const T* a, const T* b, T* out, int64_t n) {  // as torch adds in T: float sum, rounded once
+  for (int64_t i = 0; i < n; ++i) put(out + i, load1(a + i) + load1(b + i));
+}
+
+template <typename T>
+void decode_layer_impl(const T* h, T* out, const std::vector<const at::Tensor*>& w, T* ck, T* cv, int64_t ckb,
+                       int64_t ckh, int64_t length, const T* cos, const T* sin, float eps, const LayerShape& s,
+                       bool force) {
+  enum { LN1, WQ, BQ, WK, BK, WV, BV, QN, KN, WO, BO, LN2, WG, WU, WD, RA, RF = RA + 4 };
+  auto b = [&](int i) { return w[i] ? ptr<T>(*w[i]) : nullptr; };
+  const int64_t B = s.B, H = s.H, NQ = s.Hq * s.D, NK = s.Hk * s.D;
+  const int64_t ga = s.gh ? s.Hq / s.gh : 1, gf = s.gs ? s.F / s.gs : 1;
+  thread_local Arena arena;  // every buffer below (at most 4 bytes an element), each rounded up to 16 words
+  const size_t need = static_cast<size_t>(4 * B * H + 2 * B * NQ + 2 * B * NK + B * s.F + B * (1 + ga + gf)) + 12 * 16;
+  if (arena.buf.size() < need) arena.buf.resize(need);
+  arena.used = 0;
+  T* x = arena.carve<T>(B * H);
+  T* q = arena.carve<T>(B * NQ);
+  T* k = arena.carve<T>(B * NK);
+  T* v = arena.carve<T>(B * NK);
+  T* o = arena.carve<T>(B * NQ);
+  T* h1 = arena.carve<T>(B * H);
+  T* y = arena.carve<T>(B * s.F);
+  T* part = arena.carve<T>(B * H);
+  float* hf = arena.carve<float>(B * H);
+  int32_t* ones = arena.carve<int32_t>(B);
+  int32_t* ma = arena.carve<int32_t>(B * ga);
+  int32_t* mf = arena.carve<int32_t>(B * gf);
+  std::fill(ones, ones + B, 1);
+
+  auto norm_rows = [&](const T* in, const T* wt, T* dst, int64_t rows, int64_t n) {
+    for (int64_t m = 0; m < rows; ++m) rms_norm_row_avx512<T>(in + m * n, wt, dst + m * n, n, eps);
+  };
+  auto dense = [&](const T* in, const T* wt, const T* bias, T* dst, int64_t N, int64_t K) {
+    gemm_n_impl<T>(in, wt, ones, bias, dst, Geometry{B, N, K, 1, N});
+  };
+
+  // attention
+  if (s.gh) routed_mask<T>(h, s, w[RA], ga, force, hf, ma);
+  norm_rows(h, b(LN1), x, B, H);
+  if (s.gh) gemm_n_impl<T>(x, b(WQ), ma, b(BQ), q, Geometry{B, NQ, H, ga, s.gh * s.D});
+  else dense(x, b(WQ), b(BQ), q, NQ, H);
+  dense(x, b(WK), b(BK), k, NK, H);
+  dense(x, b(WV), b(BV), v, NK, H);
+  if (w[QN]) {
+    norm_rows(q, b(QN), q, B * s.Hq, s.D);
+    norm_rows(k, b(KN), k, B * s.Hk, s.D);
+  }
+  for (int64_t r = 0; r < B; ++r) {
+    rope_avx512<T>(q + r * NQ, 1, s.Hq, s.D, cos + r * s.D, sin + r * s.D);
+    rope_avx512<T>(k + r * NK, 1, s.Hk, s.D, cos + r * s.D, sin + r * s.D);
+    for (int64_t kh = 0; kh < s.Hk; ++kh) {
+      std::memcpy(ck + r * ckb + kh * ckh + length * s.D, k + (r * s.Hk + kh) * s.D, s.D * sizeof(T));
+      std::memcpy(cv + r * ckb + kh * ckh + length * s.D, v + (r * s.Hk + kh) * s.D, s.D * sizeof(T));
+    }
+  }
+  const AttnShape a{B, s.Hq, s.Hk, length + 1, s.D, ckb, ckh, ckb, ckh,
+                    static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D)))};
+  decode_attention_impl<T>(q, ck, cv, o, a, s.gh ? ma : nullptr, s.gh ? s.gh : 1);
+  if (s.gh) gemm_kt_impl<T>(o, b(WO), ma, b(BO), part, Geometry{B, H, NQ, ga, s.gh * s.D});
+  else dense(o, b(WO), b(BO), part, H, NQ);
+  add_rows<T>(h, part, h1, B * H);
+
+  // FFN
+  if (s.gs) routed_mask<T>(h1, s, w[RF], gf, force, hf, mf);
+  norm_rows(h1, b(LN2), x, B, H);
+  gemm_n_impl<T>(x, b(WG), s.gs ? mf : ones, nullptr, y, Geometry{B, s.F, H, gf, s.gs ? s.gs : s.F}, b(WU));
+  if (s.gs) gemm_kt_impl<T>(y, b(WD), mf, nullptr, part, Geometry{B, H, s.F, gf, s.gs});
+  else dense(y, b(WD), nullptr, part, H, s.F);
+  add_rows<T>(h1, part, out, B * H);
+}
+
+// One layer's weights (23 from `weights`' entry `base` on, some absent) and caches checked against h and geo; its
+// shape. held / w: the tensors and pointers to them (absent: null), w[RA .. RA + 3] adjacent in held.
+LayerShape check_layer(const at::Tensor& h, const c10::List<std::optional<at::Tensor>>& weights, int64_t base,
+                       const at::Tensor& ck, const at::Tensor& cv, int64_t length, const int64_t* geo,
+                       std::vector<at::Tensor>& held, std::vector<const at::Tensor*>& w) {
+  const char* op = "wide_cpu::decode_step";
+  const int64_t B = h.numel() / h.size(-1), H = h.size(-1);
+  const int64_t Hq = geo[0], Hk = geo[1], D = geo[2], gh = geo[3], gs = geo[4];
+  held.assign(LAYER_WEIGHTS, at::Tensor());
+  w.assign(LAYER_WEIGHTS, nullptr);
+  for (int i = 0; i < LAYER_WEIGHTS; ++i) {
+    const std::optional<at::Tensor> t = weights.get(base + i);
+    if (t && t->defined()) held[i] = *t, w[i] = &held[i];
+  }
+  const auto want = [&](int i, std::initializer_list<int64_t> shape, bool router = false) {
+    TORCH_CHECK(w[i], op, ": weight ", i, " of a layer is required");
+    const at::Tensor& t = *w[i];
+    TORCH_CHECK(t.is_contiguous() && t.device().is_cpu() &&
+                    t.scalar_type() == (router ? at::kFloat : h.scalar_type()) && t.sizes().equals(shape),
+                op, ": weight ", i, " of a layer must be contiguous ", router ? "float32" : "of h's dtype", " ",
+                at::IntArrayRef(shape));
+  };
+  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && D > 0 && D % 2 == 0 && D <= 512, op, ": bad heads or head size");
+  TORCH_CHECK(w[12] && w[12]->dim() == 2, op, ": a layer's gate weight is missing");
+  const int64_t NQ = Hq * D, NK = Hk * D, F = w[12]->size(0);
+  TORCH_CHECK(!gh || Hq % gh == 0, op, ": the attention group heads must divide the heads");
+  TORCH_CHECK(!gs || F % gs == 0, op, ": the FFN group size must divide the FFN size");
+  want(0, {H}), want(1, {NQ, H}), want(3, {NK, H}), want(5, {NK, H}), want(11, {H}), want(12, {F, H}), want(13, {F, H});
+  for (int i : {2, 4, 6})
+    if (w[i]) want(i, {i == 2 ? NQ : NK});
+  TORCH_CHECK(!w[7] == !w[8], op, ": q_norm and k_norm come together");
+  if (w[7]) want(7, {D}), want(8, {D});
+  if (gh) want(9, {NQ, H}); else want(9, {H, NQ});  // routed: W^T [K, N]
+  if (w[10]) want(10, {H});
+  if (gs) want(14, {F, H}); else want(14, {H, F});
+  for (int r : {15, 19}) {
+    const int64_t G = r == 15 ? (gh ? Hq / gh : 0) : (gs ? F / gs : 0);
+    if (!G) continue;
+    TORCH_CHECK(w[r] && w[r]->dim() == 2, op, ": a layer's router is missing");
+    const int64_t R = w[r]->size(0);
+    want(r, {R, H}, true), want(r + 1, {R}, true), want(r + 2, {2 * G, R}, true), want(r + 3, {2 * G}, true);
+  }
+  for (const at::Tensor* t : {&ck, &cv})
+    TORCH_CHECK(t->dim() == 4 && t->size(0) == B && t->size(1) == Hk && t->size(3) == D && t->stride(3) == 1 &&
+                    t->stride(2) == D && t->scalar_type() == h.scalar_type() && t->strides().equals(ck.strides()),
+                op, ": caches must be [B, Hk, capacity, D] of h's dtype, rows contiguous, k and v alike");
+  TORCH_CHECK(length >= 0 && length < ck.size(2), op, ": the cache is full (", length, " positions)");
+  return LayerShape{B, H, Hq, Hk, D, F, gh, gs};
+}
+
+bool decode_step(const at::Tensor& h, const c10::List<std::optional<at::Tensor>>& weights,
+                 at::TensorList cache_k, at::TensorList cache_v, int64_t length, const at::Tensor& cos,
+                 const at::Tensor& sin, double eps, at::IntArrayRef geo, const at::Tensor& norm_w,
+                 const at::Tensor& head_w, at::Tensor& out) {
+  const char* op = "wide_cpu::decode_step";
+  check_act(h, op);
+  const int64_t L = static_cast<int64_t>(cache_k.size()), B = h.numel() / h.size(-1);
+  TORCH_CHECK(L > 0 && static_cast<int64_t>(cache_v.size()) == L && static_cast<int64_t>(weights.size()) ==
+                  LAYER_WEIGHTS * L && static_cast<int64_t>(geo.size()) == LAYER_GEO * L,
+              op, ": per layer ", LAYER_WEIGHTS, " weights (some absent), ", LAYER_GEO, " geometry ints, two caches");
+  for (int l = 0; l < L; ++l) TORCH_CHECK(geo[LAYER_GEO * l + 2] == geo[2], op, ": one head size for all layers");
+  for (const at::Tensor* t : {&cos, &sin})
+    TORCH_CHECK(t->numel() == B * geo[2] && t->scalar_type() == h.scalar_type() && t->is_contiguous(), op,
+                ": cos and sin must be [B, D] of h's dtype");
+  const int64_t H = h.size(-1), V = head_w.size(0);
+  TORCH_CHECK(norm_w.numel() == H && norm_w.scalar_type() == h.scalar_type() && norm_w.is_contiguous() &&
+                  head_w.dim() == 2 && head_w.size(1) == H && head_w.scalar_type() == h.scalar_type() &&
+                  head_w.is_contiguous(),
+              op, ": the final norm [H] and the LM head [V, H] must be contiguous, of h's dtype");
+  TORCH_CHECK(out.numel() == B * V && out.scalar_type() == h.scalar_type() && out.is_contiguous(), op,
+              ": out must be [B, V] of h's dtype");
+  std::vector<std::vector<at::Tensor>> held(L);
+  std::vector<std::vector<const at::Tensor*>> w(L);
+  std::vector<LayerShape> shape(L);
+  for (int64_t l = 0; l < L; ++l)
+    shape[l] = check_layer(h, weights, LAYER_WEIGHTS * l, cache_k[l], cache_v[l], length, geo.data() + LAYER_GEO * l,
+                           held[l], w[l]);
+  if (g_isa.load() < kAvx512) return false;
+  by_dtype(h, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    thread_local std::vector<T> stream;  // the residual stream between layers, two buffers (grown once)
+    stream.resize(static_cast<size_t>(3 * B * H));
+    const T* src = ptr<T>(h);
+    for (int64_t l = 0; l < L; ++l) {
+      T* to = stream.data() + (l % 2) * B * H;
+      decode_layer_impl<T>(src, to, w[l], static_cast<T*>(cache_k[l].data_ptr()), static_cast<T*>(cache_v[l].data_ptr()),
+                           cache_k[l].stride(0), cache_k[l].stride(1), length, ptr<T>(cos), ptr<T>(sin),
+                           static_cast<float>(eps), shape[l], geo[LAYER_GEO * l + 5] != 0);
+      src = to;
+    }
+    T* normed = stream.data() + 2 * B * H;  // the final RMSNorm, then the LM head (one group every token executes)
+    for (int64_t m = 0; m < B; ++m)
+      rms_norm_row_avx512<T>(src + m * H, ptr<T>(norm_w), normed + m * H, H, static_cast<float>(eps));
+    thread_local std::vector<int32_t> ones;
+    ones.assign(B, 1);
+    gemm_n_impl<T>(normed, ptr<T>(head_w), ones.data(), nullptr, static_cast<T*>(out.data_ptr()), Geometry{B, V, H, 1, V});
+  });
+  return true;
+}
+
 std::string isa() {
   std::string s = kIsaNames[g_isa.load()];
   if (g_isa.load() != detect()) s += std::string(" (of ") + kIsaNames[detect()] + ")";
@@ -1278,6 +1511,8 @@ TORCH_LIBRARY(wide_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, int length, Tensor? head_mask, int group_heads, "
         "Tensor(a!) out) -> bool");
   m.def("router(Tensor h, Tensor wc, Tensor bc, Tensor wr, Tensor br, Tensor(a!) mask) -> ()");
+  m.def("decode_step(Tensor h, Tensor?[] weights, Tensor(a!)[] cache_k, Tensor(b!)[] cache_v, int length, "
+        "Tensor cos, Tensor sin, float eps, int[] geo, Tensor norm_w, Tensor head_w, Tensor(c!) out) -> bool");
   m.def("isa() -> str", &isa);
   m.def("set_isa(str name) -> str", &set_isa);
 }
@@ -1291,4 +1526,5 @@ TORCH_LIBRARY_IMPL(wide_cpu, CPU, m) {
   m.impl("rope", &rope);
   m.impl("router", &router);
   m.impl("decode_attention", &decode_attention);
+  m.impl("decode_step", &decode_step);
 }

@@ -307,6 +307,9 @@ class WideForCausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * m.rope_scaling).to(h.dtype)[:, None]
         sin = (emb.sin() * m.rope_scaling).to(h.dtype)[:, None]
+        fused = dispatch.cpu_decode_step(h) if collect is None else None
+        if fused is not None and (logits := fused(self, h, cos, sin, attention_mask, past_key_values)) is not None:
+            return logits, list(past_key_values)  # generation's decode step on CPU, in one call (cpu/step.py)
         q_pos = torch.arange(t, device=h.device) + (s - t)
         causal = torch.arange(s, device=h.device)[None, :] <= q_pos[:, None]
         allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]

@@ -44,9 +44,9 @@ def _cpu_ops():
     """wide_export.cpu.ops, imported on first use (a decode step calls it ~100 times: no import statement per
     call)."""
     if not _CPU_OPS:
-        from wide_export.cpu import ops
+        from wide_export.cpu import ops, step
 
-        _CPU_OPS.append(ops)
+        _CPU_OPS.extend((ops, step.decode_step))
     return _CPU_OPS[0]
 
 
@@ -57,6 +57,15 @@ def cpu_layer_ops(x):
     """wide_export.cpu.ops when calls on `x` take the fast CPU path (its fused rms_norm / rope_ /
     decode_attention, each of which may still decline a call), else None: the model then runs its reference."""
     return _cpu_ops() if fast_cpu(x) else None
+
+
+def cpu_decode_step(x):
+    """wide_export.cpu.step.decode_step (a decode step of the model in one call, which may decline) when calls on
+    `x` take the fast CPU path, else None."""
+    if not fast_cpu(x):
+        return None
+    _cpu_ops()
+    return _CPU_OPS[1]
 
 
 def _symbolic(op: str, inputs: list, attrs: dict, dtype: torch.dtype, shape) -> torch.Tensor:
