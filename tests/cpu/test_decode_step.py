@@ -17,8 +17,19 @@ from wide_export.ops import dispatch
 
 cpu = pytest.importorskip("wide_export.cpu.ops")
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C++ compiler: the CPU kernels are not built")
-AVX512 = torch.ops.wide_cpu.isa().startswith("avx512") if cpu.available() else False
-needs_avx512 = pytest.mark.skipif(not AVX512, reason="the fused step's attention needs AVX-512; declined here")
+ISAS = ["avx512bf16", "avx512", "avx2"]  # the instruction sets the step's attention runs on
+BEST = torch.ops.wide_cpu.isa().split(" ")[0] if cpu.available() else "scalar"
+VECTOR_HERE = ISAS[ISAS.index(BEST):] if BEST in ISAS else []
+needs_vector = pytest.mark.skipif(not VECTOR_HERE, reason="the fused step's attention needs AVX-512 or AVX2; "
+                                                          "declined on this CPU")
+
+
+@pytest.fixture()
+def isa(request):
+    before = torch.ops.wide_cpu.set_isa(request.param)
+    yield request.param
+    torch.ops.wide_cpu.set_isa(before)
+
 
 SPECS = {  # every sublayer routed, with q / k / v / o biases; Qwen3's q / k norms; an unrouted FFN
     "llama": dict(arch="llama", attention_bias=True, num_heads=8, num_kv_heads=2, hidden_size=128,
@@ -83,13 +94,15 @@ def _step(model, past, nxt, fused: bool, monkeypatch):
     return logits, any(served)
 
 
-@needs_avx512
+@needs_vector
+@pytest.mark.parametrize("isa", VECTOR_HERE, indirect=True)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_the_fused_step_equals_the_op_by_op_step_bit_for_bit(checkpoints, monkeypatch, arch, dtype, batch):
+def test_the_fused_step_equals_the_op_by_op_step_bit_for_bit(checkpoints, monkeypatch, isa, arch, dtype, batch):
     """Every sublayer routed: the per-op path runs the same kernels (the policy held to the masked kernel, as
-    the fused op always takes it) with the same roundings, so logits and cache are equal, not close."""
+    the fused op always takes it) with the same roundings, so logits and cache are equal, not close; on every
+    instruction set this CPU has that the step runs on."""
     model = _model(checkpoints[arch], dtype)
     _, past, nxt = _prefilled(model, batch, seed=batch)
     twin = copy.deepcopy(past)
@@ -109,7 +122,7 @@ def _tolerance(dtype):
     return {torch.float32: 2e-4, torch.bfloat16: 1e-1, torch.float16: 2e-2}[dtype]  # of the largest logit
 
 
-@needs_avx512
+@needs_vector
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("arch", sorted(SPECS))
 @pytest.mark.parametrize("dense", [False, True])
@@ -129,7 +142,7 @@ def test_the_fused_step_is_close_to_the_reference(checkpoints, monkeypatch, arch
     torch.testing.assert_close(got, want[:, -1:], rtol=0, atol=float(tol * scale))
 
 
-@needs_avx512
+@needs_vector
 def test_the_fused_step_writes_the_cache_as_the_reference_fills_it(checkpoints, monkeypatch):
     """The keys and values the step adds at the prompt's end equal those a reference forward over prompt + token
     holds there (float32: torch's GEMMs in another order, so close)."""
@@ -179,12 +192,11 @@ def test_what_the_fused_step_does_not_serve_is_declined_untouched(checkpoints):
     for p in full:
         p.length = PROMPT
     assert _declines(model, h, cos, sin, ones, full)  # no room left in the cache
-    before = torch.ops.wide_cpu.set_isa("avx2") if AVX512 else None
+    before = torch.ops.wide_cpu.set_isa("scalar")
     try:
-        assert _declines(model, h, cos, sin, ones, past)  # no AVX-512: the op declines, nothing written
+        assert _declines(model, h, cos, sin, ones, past)  # neither AVX-512 nor AVX2: declined, nothing written
     finally:
-        if before is not None:
-            torch.ops.wide_cpu.set_isa(before)
+        torch.ops.wide_cpu.set_isa(before)
 
 
 def test_a_weight_replaced_after_a_step_is_read_anew(checkpoints, monkeypatch):
@@ -200,7 +212,7 @@ def test_a_weight_replaced_after_a_step_is_read_anew(checkpoints, monkeypatch):
     with torch.no_grad():
         first = decode_step(model, h, cos, sin, mask, past)
         if first is None:
-            pytest.skip("the fused step declines on this CPU (no AVX-512)")
+            pytest.skip("the fused step declines on this CPU (neither AVX-512 nor AVX2)")
         for layer in model.model.layers:  # every layer's FFN input norm (a random router may skip a sublayer)
             norm = layer.post_attention_layernorm
             norm.weight = torch.nn.Parameter(norm.weight * 3)

@@ -57,7 +57,7 @@ def test_fast_generation_gives_the_greedy_tokens_of_transformers_with_routers(tm
     got = g.run(prompts, 10, stop_at_eos=False)
     assert got.tokens == want
     assert got.steps == 10 and got.prefill_s > 0 and got.decode_s > 0
-    if torch.ops.wide_cpu.isa().startswith("avx512"):  # every decode step in one call (cpu/step.py)
+    if torch.ops.wide_cpu.isa().split(" ")[0] != "scalar":  # every decode step in one call (cpu/step.py)
         assert cpu.PATHS["step", "fused"] == 9, cpu.PATHS
         cpu.PATHS.clear()  # and op by op, the kernels the step's layers take
         with pytest.MonkeyPatch.context() as m:

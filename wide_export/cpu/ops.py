@@ -291,16 +291,16 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     if not (_fusable(q, k, cos, sin) and cos.shape[1] == 1 and cos.shape == sin.shape):
         return False
     c, s = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
-    return torch.ops.wide_cpu.rope(q, c, s) and torch.ops.wide_cpu.rope(k, c, s)  # both or (float16 without
-    # AVX-512) neither
+    return torch.ops.wide_cpu.rope(q, c, s) and torch.ops.wide_cpu.rope(k, c, s)  # both or (float16 on the
+    # scalar path) neither
 
 
 def decode_attention(q, k, v, head_mask=None, group_heads: int = 1):
     """Attention of one query per sequence, q [B, Hq, 1, D], over all of k / v [B, Hk, L, D] (GQA; a view of a
     preallocated cache is read in place), softmax(q k^T / sqrt(D)) v as [B, Hq, 1, D]; with head_mask
     [B, .., Hq / group_heads] the heads of skipped groups are not computed (their outputs are 0, which o_proj
-    ignores) and a KV head none of whose query heads is active is not read. None where the op declines (no
-    AVX-512, other dtypes or layouts): the caller runs torch's attention."""
+    ignores) and a KV head none of whose query heads is active is not read. None where the op declines (neither
+    AVX-512 nor AVX2 with D a multiple of 8, other dtypes or layouts): the caller runs torch's attention."""
     B, Hq, T, D = q.shape
     if T != 1 or not _fusable(q) or k.dtype != q.dtype or v.dtype != q.dtype or k.stride(-1) != 1 \
             or v.stride(-1) != 1 or k.stride(-2) != D or v.stride(-2) != D:

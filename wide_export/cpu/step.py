@@ -6,8 +6,8 @@ model/modeling.py's WideForCausalLM.forward hands its decode steps here on the f
 this device, no router masks to record. The op runs the kernels of the per-op path in the reference's order with
 its roundings (the same logits, bit for bit: tests/cpu/test_decode_step.py) without the Python and dispatch
 between them, which took a quarter of a float16 step of the per-op path (Python run between kernels that stream
-weights runs with cold caches). Anything else, or a CPU without AVX-512 (the op's attention needs it), returns None
-and the model runs op by op."""
+weights runs with cold caches). Anything else, or a CPU whose instruction sets the op's attention does not run
+on (AVX-512, or AVX2 for head sizes of 8s), returns None and the model runs op by op."""
 
 from __future__ import annotations
 

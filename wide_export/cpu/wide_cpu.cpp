@@ -961,8 +961,9 @@ void gemm_kt(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& mask, 
 // The small ops around the projections, one call each where the model's reference spends several torch ops
 // (a decode step runs each once a layer; their time was dispatch, not arithmetic), and decode attention. Same
 // rounding as the reference: every intermediate the reference stores in the input dtype is rounded to it here.
-// AVX-512 where the CPU has it; without it RMSNorm and RoPE run scalar code and decline float16 (whose scalar
-// conversions are slower than torch's ops), and attention declines: each op returns whether it ran.
+// AVX-512 or AVX2 (8 lanes; attention for head sizes of 8s) where the CPU has them; with neither, RMSNorm and RoPE
+// run scalar code and decline float16 (whose scalar conversions are slower than torch's ops), and attention
+// declines: each op returns whether it ran.
 template <typename T>
 inline float rounded(float v) {  // v as the reference's tensor of dtype T holds it
   T t;
@@ -990,6 +991,42 @@ WIDE_AVX512 inline void store16(c10::Half* p, __m512 v, __mmask16 k) {
 }
 WIDE_AVX512 inline void store16(uint16_t* p, __m512 v, __mmask16 k) {
   _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(bf16_bits(v)));
+}
+// The same for AVX2's 8 lanes (RMSNorm, RoPE and decode attention on a CPU without AVX-512)
+WIDE_AVX2 inline __m256i bf16_bits8(__m256 v) {  // round to nearest even (to_bf16), in each lane's low half
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+WIDE_AVX2 inline __m256 round8(__m256 v, const float*) { return v; }
+WIDE_AVX2 inline __m256 round8(__m256 v, const c10::Half*) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, kHalfRound)); }
+WIDE_AVX2 inline __m256 round8(__m256 v, const uint16_t*) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(v), 16));
+}
+WIDE_AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+WIDE_AVX2 inline void store8(c10::Half* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, kHalfRound));
+}
+WIDE_AVX2 inline void store8(uint16_t* p, __m256 v) {
+  const __m256i b = bf16_bits8(v);  // 32-bit lanes < 2^16: packing saturates nothing
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0b1000);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+WIDE_AVX2 inline __m256 exp8(__m256 x) {  // exp16's polynomial; 2^n through the exponent bits
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), kHalfRound);
+  __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  f = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), f);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 inline __mmask16 tail16(int64_t left) { return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1); }
 
@@ -1040,6 +1077,28 @@ WIDE_AVX512 void rms_norm_row_avx512(const T* x, const T* w, T* out, int64_t H, 
   }
 }
 
+template <typename T>
+WIDE_AVX2 void rms_norm_row_avx2(const T* x, const T* w, T* out, int64_t H, float eps) {
+  __m256 s0 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= H; k += 8) {
+    const __m256 a = load8(x + k);
+    s0 = _mm256_fmadd_ps(a, a, s0);
+  }
+  float ss = hsum8(s0);
+  for (int64_t j = k; j < H; ++j) ss += load1(x + j) * load1(x + j);
+  const float r = 1.f / std::sqrt(ss / H + eps);
+  const __m256 rv = _mm256_set1_ps(r);
+  for (k = 0; k + 8 <= H; k += 8) store8(out + k, _mm256_mul_ps(load8(w + k), round8(_mm256_mul_ps(load8(x + k), rv), x)));
+  for (; k < H; ++k) put(out + k, load1(w + k) * rounded<T>(load1(x + k) * r));
+}
+
+// The row function of the instruction set in use (the scalar one declines float16 in the ops below)
+template <typename T>
+auto rms_norm_row_for(int isa) {
+  return isa >= kAvx512 ? rms_norm_row_avx512<T> : isa == kAvx2 ? rms_norm_row_avx2<T> : rms_norm_row<T>;
+}
+
 // rotary embedding in place, the reference's x * cos + rotate_half(x) * sin: x [M, H, D] (every head of a token
 // shares the token's cos / sin row [D]); rotate_half(x) = cat(-x[D/2:], x[:D/2])
 constexpr int64_t ROPE_MAX_D = 1024;
@@ -1078,6 +1137,38 @@ WIDE_AVX512 void rope_avx512(T* x, int64_t M, int64_t H, int64_t D, const T* cos
       store16(row + half + j, hi, t);
     }
   }
+}
+
+template <typename T>
+WIDE_AVX2 void rope_avx2(T* x, int64_t M, int64_t H, int64_t D, const T* cos, const T* sin) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < M * H; ++i) {
+    T* row = x + i * D;
+    const T* c = cos + (i / H) * D;
+    const T* s = sin + (i / H) * D;
+    int64_t j = 0;
+    for (; j + 8 <= half; j += 8) {
+      const __m256 a = load8(row + j), b = load8(row + half + j);
+      const __m256 nb = _mm256_sub_ps(_mm256_setzero_ps(), b);
+      const __m256 lo = _mm256_add_ps(round8(_mm256_mul_ps(a, load8(c + j)), row), round8(_mm256_mul_ps(nb, load8(s + j)), row));
+      const __m256 hi = _mm256_add_ps(round8(_mm256_mul_ps(b, load8(c + half + j)), row),
+                                      round8(_mm256_mul_ps(a, load8(s + half + j)), row));
+      store8(row + j, lo);
+      store8(row + half + j, hi);
+    }
+    for (; j < half; ++j) {  // the scalar rule of rope_impl for the last pairs
+      const float a = load1(row + j), b = load1(row + half + j);
+      put(row + j, rounded<T>(a * load1(c + j)) + rounded<T>(-b * load1(s + j)));
+      put(row + half + j, rounded<T>(b * load1(c + half + j)) + rounded<T>(a * load1(s + half + j)));
+    }
+  }
+}
+
+template <typename T>
+void rope_for(int isa, T* x, int64_t M, int64_t H, int64_t D, const T* cos, const T* sin) {
+  if (isa >= kAvx512) rope_avx512<T>(x, M, H, D, cos, sin);
+  else if (isa == kAvx2) rope_avx2<T>(x, M, H, D, cos, sin);
+  else rope_impl<T>(x, M, H, D, cos, sin);
 }
 
 // Decode attention of one query per sequence over its past, the query heads of skipped groups left out: for each
@@ -1132,9 +1223,54 @@ WIDE_AVX512 void attend_kv_head(const T* q, const T* k, const T* v, T* out, cons
 }
 
 template <typename T>
+WIDE_AVX2 void attend_kv_head_avx2(const T* q, const T* k, const T* v, T* out, const AttnShape& a, const int* heads,
+                                   int nh, std::vector<float>& sc) {  // attend_kv_head in 8 lanes: D % 8 == 0
+  constexpr int DV = 512 / 8;
+  sc.resize(static_cast<size_t>(nh) * a.L);
+  const int nd = static_cast<int>(a.D / 8);
+  for (int hi = 0; hi < nh; ++hi) {
+    const T* qh = q + heads[hi] * a.D;
+    __m256 qv[DV];
+    for (int d = 0; d < nd; ++d) qv[d] = _mm256_mul_ps(load8(qh + 8 * d), _mm256_set1_ps(a.scale));
+    float* s = sc.data() + static_cast<size_t>(hi) * a.L;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < a.L; ++j) {
+      const T* kj = k + j * a.D;
+      __m256 acc = _mm256_setzero_ps();
+      for (int d = 0; d < nd; ++d) acc = _mm256_fmadd_ps(qv[d], load8(kj + 8 * d), acc);
+      s[j] = hsum8(acc);
+      mx = std::max(mx, s[j]);
+    }
+    const __m256 m = _mm256_set1_ps(mx);
+    float sum = 0.f;
+    int64_t j = 0;
+    for (; j + 8 <= a.L; j += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+      _mm256_storeu_ps(s + j, e);
+      sum += hsum8(e);
+    }
+    for (; j < a.L; ++j) sum += (s[j] = std::exp(s[j] - mx));
+    const float inv = 1.f / sum;
+    __m256 o[DV];
+    for (int d = 0; d < nd; ++d) o[d] = _mm256_setzero_ps();
+    for (j = 0; j < a.L; ++j) {
+      const __m256 pj = _mm256_set1_ps(s[j]);
+      const T* vj = v + j * a.D;
+      for (int d = 0; d < nd; ++d) o[d] = _mm256_fmadd_ps(pj, load8(vj + 8 * d), o[d]);
+    }
+    T* oh = out + heads[hi] * a.D;
+    for (int d = 0; d < nd; ++d) store8(oh + 8 * d, _mm256_mul_ps(o[d], _mm256_set1_ps(inv)));
+  }
+}
+
+// Whether decode attention runs with the instruction set in use: AVX-512, or AVX2 for a head size of 8s
+inline bool attention_runs(int64_t D) { return g_isa.load() >= kAvx512 || (g_isa.load() == kAvx2 && D % 8 == 0); }
+
+template <typename T>
 void decode_attention_impl(const T* q, const T* k, const T* v, T* out, const AttnShape& a, const int32_t* mask,
                            int64_t group_heads) {
   const int64_t rep = a.Hq / a.Hk;
+  const bool avx512 = g_isa.load() >= kAvx512;  // else AVX2 (attention_runs)
   at::parallel_for(0, a.B * a.Hk, 1, [&](int64_t b0, int64_t e0) {
     thread_local std::vector<float> sc;  // scores of the active heads, grown once
     thread_local std::vector<int> heads;
@@ -1146,7 +1282,7 @@ void decode_attention_impl(const T* q, const T* k, const T* v, T* out, const Att
         else for (int64_t d = 0; d < a.D; ++d) put(out + (b * a.Hq + h) * a.D + d, 0.f);
       }
       if (!heads.empty())
-        attend_kv_head<T>(q + b * a.Hq * a.D, k + b * a.kb + kh * a.kh, v + b * a.vb + kh * a.vh, out + b * a.Hq * a.D,
+        (avx512 ? attend_kv_head<T> : attend_kv_head_avx2<T>)(q + b * a.Hq * a.D, k + b * a.kb + kh * a.kh, v + b * a.vb + kh * a.vh, out + b * a.Hq * a.D,
                           a, heads.data(), static_cast<int>(heads.size()), sc);
     }
   });
@@ -1177,15 +1313,15 @@ bool rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& 
               "wide_cpu::rms_norm: w must be [H] of x's dtype");
   TORCH_CHECK(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
               "wide_cpu::rms_norm: out must be like x");
-  const bool vec = g_isa.load() >= kAvx512;
-  if (!vec && x.scalar_type() == at::kHalf) return false;
+  const int isa = g_isa.load();
+  if (isa == kScalar && x.scalar_type() == at::kHalf) return false;
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *xp = ptr<T>(x), *wp = ptr<T>(w);
     T* op = static_cast<T*>(out.data_ptr());
+    const auto row = rms_norm_row_for<T>(isa);
     at::parallel_for(0, x.numel() / H, 8, [&](int64_t b, int64_t e) {
-      for (int64_t m = b; m < e; ++m)
-        (vec ? rms_norm_row_avx512<T> : rms_norm_row<T>)(xp + m * H, wp, op + m * H, H, static_cast<float>(eps));
+      for (int64_t m = b; m < e; ++m) row(xp + m * H, wp, op + m * H, H, static_cast<float>(eps));
     });
   });
   return true;
@@ -1199,14 +1335,13 @@ bool rope(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   for (const at::Tensor* t : {&cos, &sin})
     TORCH_CHECK(t->numel() == M * D && t->size(-1) == D && t->scalar_type() == x.scalar_type() && t->is_contiguous(),
                 "wide_cpu::rope: cos and sin must be [M, D] of x's dtype");
-  const bool vec = g_isa.load() >= kAvx512;
-  if (!vec && x.scalar_type() == at::kHalf) return false;
+  const int isa = g_isa.load();
+  if (isa == kScalar && x.scalar_type() == at::kHalf) return false;
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* xp = static_cast<T*>(x.data_ptr());
     at::parallel_for(0, M, 64, [&](int64_t b, int64_t e) {  // a decode step's few rows run in the calling thread
-      if (vec) rope_avx512<T>(xp + b * H * D, e - b, H, D, ptr<T>(cos) + b * D, ptr<T>(sin) + b * D);
-      else rope_impl<T>(xp + b * H * D, e - b, H, D, ptr<T>(cos) + b * D, ptr<T>(sin) + b * D);
+      rope_for<T>(isa, xp + b * H * D, e - b, H, D, ptr<T>(cos) + b * D, ptr<T>(sin) + b * D);
     });
   });
   return true;
@@ -1227,7 +1362,7 @@ bool decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   TORCH_CHECK(!head_mask || (head_mask->scalar_type() == at::kInt && head_mask->is_contiguous() && group_heads > 0 &&
                              Hq % group_heads == 0 && head_mask->numel() == B * (Hq / group_heads)),
               "wide_cpu::decode_attention: head_mask must be int32 [B, Hq / group_heads]");
-  if (g_isa.load() < kAvx512) return false;
+  if (!attention_runs(D)) return false;
   const AttnShape a{B, Hq, Hk, length, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                     static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
   by_dtype(q, [&](auto* tag) {
@@ -1270,7 +1405,7 @@ void router(const at::Tensor& h, const at::Tensor& wc, const at::Tensor& bc, con
 // wo, bo?, ln2, wg, wu, wd, then the attention router's wc, bc, wr, br and the FFN router's (absent where the
 // layer has none); a routed wo / wd is W^T [K, N] (cpu/model.py: prepare), an unrouted one [N, K]. geo, per
 // layer: Hq, Hk, D, attention group heads (0: no router), FFN group size (0: no router), force (every group
-// executes). Needs AVX-512 (the decode attention): false (nothing written) without it.
+// executes). Needs the decode attention (AVX-512, or AVX2 for a head size of 8s): false (nothing written) else.
 constexpr int LAYER_WEIGHTS = 23, LAYER_GEO = 6;
 struct LayerShape {
   int64_t B, H, Hq, Hk, D, F, gh, gs;
@@ -1336,8 +1471,10 @@ void decode_layer_impl(const T* h, T* out, const std::vector<const at::Tensor*>&
   int32_t* mf = arena.carve<int32_t>(B * gf);
   std::fill(ones, ones + B, 1);
 
+  const int isa = g_isa.load();
+  const auto norm_row = rms_norm_row_for<T>(isa);
   auto norm_rows = [&](const T* in, const T* wt, T* dst, int64_t rows, int64_t n) {
-    for (int64_t m = 0; m < rows; ++m) rms_norm_row_avx512<T>(in + m * n, wt, dst + m * n, n, eps);
+    for (int64_t m = 0; m < rows; ++m) norm_row(in + m * n, wt, dst + m * n, n, eps);
   };
   auto dense = [&](const T* in, const T* wt, const T* bias, T* dst, int64_t N, int64_t K) {
     gemm_n_impl<T>(in, wt, ones, bias, dst, Geometry{B, N, K, 1, N});
@@ -1355,8 +1492,8 @@ void decode_layer_impl(const T* h, T* out, const std::vector<const at::Tensor*>&
     norm_rows(k, b(KN), k, B * s.Hk, s.D);
   }
   for (int64_t r = 0; r < B; ++r) {
-    rope_avx512<T>(q + r * NQ, 1, s.Hq, s.D, cos + r * s.D, sin + r * s.D);
-    rope_avx512<T>(k + r * NK, 1, s.Hk, s.D, cos + r * s.D, sin + r * s.D);
+    rope_for<T>(isa, q + r * NQ, 1, s.Hq, s.D, cos + r * s.D, sin + r * s.D);
+    rope_for<T>(isa, k + r * NK, 1, s.Hk, s.D, cos + r * s.D, sin + r * s.D);
     for (int64_t kh = 0; kh < s.Hk; ++kh) {
       std::memcpy(ck + r * ckb + kh * ckh + length * s.D, k + (r * s.Hk + kh) * s.D, s.D * sizeof(T));
       std::memcpy(cv + r * ckb + kh * ckh + length * s.D, v + (r * s.Hk + kh) * s.D, s.D * sizeof(T));
@@ -1455,9 +1592,10 @@ bool decode_step(const at::Tensor& h, const c10::List<std::optional<at::Tensor>>
   for (int64_t l = 0; l < L; ++l)
     shape[l] = check_layer(h, weights, LAYER_WEIGHTS * l, cache_k[l], cache_v[l], length, geo.data() + LAYER_GEO * l,
                            held[l], w[l]);
-  if (g_isa.load() < kAvx512) return false;
+  if (!attention_runs(geo[2])) return false;
   by_dtype(h, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
+    const auto norm_row = rms_norm_row_for<T>(g_isa.load());
     thread_local std::vector<T> stream;  // the residual stream between layers, two buffers (grown once)
     stream.resize(static_cast<size_t>(3 * B * H));
     const T* src = ptr<T>(h);
@@ -1470,7 +1608,7 @@ bool decode_step(const at::Tensor& h, const c10::List<std::optional<at::Tensor>>
     }
     T* normed = stream.data() + 2 * B * H;  // the final RMSNorm, then the LM head (one group every token executes)
     for (int64_t m = 0; m < B; ++m)
-      rms_norm_row_avx512<T>(src + m * H, ptr<T>(norm_w), normed + m * H, H, static_cast<float>(eps));
+      norm_row(src + m * H, ptr<T>(norm_w), normed + m * H, H, static_cast<float>(eps));
     thread_local std::vector<int32_t> ones;
     ones.assign(B, 1);
     gemm_n_impl<T>(normed, ptr<T>(head_w), ones.data(), nullptr, static_cast<T*>(out.data_ptr()), Geometry{B, V, H, 1, V});
