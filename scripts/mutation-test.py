@@ -96,6 +96,13 @@ TESTS: dict[str, list[str]] = {
     "wide_export/verify/common.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
     "wide_export/export/session.py": ["tests/verify/test_onnx_verify_units.py"],
     "wide_export/childproc.py": ["tests/test_childproc.py"],
+    "wide_export/cpu/step.py": ["tests/cpu/test_decode_step.py"],
+    # the engine runs of verify/tensorrt.py need TensorRT and a GPU: only its manifest reader and its share of the
+    # verification units run here; tp/ranks.py's rank processes run in tests/tp/test_tp_run.py (subprocesses)
+    "wide_export/verify/tensorrt.py": ["tests/faults/test_hostile_manifests.py",
+                                       "tests/verify/test_onnx_verify_units.py"],
+    "wide_export/tp/ranks.py": ["tests/faults/test_hostile_manifests.py", "tests/tp/test_tp_run.py"],
+    "wide_export/verify/sharded.py": ["tests/verify/test_onnx_verify_units.py", "tests/tp/test_tp_export.py"],
     "wide_export/triton/contract.py": ["tests/triton/test_contract.py", "tests/frontend/test_engine_units.py"],
     "wide_export/checkpoint/sources.py": ["tests/test_python_api.py::test_sources_load_what_the_loader_loads_from_the_same_options",
                                           "tests/test_python_api.py::test_sources_pass_every_option_to_the_loader"],
