@@ -148,8 +148,6 @@ def serve(
     """
     from rich.console import Console
 
-    from wide_export.triton.server import TritonServer
-
     from wide_export.signals import interrupt_on_signals
 
     console = Console(highlight=False)
@@ -179,51 +177,26 @@ def serve(
         from wide_export.errors import WideError
 
         raise WideError(f"{given[0]} is for the OpenAI API", hint="add --openai-port PORT")
-    if openai_port is not None and openai_port in (http_port, grpc_port, metrics_port):
-        from wide_export.errors import WideError
+    from wide_export.triton.serving import ServeOptions, start_serving
 
-        raise WideError(f"--openai-port {openai_port} is also given to another endpoint",
-                        hint="give each endpoint its own port")
-    http = openai_port is None or http_port is not None
-    # With the OpenAI API in front and no Triton port asked for, Triton's gRPC is a unix socket only this
-    # user can open and its HTTP is off: the OpenAI port is all other local users reach. On every endpoint
-    # Triton refuses its shared-memory, logging, trace and statistics APIs (server.RESTRICTED).
-    server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          address=address, log_verbose=log_verbose, http=http,
-                          private_grpc=not http and grpc_port is None)
-    frontend = None
-    try:
-        # SIGTERM while loading must stop the server as Ctrl-C does (it runs in its own session).
-        with interrupt_on_signals():
-            if openai_port is not None:
-                # Before tritonserver starts: a taken port or a bad repository fails at once.
-                from wide_export.frontend.runner import prepare_frontend
-
-                with console.status("loading the tokenizer for the OpenAI API ..."):
-                    frontend = prepare_frontend(repository, openai_address, openai_port, served_model_name,
-                                                limits=frontend_limits(max_connections, max_body_bytes),
-                                                policy=request_policy(max_tokens, max_running_per_client,
-                                                                      max_waiting))
-            with console.status("starting tritonserver ..."):
-                server.start(timeout=timeout)
-            if frontend is not None:
-                with console.status("starting the OpenAI API ..."):
-                    frontend.start(server.endpoints.grpc)
-    except BaseException:
-        if frontend is not None:
-            frontend.stop()
-        server.stop()
-        raise
-    ends = server.endpoints
+    opts = ServeOptions(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                        address=address, timeout=timeout, log_verbose=log_verbose, openai_port=openai_port,
+                        openai_address=openai_address, served_model_name=served_model_name)
+    if openai_port is not None:
+        opts.limits = frontend_limits(max_connections, max_body_bytes)
+        opts.policy = request_policy(max_tokens, max_running_per_client, max_waiting)
+    opts.check()  # before anything starts
+    with interrupt_on_signals():  # SIGTERM while loading stops the server as Ctrl-C does (its own session)
+        serving = start_serving(opts, stage=lambda message: console.status(message))
+    server, frontend = serving.server, serving.frontend
+    ends = serving.endpoints
     console.print(f"[green]ready[/]  HTTP {ends.http if server.http else 'off'}  gRPC {ends.grpc}"
                   + (f"  metrics {ends.metrics}" if ends.metrics else "")
                   + (f"  OpenAI {frontend.url}" if frontend is not None else ""), soft_wrap=True)
     if frontend is not None:
         console.print(f"models: {', '.join(m.name for m in frontend.models)}", markup=False)
     console.print("Ctrl-C to stop")
-    signum = server.serve_until_signal(report=lambda line: console.print(line, markup=False),  # restarts a dead
-                                       check=frontend.check if frontend is not None else None,  # or hung server
-                                       before_stop=frontend.stop if frontend is not None else None)
+    signum = serving.wait(report=lambda line: console.print(line, markup=False))
     import signal as signals
 
     console.print(f"stopped ({signals.Signals(signum).name}); tritonserver and its models are down")
