@@ -19,13 +19,13 @@ from wide_export.ops.spec import OPS, plugin_attrs
 ONNX_TYPES = {np.float32: onnx.TensorProto.FLOAT, np.float16: onnx.TensorProto.FLOAT16, np.int32: onnx.TensorProto.INT32}
 
 
-def run_node(op: str, inputs: list[np.ndarray], out_type: int, **ints) -> np.ndarray:
+def run_node(op: str, inputs: list[np.ndarray], out_type: int, out_rank: int = 3, **ints) -> np.ndarray:
     names = [f"in{i}" for i in range(len(inputs))]
     node = oh.make_node(op, names, ["y"], domain="wide", **plugin_attrs(**ints))
     graph = oh.make_graph(
         [node], op,
         [oh.make_tensor_value_info(n, ONNX_TYPES[a.dtype.type], list(a.shape)) for n, a in zip(names, inputs)],
-        [oh.make_tensor_value_info("y", out_type, ["d0", "d1", "d2"])],
+        [oh.make_tensor_value_info("y", out_type, [f"d{i}" for i in range(out_rank)])],
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 20), oh.make_opsetid("wide", 1)],
                           functions=function_protos(20))
@@ -111,6 +111,45 @@ def test_router_ties_execute():
     y = run_node("WideRouter", [t.numpy() for t in (h, wc, bc, wr, br)], onnx.TensorProto.INT32, num_groups=2)
     assert y.tolist() == [[[1, 0]] * 3]
     assert R.wide_router(h, wc, bc, wr, br).tolist() == [[[1, 0]] * 3]
+
+
+ONNX_TYPES[np.bool_] = onnx.TensorProto.BOOL
+
+
+def _allowed(B: int, T: int, S: int, pad: list[int]) -> torch.Tensor:
+    """bool [B, 1, T, S]: causal over a past of S - T positions, the first pad[b] positions of row b padding."""
+    causal = torch.arange(S)[None, :] <= (S - T + torch.arange(T))[:, None]
+    real = torch.arange(S)[None, :] >= torch.tensor(pad)[:, None]
+    return causal[None, None] & real[:, None, None, :]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("B,Hq,Hk,D,T,S,gh", [(1, 4, 4, 8, 1, 5, 1), (2, 8, 2, 16, 3, 7, 2), (3, 6, 2, 32, 4, 4, 3),
+                                            (1, 16, 4, 64, 1, 33, 4)])
+@pytest.mark.parametrize("kind", ["all-on", "random", "all-off"])
+def test_masked_attention_matches_reference(dtype, B, Hq, Hk, D, T, S, gh, kind):
+    """WideMaskedAttention's body (GQA through Expand + Reshape, the scale through float32, the float32 floor,
+    softmax in float32) against reference.wide_masked_attention, which is the model's own attention; the heads
+    of skipped groups exactly 0; a fully padded row stays finite."""
+    gen = torch.Generator().manual_seed(B * 1000 + Hq * 10 + T)
+    q, k, v = (torch.randn(B, h, n, D, generator=gen).to(dtype) for h, n in ((Hq, T), (Hk, S), (Hk, S)))
+    G = Hq // gh
+    head_mask = {"all-on": torch.ones(B, T, G, dtype=torch.int32), "all-off": torch.zeros(B, T, G, dtype=torch.int32),
+                 "random": random_mask((B, T, G), 0.5, gen)}[kind]
+    allowed = _allowed(B, T, S, [min(b, S - T) for b in range(B)])
+    out_type = ONNX_TYPES[np.float16 if dtype == torch.float16 else np.float32]
+    y = run_node("WideMaskedAttention", [q.numpy(), k.numpy(), v.numpy(), allowed.numpy(), head_mask.numpy()],
+                 out_type, out_rank=4, group_heads=gh)
+    want = R.wide_masked_attention(q, k, v, allowed, head_mask, gh)
+    assert np.isfinite(y).all()
+    torch.testing.assert_close(torch.from_numpy(y), want, **TOL[dtype])
+    keep = head_mask.bool().repeat_interleave(gh, -1).transpose(1, 2)  # [B, Hq, T]
+    assert np.all(y[~keep.numpy()] == 0), "heads of skipped groups must be exactly 0"
+    if kind == "all-on":  # by hand, in float64: softmax(q k^T / sqrt(D)) v over the allowed positions
+        kr, vr = (t.double().repeat_interleave(Hq // Hk, 1) for t in (k, v))
+        scores = (q.double() @ kr.transpose(-1, -2)) / D**0.5
+        by_hand = torch.softmax(scores.masked_fill(~allowed, -1e300), -1) @ vr
+        torch.testing.assert_close(torch.from_numpy(y).double(), by_hand, **TOL[dtype])
 
 
 def test_every_op_is_documented_with_its_fields():

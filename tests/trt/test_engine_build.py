@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from wide_export.errors import WideError
-from wide_export.ops.spec import OPS
+from wide_export.trt.plugins import PLUGIN_NAMES
 from tests.helpers import assert_one_line_error, signal_when_ready
 
 pytestmark = pytest.mark.trt
@@ -118,13 +118,13 @@ def test_every_wide_node_becomes_a_plugin_layer(demo_onnx, plugin_lib, tmp_path)
     assert {n["became"] for n in report["nodes"]} == {"plugin_layer"}
     lib = manifest["plugin_library"]
     assert lib["sha256"] == _sha256(plugin_lib) == _sha256(out / lib["file"])
-    assert set(lib["creators"]) == set(OPS)
+    assert set(lib["creators"]) == set(PLUGIN_NAMES)
     assert manifest["plugins"] == [lib["file"]]
     outputs = {t["name"] for t in manifest["engines"][0]["outputs"]}
     assert set(manifest["mask_outputs"]) <= outputs and manifest["mask_outputs"]
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", sorted(PLUGIN_NAMES))
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_one_op_network_builds_as_plugin_layer(op, dtype, plugin_lib, tmp_path):
     from wide_export.trt.oneop import build_one_op_engine, one_op_model
@@ -136,7 +136,7 @@ def test_one_op_network_builds_as_plugin_layer(op, dtype, plugin_lib, tmp_path):
     assert (tmp_path / "m.engine").stat().st_size > 0
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", sorted(PLUGIN_NAMES))
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_one_op_network_inlines_without_plugins(op, dtype, tmp_path):
     from wide_export.trt.oneop import build_one_op_engine, one_op_model
@@ -372,3 +372,16 @@ def test_an_interrupted_build_prints_our_line_only(demo_onnx, tmp_path):
     assert "[E]" not in err and "BuildCanceled" not in err and "Invalid Engine" not in err and "Traceback" not in err
     assert err.strip().splitlines()[-1] == "interrupted (SIGINT); nothing was written", err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_attention_op_export_builds_from_the_ops_function_body(tmp_path):
+    """`onnx --attention-op` puts WideMaskedAttention nodes in the graph, which have no plugin yet: TensorRT
+    builds them from their standard-op function body (with or without a plugin library for the other ops)."""
+    from wide_export.checkpoint import Sources
+    from wide_export.export.pipeline import export_and_verify
+
+    export_and_verify(Sources(None), tmp_path / "onnx", attention_op=True, verify=False)
+    result = _run_cli(["--onnx", str(tmp_path / "onnx"), "--output", str(tmp_path / "out"), *SMALL])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "wide_engine.json").read_text())
+    assert manifest["wide_nodes"]["by_op"]["WideMaskedAttention"] == {"plugin_layers": 0, "inlined": 3}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from wide_export.ops.reference import REFERENCES, router_logits
-from wide_export.ops.spec import OPS
+from wide_export.trt.plugins import PLUGIN_NAMES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.trt]
 
@@ -47,7 +47,7 @@ def _reference(op, feeds, weights):
     return REFERENCES[op](t["x"], t["w"], t["mask"], GROUP_SIZE).numpy()
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", sorted(PLUGIN_NAMES))
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("batch, tokens", [(1, 1), (3, 1), (2, 7), (4, 8)])  # decode GEMV and prefill shapes
 def test_plugin_matches_reference(op, dtype, batch, tokens, plugin_lib, tmp_path):

@@ -39,6 +39,10 @@ def onnx(
     tp: Annotated[Optional[int], typer.Option(
         "--tp", help="Tensor parallelism: one graph per rank (OUTPUT/rank{r}/model.onnx, OUTPUT/tp_manifest.json) "
                      "with DistCollective all-reduces; see docs/distributed.md.", show_default=False)] = None,
+    attention_op: Annotated[bool, typer.Option(
+        "--attention-op", help="Trace each routed layer's attention as one `wide` WideMaskedAttention node (its "
+                               "function body is the same attention in standard ops; TensorRT builds it from "
+                               "that body until its plugin exists). Not with --tp.")] = False,
     balance_text: Annotated[Optional[Path], typer.Option(
         "--balance-text", help="With --tp: place the FFN groups so the ranks' expected work on this text (UTF-8, "
                                "tokenized with MODEL's tokenizer) is equal.", show_default=False)] = None,
@@ -60,6 +64,9 @@ def onnx(
 
     if dtype not in DTYPES:
         raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
+    if attention_op and tp is not None:
+        raise WideError("--attention-op is for one graph; a --tp export traces its ranks' attention inline",
+                        "drop --attention-op or --tp")
     if balance_text is not None and tp is None:
         raise WideError("--balance-text places FFN groups across tensor-parallel ranks", "add --tp N")
     if balance_text is not None and model is None:
@@ -89,7 +96,7 @@ def onnx(
             from wide_export.export.pipeline import export_and_verify
 
             run = export_and_verify(sources, output, dtype=dtype, opset=opset, force=force, verify=verify,
-                                    steps=steps, seed=seed, sliced=sliced, stages=stages)
+                                    steps=steps, seed=seed, sliced=sliced, stages=stages, attention_op=attention_op)
             counts = ", ".join(f"{n} {op}" for op, n in run.result.wide_nodes.items())
             stages.note(f"wrote {output}/model.onnx ({counts})")
     if run.report is not None:

@@ -39,8 +39,9 @@ class ExportResult:
 
 
 def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool = False,
-                stages=None) -> ExportResult:
-    """Export `loaded` (checkpoint.LoadedModel, already in the target dtype) into the folder `output`."""
+                stages=None, attention_op: bool = False) -> ExportResult:
+    """Export `loaded` (checkpoint.LoadedModel, already in the target dtype) into the folder `output`.
+    attention_op: each routed layer's attention as one WideMaskedAttention node (docs/opset.md)."""
     from wide_export.outdir import atomic_output_dir
     from wide_export.progress import Stages
 
@@ -54,7 +55,9 @@ def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool
     check_genai_sources(loaded)  # files copied at the end are checked first
     hashing = hash_in_background(loaded.sources)  # sources loaded with checksums=False: hashed meanwhile
     with atomic_output_dir(output, force) as tmp:
-        with stages.stage("trace"):
+        from wide_export.ops.dispatch import attention_op as attention_nodes
+
+        with stages.stage("trace"), attention_nodes(attention_op):
             if streamed:
                 program = _trace_streamed(loaded, opset)
             else:
@@ -159,9 +162,9 @@ def _postprocess(ir_model, loaded) -> dict[str, int]:
     pp.attach_functions(ir_model)
     pp.set_metadata(ir_model, {"version": __version__, "opset": f"{DOMAIN}:{OPSET_VERSION}",
                                "model": _model_name(loaded)})
-    counts: dict[str, int] = {op: 0 for op in OPS}
+    counts: dict[str, int] = {op: 0 for op, spec in OPS.items() if spec.plugin}  # optional ops where present
     for node in pp.wide_nodes(ir_model):
-        counts[node.op_type] += 1
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
 
 

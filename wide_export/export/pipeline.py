@@ -23,8 +23,9 @@ class ExportRun:
 
 def export_and_verify(sources, output: Path, *, dtype: str = "float32", opset: int = 20, force: bool = False,
                       verify: bool = True, steps: int = 3, seed: int = 0, sliced: Optional[bool] = None,
-                      stages=None) -> ExportRun:
-    """One ONNX graph of `sources` (checkpoint.Sources) in `output`, verified against the PyTorch reference."""
+                      stages=None, attention_op: bool = False) -> ExportRun:
+    """One ONNX graph of `sources` (checkpoint.Sources) in `output`, verified against the PyTorch reference;
+    attention_op: routed layers' attention as WideMaskedAttention nodes (export_onnx)."""
     from wide_export.export.onnx_export import export_onnx
     from wide_export.outdir import atomic_output_dir
     from wide_export.progress import Stages
@@ -39,7 +40,8 @@ def export_and_verify(sources, output: Path, *, dtype: str = "float32", opset: i
         loaded = sources.load(dtype=dtype, progress=stages.update, lazy=True,  # weights streamed at save
                               checksums=False)  # sha256 computed while tracing (export/provenance.py)
     with atomic_output_dir(output, force) as staging:
-        run = ExportRun(export_onnx(loaded, staging, opset=opset, force=True, stages=stages))
+        run = ExportRun(export_onnx(loaded, staging, opset=opset, force=True, stages=stages,
+                                    attention_op=attention_op))
         if verify:
             from wide_export.verify.onnx_verify import verify_onnx
 

@@ -69,14 +69,18 @@ def name_axes(model) -> None:
 
 
 def attach_functions(model) -> None:
-    """Add the standard-op body of every `wide` op and import the `wide` opset."""
+    """Add the standard-op body of every `wide` op (of an op only some exports emit, WideMaskedAttention, where the
+    graph has one) and import the `wide` opset."""
     import onnx_ir as ir
 
     from wide_export.ops.functions import function_protos
+    from wide_export.ops.spec import OPS
 
+    used = {node.op_type for node in model.graph if node.domain == DOMAIN}
     for proto in function_protos(model.opset_imports[""]):
-        fn = ir.serde.deserialize_function(proto)
-        model.functions[fn.identifier()] = fn
+        if OPS[proto.name].plugin or proto.name in used:
+            fn = ir.serde.deserialize_function(proto)
+            model.functions[fn.identifier()] = fn
     model.opset_imports[DOMAIN] = OPSET_VERSION
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from wide_export.errors import WideError
 from wide_export.model.config import WideConfig
 from wide_export.ops import dispatch
-from wide_export.ops.reference import router_logits
+from wide_export.ops.reference import attention, router_logits
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
@@ -161,17 +161,9 @@ class Attention(nn.Module):
                 return o
             return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
                                                               enable_gqa=self.hq != self.hkv)
-        rep = self.hq // self.hkv
-        if rep > 1:  # GQA: repeat kv heads (transformers' repeat_kv)
-            b, h, s, d = k.shape
-            k = k[:, :, None].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
-            v = v[:, :, None].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.d**-0.5)
-        # A finite floor, not -inf: rows of left-padding positions are fully masked
-        # and must stay finite (as transformers does).
-        scores = torch.where(allowed, scores.float(), torch.finfo(torch.float32).min)
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        return torch.matmul(probs, v)
+        if mask is not None and (node := dispatch.masked_attention(q, k, v, allowed, mask, group_heads)) is not None:
+            return node  # export --attention-op: one WideMaskedAttention node
+        return attention(q, k, v, allowed)
 
 
 class MLP(nn.Module):

@@ -16,6 +16,7 @@ from wide_export.ops.spec import DOMAIN, OPSET_VERSION, plugin_attrs
 
 
 _FAST_CPU = [False]  # cpu_kernels(): eager calls on CPU tensors go to wide_export.cpu
+_ATTENTION_OP = [False]  # attention_op(): the export traces a routed layer's attention as one WideMaskedAttention
 
 
 def _exporting() -> bool:
@@ -33,6 +34,28 @@ def cpu_kernels(enabled: bool = True):
         yield
     finally:
         _FAST_CPU[0] = before
+
+
+@contextlib.contextmanager
+def attention_op(enabled: bool = True):
+    """Within the block, an export traces the attention of each layer with an attention router as one
+    `wide::WideMaskedAttention` node (heads of skipped groups 0; its function body is the model's attention in
+    standard ops) instead of those standard ops inline. Eager calls are unchanged."""
+    before = _ATTENTION_OP[0]
+    _ATTENTION_OP[0] = enabled
+    try:
+        yield
+    finally:
+        _ATTENTION_OP[0] = before
+
+
+def masked_attention(q, k, v, allowed, head_mask, group_heads: int):
+    """Under an export inside attention_op(): one WideMaskedAttention node (q [B, Hq, T, D], k / v [B, Hk, S,
+    D], allowed bool [B, 1, T, S], head_mask int32 [B, T, G]); else None: the caller runs its attention."""
+    if not (_ATTENTION_OP[0] and _exporting()):
+        return None
+    return _symbolic("WideMaskedAttention", [q, k, v, allowed, head_mask], {"group_heads": group_heads}, q.dtype,
+                     tuple(q.shape))
 
 
 def fast_cpu(x) -> bool:

@@ -88,6 +88,66 @@ WideMaskedGemmK <group_size, has_bias> (x, weight, mask, bias) => (y)
     y = Add (xw, bias)
 }
 """,
+    # The model's attention (reference.attention): KV heads repeated for GQA (Unsqueeze + Expand + Reshape, as
+    # transformers' repeat_kv), scores in q's dtype scaled through float32 as torch scales a half tensor by a
+    # float (rounded once, to q's dtype), the float32 floor where not allowed, softmax in float32, then the
+    # heads of skipped groups multiplied by 0.
+    "WideMaskedAttention": """
+<domain: "wide", opset_import: ["": {opset}]>
+WideMaskedAttention <group_heads> (q, k, v, allowed, head_mask) => (y)
+{
+    i0 = Constant <value_ints = [0]> ()
+    i1 = Constant <value_ints = [1]> ()
+    i2 = Constant <value_ints = [2]> ()
+    i3 = Constant <value_ints = [3]> ()
+    i4 = Constant <value_ints = [4]> ()
+    last = Constant <value_ints = [-1]> ()
+    qs = Shape (q)
+    ks = Shape (k)
+    b = Slice (qs, i0, i1)
+    hq = Slice (qs, i1, i2)
+    t = Slice (qs, i2, i3)
+    d = Slice (qs, i3, i4)
+    hk = Slice (ks, i1, i2)
+    s = Slice (ks, i2, i3)
+    rep = Div (hq, hk)
+    wide_shape = Concat <axis = 0> (b, hk, rep, s, d)
+    heads_shape = Concat <axis = 0> (b, hq, s, d)
+    k5 = Unsqueeze (k, i2)
+    v5 = Unsqueeze (v, i2)
+    k_wide = Expand (k5, wide_shape)
+    v_wide = Expand (v5, wide_shape)
+    k_heads = Reshape (k_wide, heads_shape)
+    v_heads = Reshape (v_wide, heads_shape)
+    k_t = Transpose <perm = [0, 1, 3, 2]> (k_heads)
+    qk = MatMul (q, k_t)
+    qk32 = Cast <to = 1> (qk)
+    d32 = Cast <to = 1> (d)
+    root = Sqrt (d32)
+    scale = Reciprocal (root)
+    scaled32 = Mul (qk32, scale)
+    scaled = CastLike (scaled32, q)
+    scores = Cast <to = 1> (scaled)
+    floor = Constant <value_float = -3.4028234663852886e+38> ()
+    masked = Where (allowed, scores, floor)
+    probs = Softmax <axis = -1> (masked)
+    probs_v = CastLike (probs, v)
+    o = MatMul (probs_v, v_heads)
+    gh_scalar = Constant <value_int: int = @group_heads> ()
+    gh = Unsqueeze (gh_scalar, i0)
+    m_bgt = Transpose <perm = [0, 2, 1]> (head_mask)
+    m4 = Unsqueeze (m_bgt, i2)
+    ms = Shape (m4)
+    m_lead = Slice (ms, i0, i2)
+    m_wide_shape = Concat <axis = 0> (m_lead, gh, t)
+    m_wide = Expand (m4, m_wide_shape)
+    m_heads_shape = Concat <axis = 0> (b, hq, t)
+    m_heads = Reshape (m_wide, m_heads_shape)
+    m_col = Unsqueeze (m_heads, last)
+    keep = CastLike (m_col, o)
+    y = Mul (o, keep)
+}
+""",
 }
 
 

@@ -70,9 +70,35 @@ def masked_attention(q, k, v, head_mask=None, group_heads: int = 1, past_len: in
     return out.to(q.dtype)
 
 
+def attention(q, k, v, allowed) -> torch.Tensor:
+    """The model's attention (model/modeling.py Attention): q [B, Hq, T, D], k / v [B, Hk, S, D] (GQA: each KV
+    head serves Hq / Hk consecutive query heads, as transformers' repeat_kv), allowed bool [B, 1, T, S] (causal
+    and padding). Scores q k^T / sqrt(D) in q's dtype; where not allowed the float32 minimum (a finite floor:
+    the rows of left-padding positions are fully masked and must stay finite, as transformers does); softmax
+    in float32, cast to v's dtype; times v."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        b, h, s, d = k.shape
+        k = k[:, :, None].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
+        v = v[:, :, None].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    scores = torch.where(allowed, scores.float(), torch.finfo(torch.float32).min)
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v)
+
+
+def wide_masked_attention(q, k, v, allowed, head_mask, group_heads: int) -> torch.Tensor:
+    """WideMaskedAttention: attention() with the output of each (token, head) whose group (head // group_heads)
+    head_mask [B, T, Hq / group_heads] (int) skips exactly 0; o_proj's masked GEMM ignores those heads anyway."""
+    out = attention(q, k, v, allowed)
+    keep = head_mask.bool().repeat_interleave(group_heads, dim=-1).transpose(1, 2)[..., None]  # [B, Hq, T, 1]
+    return out * keep.to(out.dtype)
+
+
 REFERENCES = {
     "WideRouter": wide_router,
     "WideMaskedGemmN": masked_gemm_n,
     "WideMaskedGatedMlp": masked_gated_mlp,
     "WideMaskedGemmK": masked_gemm_k,
+    "WideMaskedAttention": wide_masked_attention,
 }

@@ -25,6 +25,7 @@ from typing import Any, Optional
 from wide_export.errors import WideError
 from wide_export.names import ENGINE_FILE, ONNX_FILE, TIMING_CACHE, WIDE_CONFIG
 from wide_export.names import ENGINE_MANIFEST as MANIFEST
+from wide_export.ops.spec import OPS
 from wide_export.outdir import atomic_output_dir, check_output_dir
 from wide_export.signals import check_interrupted, interrupt_on_signals
 from wide_export.trt.backend import needs_child, rtx_child_env, select_backend
@@ -153,9 +154,11 @@ def _write_outputs(output_dir: Path, files: dict[str, bytes], copies: dict[str, 
 def _check_plugin_layers(model, network, trt, lib: Optional[PluginLibrary], required: bool) -> PluginReport:
     """Which `wide` nodes became plugin layers; with a library loaded (and `required`) all of them must."""
     report = plugin_report(wide_nodes(model.graph), plugin_layer_names(network, trt))
-    if lib is not None and required and report.inlined:
-        names = ", ".join(n.name for n in report.inlined[:3])
-        raise WideError(f"{len(report.inlined)} wide node(s) were inlined although {lib.path.name} is loaded: {names}",
+    missing = [n for n in report.inlined  # an op without a plugin (OpSpec.plugin) is inlined by design
+               if (spec := OPS.get(n.op_type)) is None or spec.plugin]
+    if lib is not None and required and missing:
+        names = ", ".join(n.name for n in missing[:3])
+        raise WideError(f"{len(missing)} wide node(s) were inlined although {lib.path.name} is loaded: {names}",
                         hint="the library lacks a creator for their op_type/version/namespace")
     return report
 

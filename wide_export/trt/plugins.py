@@ -21,7 +21,7 @@ from wide_export.trt.backend import Backend
 PLUGIN_LIB_ENV = "WIDE_TRT_PLUGIN_LIB"
 PLUGIN_LIB_NAME = "libwide_trt_plugins.so"
 # The creators the library registers: one per `wide` op (docs/opset.md).
-PLUGIN_NAMES = tuple(OPS)
+PLUGIN_NAMES = tuple(name for name, spec in OPS.items() if spec.plugin)
 
 
 @dataclass(frozen=True)
