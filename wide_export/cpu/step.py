@@ -19,8 +19,8 @@ import torch
 from wide_export.cpu.ops import _DTYPES, PATHS, available, policy
 
 MAX_ROWS = 16  # sequences a call takes at most (and at most what the policy gives the masked kernels a call)
-LAYER_WEIGHTS = 23  # wide_cpu.cpp: LAYER_WEIGHTS, in _layer_weights' order
-ROUTERS_FROM = 15  # the routers' float32 weights come last
+ROUTERS_FROM = 15  # layer_weights: the routers' float32 weights come last
+LAYER_GEO, FORCE = 6, 5  # wide_cpu.cpp: geometry ints per layer; the force flag's place among them
 
 
 def _router(router) -> list:
@@ -30,8 +30,8 @@ def _router(router) -> list:
 
 
 def layer_weights(layer) -> list:
-    """A modeling.DecoderLayer's weights in the op's order (wide_cpu.cpp: decode_layers); o_proj / down_proj as
-    the module holds them ([N, K]; the op reads a routed one as W^T, see _plan)."""
+    """A modeling.DecoderLayer's 23 weights in the op's order (wide_cpu.cpp: decode_step, LAYER_WEIGHTS); o_proj /
+    down_proj as the module holds them ([N, K]; the op reads a routed one as W^T, see _plan)."""
     att, mlp = layer.self_attn, layer.mlp
     qn, kn = (None, None) if att.q_norm is None else (att.q_norm.weight, att.k_norm.weight)
     return [layer.input_layernorm.weight, att.q_proj.weight, att.q_proj.bias, att.k_proj.weight, att.k_proj.bias,
@@ -119,7 +119,7 @@ def decode_step(model, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at
         w[i] = w[i].t()
     geo = list(plan.geo)
     for i, layer in enumerate(layers):
-        geo[6 * i + 5] = int(layer.force_execute)
+        geo[LAYER_GEO * i + FORCE] = int(layer.force_execute)
     logits = h.new_empty(B, 1, head.shape[0])
     if not torch.ops.wide_cpu.decode_step(h, w, [p.k for p in pasts], [p.v for p in pasts], length,
                                           cos.reshape(B, -1), sin.reshape(B, -1), plan.eps, geo, norm.weight, head,
