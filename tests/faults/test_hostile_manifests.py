@@ -35,6 +35,22 @@ def test_trt_verify_a_damaged_engine_manifest_is_one_error(tmp_path, text, what)
     assert "\n" not in str(err.value)
 
 
+def test_trt_verify_reads_a_good_manifest_and_hints_at_the_command_for_a_missing_one(tmp_path):
+    from wide_export.trt.manifest import REBUILD_HINT
+    from wide_export.verify.tensorrt import read_manifest
+
+    with pytest.raises(WideError) as err:
+        read_manifest(tmp_path)
+    assert err.value.hint == "build the engine first: wide-export trt --onnx DIR --output DIR"
+    (tmp_path / "wide_engine.json").write_text('{"engines": []}')
+    with pytest.raises(WideError) as err:
+        read_manifest(tmp_path)
+    assert err.value.hint == REBUILD_HINT
+    good = {"engines": [{"file": "wide.engine"}], "format": "x"}
+    (tmp_path / "wide_engine.json").write_text(json.dumps(good))
+    assert read_manifest(tmp_path) == good
+
+
 def test_tp_manifest_rank_folders_stay_inside_the_export(tmp_path):
     from wide_export.tp.ranks import FORMAT, MANIFEST, read_manifest
 
