@@ -185,7 +185,6 @@ def serve(
     if openai_port is not None:
         opts.limits = frontend_limits(max_connections, max_body_bytes)
         opts.policy = request_policy(max_tokens, max_running_per_client, max_waiting)
-    opts.check()  # before anything starts
     with interrupt_on_signals():  # SIGTERM while loading stops the server as Ctrl-C does (its own session)
         serving = start_serving(opts, stage=lambda message: console.status(message))
     server, frontend = serving.server, serving.frontend
