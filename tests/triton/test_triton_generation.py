@@ -31,7 +31,7 @@ def test_rows_too_long_to_pad_together_are_split(gm, runner, tiny, rng):
     # Each row fits the limit alone; padded into one batch they would not.
     shapes = [(tiny_llm.MAX_POS - 2, 2), (2, tiny_llm.MAX_POS - 3), (3, 4)]
     rows = [gm.Row(rng.integers(0, tiny_llm.VOCAB, size=n), m) for n, m in shapes]
-    out = gm.generate_all(watched, settings, rows)
+    out = gm.generate(watched, settings, rows)
     assert max(widths) <= tiny_llm.MAX_POS
     for row, got in zip(rows, out):
         np.testing.assert_array_equal(got, tiny_llm.reference_greedy(tiny[1], row.prompt, row.max_new_tokens))

@@ -264,3 +264,53 @@ def test_a_row_finishing_in_the_step_a_client_leaves_still_leaves(gm, inflight, 
         sched.stop()
     assert calls[3:] == [("prefill", 1), ("decode", 1), ("decode", 1)]
     assert sched.steps == len(calls) == 6
+
+
+def test_drain_runs_the_submitted_jobs_to_their_end_in_the_callers_thread(gm, inflight, tiny_repo, tiny, rng):
+    """Static batching: drain() runs the scheduler's loop here (no thread started) until every job
+    submitted before it is finished; each row's tokens are the reference's, and a row that ends early
+    leaves the batch at once (the widths stay each remaining row's own)."""
+    from tests.triton import tiny_llm
+
+    folder = str(tiny_repo / "wide_llm" / "1")
+    settings = gm.Settings.load(folder)
+    ort = gm.ort_step(folder, settings)
+    threads, rows_per_call = set(), []
+
+    def step(feeds, phase):
+        threads.add(threading.current_thread().name)
+        rows_per_call.append(feeds["input_ids"].shape[0])
+        return ort(feeds, phase)
+
+    sched = inflight.Scheduler(inflight.Batch(step, settings, gm.choose_tokens, max_rows=3))
+    rows = [gm.Row(rng.integers(0, 50, size=n), m) for n, m in ((3, 2), (6, 5), (2, 4))]
+    finals = []
+    jobs = [inflight.Job(rows=rows[:2], emit=lambda fresh: True, finish=finals.append),
+            inflight.Job(rows=rows[2:], emit=lambda fresh: True, finish=finals.append)]
+    for job in jobs:
+        sched.submit(job)
+    sched.drain()
+    assert not sched._thread.is_alive() and threads == {threading.current_thread().name}
+    assert finals == [None, None] and sched.batch.rows == [] and sched.waiting_rows == 0
+    for out, row in zip(jobs[0].outputs + jobs[1].outputs, rows):
+        assert out.tokens == list(tiny_llm.reference_greedy(tiny[1], row.prompt, row.max_new_tokens))
+    assert rows_per_call == [3, 3, 2, 2, 1]  # 2 tokens: leaves after step 2; 4 tokens: after step 4
+
+
+def test_drain_finishes_every_job_with_a_failing_step_and_returns(gm, inflight, tiny_repo):
+    folder = str(tiny_repo / "wide_llm" / "1")
+    settings = gm.Settings.load(folder)
+    ort, calls = gm.ort_step(folder, settings), []
+
+    def step(feeds, phase):
+        calls.append(phase)
+        if len(calls) == 2:
+            raise RuntimeError("device lost")
+        return ort(feeds, phase)
+
+    sched = inflight.Scheduler(inflight.Batch(step, settings, gm.choose_tokens, max_rows=2))
+    finals = []
+    for prompt in ([1, 2], [3]):
+        sched.submit(inflight.Job(rows=[gm.Row(np.array(prompt), 4)], emit=lambda fresh: True, finish=finals.append))
+    sched.drain()
+    assert finals == ["generation failed: device lost"] * 2 and sched.batch.rows == [] and calls == ["prefill", "decode"]

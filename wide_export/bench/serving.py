@@ -246,7 +246,7 @@ def _measure(cfg: ServingBenchConfig, repo: Path, progress: Progress = _no_progr
 
             def batched(i: int, prompts=prompts, clients=clients) -> int:
                 rows = [gm.Row(prompts[c, i], cfg.new_tokens) for c in range(clients)]
-                return sum(t.size for t in gm.generate_all(step, settings, rows))
+                return sum(t.size for t in gm.generate(step, settings, rows))
 
             # One client per thread, made in that thread: tritonclient.http (gevent) can't switch threads.
             local, opened, lock = threading.local(), [], threading.Lock()

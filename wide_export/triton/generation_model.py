@@ -2,9 +2,11 @@
 
 Self-contained on purpose (numpy, onnxruntime, Triton's pb_utils; `tokenizers` for text): a
 generated repository must run where wide_export is not installed. Its siblings contract.py (the
-names, dtypes and shapes of its inputs and outputs), inflight.py (in-flight batching), textgen.py
-(tokenizer, stop rules, streamed text) and metrics.py (Prometheus metrics through
-pb_utils.MetricFamily) are copied beside it.
+names, dtypes and shapes of its inputs and outputs), settings.py (generation.json), rows.py (a
+request's rows, their checks, sampling), ortstep.py (the ONNX Runtime step), inflight.py (the
+batch loop: in-flight, and static as the same loop with no joins), textgen.py (tokenizer, stop
+rules, streamed text) and metrics.py (Prometheus metrics through pb_utils.MetricFamily) are
+copied beside it; this file parses requests, runs BLS steps and answers.
 
 Interface (one prompt per row; the rows of an input_ids request share a length):
   inputs  exactly one of input_ids INT64 [-1] or text_input BYTES [1] (UTF-8, tokenized by the
@@ -56,7 +58,6 @@ import importlib.util
 import json
 import os
 import sys
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -66,209 +67,48 @@ try:
 except ImportError:  # imported outside Triton (unit tests, direct use)
     pb_utils = None
 
-SETTINGS_FILE = "generation.json"
-NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
-
-
-class RequestError(ValueError):
-    """A malformed request: answered with an error, the model keeps serving."""
-
-
-@dataclass
-class Row:
-    """One prompt to continue, with its own sampling settings."""
-
-    prompt: np.ndarray
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: Optional[int] = None
-    stop_ids: tuple = ()  # the eos ids (unless ignore_eos) and the request's stop token ids
-    stop_strings: tuple = ()
-
-
-@dataclass
-class Settings:
-    """What generation.json says (see wide_export/triton/repository.py)."""
-
-    flavour: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    kv_dtype: str
-    max_total_tokens: int
-    io: dict
-    max_prompt_tokens: int = 0  # 0: only max_total_tokens limits the prompt
-    onnx_file: str = "model.onnx"
-    engine_model: str = ""  # tensorrt: the tensorrt_plan model serving both phases
-    prefill_model: str = ""  # tensorrt, engines split across files (and repositories before engine_model)
-    decode_model: str = ""
-    kv_cache_memory: str = "gpu"  # tensorrt: "gpu" (BLS outputs in GPU memory) or "cpu" (host numpy)
-    eos_token_ids: list = field(default_factory=list)  # generation stops at any of them
-    pad_token_id: int = 0  # fills output_ids of rows that ended before the others
-
-    @classmethod
-    def load(cls, folder: str) -> "Settings":
-        path = os.path.join(folder, SETTINGS_FILE)
-        with open(path) as f:
-            raw = json.load(f)
-        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"{path}: unknown settings {unknown} (written by a newer wide-export?)")
-        settings = cls(**raw)
-        if settings.kv_cache_memory not in ("gpu", "cpu"):
-            raise ValueError(f"{path}: kv_cache_memory must be \"gpu\" or \"cpu\", got {settings.kv_cache_memory!r}")
-        if settings.flavour == "tensorrt" and not (settings.engine_model
-                                                   or (settings.prefill_model and settings.decode_model)):
-            raise ValueError(f"{path}: the tensorrt flavour needs engine_model (or prefill_model and decode_model)")
-        return settings
-
-    def model_for(self, phase: str) -> str:
-        """The tensorrt_plan model a BLS request of this phase goes to."""
-        named = self.prefill_model if phase == "prefill" else self.decode_model
-        return named or self.engine_model
-
-    def past_names(self) -> list[tuple[str, str]]:
-        """(key, value) input names per layer."""
-        key, value = self.io["past_key"], self.io["past_value"]
-        return [(key.format(i=i), value.format(i=i)) for i in range(self.num_layers)]
-
-    def present_names(self) -> list[tuple[str, str]]:
-        """(key, value) output names per layer."""
-        key, value = self.io["present_key"], self.io["present_value"]
-        return [(key.format(i=i), value.format(i=i)) for i in range(self.num_layers)]
-
-
-# A step runs the graph once: (feeds by input name) -> (logits, presents in layer order).
-StepFn = Callable[[dict, str], tuple]
-# Called after every decode step with (step index, that step's token per row [rows]);
-# returning False stops the generation (nobody is listening any more).
-OnStep = Callable[[int, np.ndarray], bool]
-
-
-def validate_row(row: Row, settings: Settings) -> None:
-    """Raise RequestError for anything the model cannot serve."""
-    if row.prompt.ndim != 1 or row.prompt.size == 0:
-        raise RequestError("input_ids is empty: send at least one prompt token")
-    if row.prompt.size >= settings.max_total_tokens:
-        raise RequestError(f"prompt ({row.prompt.size} tokens) + one new token exceeds the model's limit of "
-                           f"{settings.max_total_tokens} tokens")
-    if row.max_new_tokens <= 0:
-        raise RequestError(f"max_new_tokens must be >= 1, got {row.max_new_tokens}")
-    total = row.prompt.size + row.max_new_tokens
-    if total > settings.max_total_tokens:
-        raise RequestError(
-            f"prompt ({row.prompt.size} tokens) + max_new_tokens ({row.max_new_tokens}) = {total} "
-            f"exceeds the model's limit of {settings.max_total_tokens} tokens"
-        )
-    if settings.max_prompt_tokens and row.prompt.size > settings.max_prompt_tokens:
-        raise RequestError(
-            f"prompt has {row.prompt.size} tokens, the engine's prefill allows {settings.max_prompt_tokens}")
-    low, high = int(row.prompt.min()), int(row.prompt.max())
-    if low < 0 or high >= settings.vocab_size:
-        raise RequestError(f"input_ids must lie in [0, {settings.vocab_size}), got values in [{low}, {high}]")
-    if not np.isfinite(row.temperature) or row.temperature < 0:
-        raise RequestError(f"temperature must be >= 0, got {row.temperature}")
-    if not (0.0 < row.top_p <= 1.0):
-        raise RequestError(f"top_p must be in (0, 1], got {row.top_p}")
-    if row.seed is not None and row.seed < 0:
-        raise RequestError(f"seed must be >= 0, got {row.seed}")
-
-
-def choose_tokens(logits: np.ndarray, rows: list[Row], rngs: list[np.random.Generator]) -> np.ndarray:
-    """Next token per row: argmax when temperature is 0, else temperature/top-p sampling."""
-    out = np.argmax(logits, axis=-1).astype(np.int64)
-    for b, row in enumerate(rows):
-        if row.temperature <= 0:
-            continue
-        z = logits[b].astype(np.float64) / row.temperature
-        probs = np.exp(z - z.max())
-        probs /= probs.sum()
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        keep = order[: int(np.searchsorted(cumulative, row.top_p) + 1)]  # smallest set reaching top_p
-        kept = probs[keep] / probs[keep].sum()
-        out[b] = keep[rngs[b].choice(keep.size, p=kept)]
-    return out
-
-
 def row_outputs(rows: list[Row], codec=None) -> list:
     """One textgen.RowOutput per row: its stop rule, finish reason and text."""
     textgen = load_sibling("textgen")
     return [textgen.RowOutput(r.prompt, r.max_new_tokens, r.stop_ids, r.stop_strings, codec) for r in rows]
 
 
+def run_static(step: StepFn, settings: Settings, jobs: list, observe=None) -> None:
+    """Run `jobs` (inflight.Job) to their ends together in the caller's thread: the in-flight batch's loop
+    with no joins (inflight.Scheduler.drain). Their rows are prefilled together (left-padded) and each
+    leaves the batch as soon as its output says it is done, so the padded width is always the longest
+    remaining row's own length, which validate_row bounded. A failing step finishes the jobs with the
+    error."""
+    inflight = load_inflight()
+    rows = sum(len(job.rows) for job in jobs)
+    batch = inflight.Batch(step, settings, choose_tokens, max(1, rows))
+    scheduler = inflight.Scheduler(batch, _log, observe=observe)
+    for job in jobs:
+        scheduler.submit(job)
+    scheduler.drain()
+
+
 def generate(step: StepFn, settings: Settings, rows: list[Row], outputs: Optional[list] = None,
              on_step: Optional[OnStep] = None) -> list:
-    """Prefill all rows together (left-padded), then decode with the KV cache until every row is
-    done (its output's stop rule). `on_step(s, fresh)` sees, per row, the token it chose at step
-    `s` or None for a row that ended earlier (fed pad_token_id from then on, its choices ignored).
-    Returns each row's new tokens; `outputs` (default: length-only row_outputs) hold them too."""
+    """Generate every row to its end (run_static, one job). `on_step(s, fresh)` sees, per row, the token
+    it chose at step `s` or None for a row that ended earlier; returning False stops the generation.
+    Returns each row's new tokens; `outputs` (default: length-only row_outputs) hold them too. A failing
+    step raises RuntimeError("generation failed: ...")."""
     outputs = row_outputs(rows) if outputs is None else outputs
-    batch = len(rows)
-    longest = max(r.prompt.size for r in rows)
-    steps = max(r.max_new_tokens for r in rows)
-    ids = np.zeros((batch, longest), dtype=np.int64)
-    mask = np.zeros((batch, longest), dtype=np.int64)
-    for b, row in enumerate(rows):
-        ids[b, longest - row.prompt.size:] = row.prompt
-        mask[b, longest - row.prompt.size:] = 1
-    positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-    kv_dtype = NP_DTYPES[settings.kv_dtype]
-    empty = np.zeros((batch, settings.num_kv_heads, 0, settings.head_dim), dtype=kv_dtype)
-    past = [(empty, empty) for _ in range(settings.num_layers)]
-    rngs = [np.random.default_rng(r.seed) for r in rows]
-    phase = "prefill"
-    for s in range(steps):
-        feeds = {settings.io["input_ids"]: ids, settings.io["attention_mask"]: mask,
-                 settings.io["position_ids"]: positions}
-        for (k_name, v_name), (k, v) in zip(settings.past_names(), past):
-            feeds[k_name], feeds[v_name] = k, v
-        logits, past = step(feeds, phase)
-        chosen = choose_tokens(logits[:, -1, :], rows, rngs)
-        fresh: list = [None] * batch
-        for b, out in enumerate(outputs):
-            if not out.done:
-                out.add(int(chosen[b]))
-                fresh[b] = int(chosen[b])
-        if on_step is not None and not on_step(s, fresh):
-            break
-        if all(out.done for out in outputs):
-            break
-        phase = "decode"
-        ids = np.array([[settings.pad_token_id if t is None else t] for t in fresh], dtype=np.int64)
-        mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
-        positions = mask.sum(axis=1, keepdims=True) - 1
-    return [np.array(out.tokens, dtype=np.int64) for out in outputs]
+    steps: list[int] = []
+    errors: list[str] = []
 
+    def emit(fresh: list) -> bool:
+        steps.append(len(steps))
+        return on_step is None or bool(on_step(steps[-1], fresh))
 
-def padded_groups(rows: list[Row], max_total_tokens: int) -> list[list[int]]:
-    """Split row indices into groups whose padded length (longest prompt + most new tokens)
-    fits the model's limit; each row alone fits (validate_row checked it)."""
-    groups: list[list[int]] = []
-    longest = steps = 0
-    for i, row in enumerate(rows):
-        new_longest, new_steps = max(longest, row.prompt.size), max(steps, row.max_new_tokens)
-        if groups and new_longest + new_steps <= max_total_tokens:
-            groups[-1].append(i)
-            longest, steps = new_longest, new_steps
-        else:
-            groups.append([i])
-            longest, steps = row.prompt.size, row.max_new_tokens
-    return groups
+    def finish(error: Optional[str]) -> None:
+        if error is not None:
+            errors.append(error)
 
-
-def generate_all(step: StepFn, settings: Settings, rows: list[Row], outputs: Optional[list] = None,
-                 on_step: Optional[Callable[[list[int], int, list], bool]] = None) -> list:
-    """generate() over as few batches as the length limit allows; new tokens in row order.
-
-    `on_step(row indices, step, fresh)` sees each batch's tokens as they are chosen.
-    """
-    outputs = row_outputs(rows) if outputs is None else outputs
-    for group in padded_groups(rows, settings.max_total_tokens):
-        watch = None if on_step is None else (lambda s, fresh, group=group: on_step(group, s, fresh))
-        generate(step, settings, [rows[i] for i in group], [outputs[i] for i in group], watch)
+    run_static(step, settings, [load_inflight().Job(rows=rows, emit=emit, finish=finish, outputs=outputs)])
+    if errors:
+        raise RuntimeError(errors[0])
     return [np.array(out.tokens, dtype=np.int64) for out in outputs]
 
 
@@ -279,59 +119,6 @@ def padded_tokens(outputs: list, pad: int) -> np.ndarray:
     for b, out in enumerate(outputs):
         block[b, :len(out.tokens)] = out.tokens
     return block
-
-
-def ort_step(folder: str, settings: Settings, threads: int = 0) -> StepFn:
-    """A step function running model.onnx in ONNX Runtime (CUDA EP when available).
-
-    I/O goes through an IOBinding: `present.*` outputs are left where the
-    execution provider wrote them (OrtValues on the GPU with the CUDA EP) and
-    are bound as the next step's `past_key_values.*` inputs, so the KV cache
-    never crosses the PCIe bus. Only input_ids / attention_mask / position_ids
-    go in and `logits` comes back to host memory (the sampler runs in numpy).
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if threads > 0:
-        options.intra_op_num_threads = threads
-    providers = ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, "CUDAExecutionProvider")
-    session = ort.InferenceSession(os.path.join(folder, settings.onnx_file), options, providers=providers)
-    device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
-    present = [n for pair in settings.present_names() for n in pair]
-
-    def step(feeds: dict, phase: str) -> tuple:
-        binding = session.io_binding()
-        for name, value in feeds.items():
-            if isinstance(value, ort.OrtValue):  # a previous step's present, already on the device
-                binding.bind_ortvalue_input(name, value)
-            elif isinstance(value, np.ndarray):
-                binding.bind_cpu_input(name, np.ascontiguousarray(value))
-            else:  # a torch tensor the in-flight batch built on the device: bound where it lies
-                _bind_torch_input(binding, name, value)
-        binding.bind_output(settings.io["logits"], "cpu")
-        for name in present:
-            binding.bind_output(name, device)
-        session.run_with_iobinding(binding)
-        outs = binding.get_outputs()
-        presents = [(outs[1 + 2 * i], outs[2 + 2 * i]) for i in range(settings.num_layers)]
-        return outs[0].numpy(), presents
-
-    step.device = device
-    return step
-
-
-def _bind_torch_input(binding, name: str, tensor) -> None:
-    """Bind a (C-contiguous) torch tensor as an input by pointer, on its own device: no copy.
-    IOBinding.bind_input(name, device_type, device_id, element_type, shape, buffer_ptr); the
-    caller's feeds keep the tensor alive until the run ends."""
-    if not tensor.is_contiguous():  # a copy made here would be freed before the run
-        raise ValueError(f"{name}: cache tensor is not contiguous")
-    dtype = np.dtype(str(tensor.dtype).replace("torch.", ""))
-    device = tensor.device
-    binding.bind_input(name, device.type, device.index or 0, dtype, list(tensor.shape), tensor.data_ptr())
 
 
 def device_torch(why: str):
@@ -404,16 +191,17 @@ def bls_step(settings: Settings) -> StepFn:
 
 
 def check_device_cache_ops(settings: Settings, step: StepFn, inflight) -> None:
-    """In-flight batching with the KV cache on a device rebuilds it there (PyTorch over DLPack):
-    fail at model load, with the way out, rather than at the first join."""
+    """The batch loop (in-flight and static) rebuilds a KV cache on a device there when a row joins or
+    leaves (PyTorch over DLPack): fail at model load, with the way out, rather than at the first leave."""
     if settings.flavour == "onnxruntime":
         if getattr(step, "device", "cpu") == "cpu":
             return
         import onnxruntime as ort
 
         if not callable(getattr(ort.OrtValue, "__dlpack__", None)):
-            raise RuntimeError(f"in-flight batching on {step.device} needs OrtValue.__dlpack__, which onnxruntime "
-                               f"{ort.__version__} lacks: upgrade onnxruntime (1.32 has it) in the server's Python")
+            raise RuntimeError(f"generation on {step.device} needs OrtValue.__dlpack__ (rows join and leave the batch "
+                               f"on the device), which onnxruntime {ort.__version__} lacks: upgrade onnxruntime "
+                               "(1.32 has it) in the server's Python")
     elif settings.kv_cache_memory != "gpu":
         return
     inflight.TorchCacheOps()  # RuntimeError when PyTorch is missing
@@ -422,6 +210,8 @@ def check_device_cache_ops(settings: Settings, step: StepFn, inflight) -> None:
 def load_sibling(name: str):
     """A module of this folder (contract.py, inflight.py, textgen.py, metrics.py: in the package and in a
     repository)."""
+    if __package__:  # the package's own module: its siblings are the package's modules
+        return importlib.import_module(f"{__package__}.{name}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     key = f"wide_{name}_{abs(hash(path))}"
     if key not in sys.modules:
@@ -433,6 +223,14 @@ def load_sibling(name: str):
 
 
 C = load_sibling("contract")  # the I/O contract: every tensor name this model reads and writes
+_settings, _rows, _ortstep = load_sibling("settings"), load_sibling("rows"), load_sibling("ortstep")
+SETTINGS_FILE, NP_DTYPES, Settings, StepFn = (_settings.SETTINGS_FILE, _settings.NP_DTYPES, _settings.Settings,
+                                              _settings.StepFn)
+RequestError, Row, validate_row, choose_tokens = _rows.RequestError, _rows.Row, _rows.validate_row, _rows.choose_tokens
+ort_step, _bind_torch_input = _ortstep.ort_step, _ortstep._bind_torch_input
+# Called after every decode step with (step index, that step's token per row [rows]);
+# returning False stops the generation (nobody is listening any more).
+OnStep = Callable[[int, np.ndarray], bool]
 
 
 def load_inflight():
@@ -592,10 +390,10 @@ class TritonPythonModel:
             self.step = bls_step(self.settings)
         else:
             raise ValueError(f"unknown flavour {self.settings.flavour!r} in {SETTINGS_FILE}")
+        inflight = load_inflight()
+        check_device_cache_ops(self.settings, self.step, inflight)  # static batching rebuilds it too (leaves)
         self.scheduler = None
         if self.streaming and params.get("batching", "static") == "inflight":
-            inflight = load_inflight()
-            check_device_cache_ops(self.settings, self.step, inflight)
             batch = inflight.Batch(self.step, self.settings, choose_tokens, max(1, int(config["max_batch_size"])))
             self.scheduler = inflight.Scheduler(batch, _log, observe=self.metrics.gauges).start()
 
@@ -610,54 +408,70 @@ class TritonPythonModel:
         return rows
 
     def execute(self, requests: list) -> Optional[list]:
-        if self.scheduler is not None:
-            self._submit(requests)
-            return None
-        if self.streaming:
-            self._stream(requests)
-            return None
+        """Every request becomes one inflight.Job: in-flight batching hands them to the scheduler thread;
+        static batching runs them together here, start to end (run_static). Decoupled mode answers
+        through each request's response sender (None here); otherwise one response per request."""
         responses: list = [None] * len(requests)
-        parsed: list[tuple[int, list[Row], object]] = []
-        for i, request in enumerate(requests):
-            try:
-                parsed.append((i, self._parse(request), self.timer(request)))
-            except RequestError as err:
-                responses[i] = pb_utils.InferenceResponse(error=_invalid_argument(str(err)))
-        if parsed:
-            all_rows = [row for _, rows, _ in parsed for row in rows]
-            outputs = row_outputs(all_rows, self.codec)
-            self.metrics.gauges(len(all_rows), 0)
-            for _, _, timer in parsed:
-                timer.admitted()
-            try:
-                generate_all(self.step, self.settings, all_rows, outputs)
-            except Exception as err:  # noqa: BLE001 - report to every client, keep serving
-                for i, _, _ in parsed:
-                    responses[i] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"generation failed: {err}"))
-                return responses
-            finally:
-                self.metrics.gauges(0, 0)
-            start = 0
-            for i, rows, timer in parsed:
-                outs = outputs[start:start + len(rows)]
-                start += len(rows)
-                responses[i] = pb_utils.InferenceResponse(output_tensors=response_tensors(
-                    outs, padded_tokens(outs, self.settings.pad_token_id), _wanted(requests[i]),
-                    [o.take_text() for o in outs]))
-                timer.token()
-                timer.finished(finish_reason(outs), sum(o.prompt_tokens for o in outs),
-                               sum(len(o.tokens) for o in outs))
-        return responses
+        jobs = [job for job in (self._job(request, i, responses) for i, request in enumerate(requests))
+                if job is not None]
+        if self.scheduler is not None:
+            for job in jobs:
+                self.scheduler.submit(job)
+        elif jobs:
+            run_static(self.step, self.settings, jobs, observe=self.metrics.gauges)
+        return None if self.streaming else responses
 
-    def _accept(self, request, sender) -> Optional[list]:
-        """A decoupled request's validated rows, or None after answering it with the error (final)."""
+    def _job(self, request, index: int, responses: list):
+        """The job of one request, or None after answering a malformed one with its error: streamed (one
+        response per new token, then a final empty one) or whole (responses[index] once its rows are done)."""
+        timer = self.timer(request)
+        wanted = _wanted(request)
+        sender = request.get_response_sender() if self.streaming else None
         try:
-            return self._parse(request)
+            rows = self._parse(request)
         except RequestError as err:
-            _send(sender, pb_utils.InferenceResponse(error=_invalid_argument(str(err))),
-                  pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            error = pb_utils.InferenceResponse(error=_invalid_argument(str(err)))
+            if sender is None:
+                responses[index] = error
+            else:
+                _send(sender, error, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return None
+        outputs = row_outputs(rows, self.codec)
+        left: list[bool] = []  # the client went away (a token it was sent never reached it)
+
+        def finished() -> None:
+            gone = bool(left) or not all(o.done for o in outputs)
+            timer.finished("abort" if gone else finish_reason(outputs), sum(o.prompt_tokens for o in outputs),
+                           sum(len(o.tokens) for o in outputs))
+
+        if sender is None:
+            def emit(fresh: list) -> bool:
+                return True
+
+            def finish(error: Optional[str]) -> None:
+                if error is not None:
+                    responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+                    return
+                responses[index] = pb_utils.InferenceResponse(output_tensors=response_tensors(
+                    outputs, padded_tokens(outputs, self.settings.pad_token_id), wanted,
+                    [o.take_text() for o in outputs]))
+                timer.token()
+                finished()
+        else:
+            def emit(fresh: list) -> bool:
+                sent = _send(sender, self._stream_response(outputs, fresh, wanted))
+                if sent:
+                    timer.token()
+                else:
+                    left.append(True)
+                return sent
+
+            def finish(error: Optional[str]) -> None:
+                last = None if error is None else pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+                finished()
+                _send(sender, last, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL, even_if_cancelled=True)
+
+        return load_inflight().Job(rows=rows, emit=emit, finish=finish, outputs=outputs, on_admit=timer.admitted)
 
     def _stream_response(self, outputs: list, fresh: list, wanted: set):
         """One streamed response: each row's token of this step (pad for rows that ended before)."""
@@ -665,114 +479,11 @@ class TritonPythonModel:
         text = [o.take_text() if C.TEXT_OUTPUT in wanted else "" for o in outputs]
         return pb_utils.InferenceResponse(output_tensors=response_tensors(outputs, tokens, wanted, text))
 
-    def _submit(self, requests: list) -> None:
-        """In-flight batching: valid requests go to the scheduler thread, which streams their tokens."""
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        for request in requests:
-            timer = self.timer(request)
-            sender = request.get_response_sender()
-            rows = self._accept(request, sender)
-            if rows is None:
-                continue
-            outputs = row_outputs(rows, self.codec)
-            wanted = _wanted(request)
-
-            def emit(fresh: list, sender=sender, outputs=outputs, wanted=wanted, timer=timer) -> bool:
-                sent = _send(sender, self._stream_response(outputs, fresh, wanted))
-                if sent:
-                    timer.token()
-                return sent
-
-            def finish(error: Optional[str], sender=sender, outputs=outputs, timer=timer) -> None:
-                last = None if error is None else pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
-                gone = not all(o.done for o in outputs)
-                timer.finished("abort" if gone else finish_reason(outputs), sum(o.prompt_tokens for o in outputs),
-                               sum(len(o.tokens) for o in outputs))
-                _send(sender, last, final, even_if_cancelled=True)
-
-            self.scheduler.submit(load_inflight().Job(rows=rows, emit=emit, finish=finish, outputs=outputs,
-                                                      on_admit=timer.admitted))
-
-    def _stream(self, requests: list) -> None:
-        """Decoupled mode, static batching: each request gets one response per new token, then a
-        final empty one as soon as its rows are done."""
-        streams: list[_Stream] = []
-        all_rows: list[Row] = []
-        for request in requests:
-            timer = self.timer(request)
-            sender = request.get_response_sender()
-            rows = self._accept(request, sender)
-            if rows is None:
-                continue
-            streams.append(_Stream(sender, list(range(len(all_rows), len(all_rows) + len(rows))),
-                                   _wanted(request), timer))
-            all_rows.extend(rows)
-        if not streams:
-            return
-        outputs = row_outputs(all_rows, self.codec)
-        owner = {i: stream for stream in streams for i in stream.rows}
-        for stream in streams:
-            stream.timer.admitted()
-        self.metrics.gauges(len(all_rows), 0)
-
-        def on_step(group: list[int], s: int, fresh: list) -> bool:
-            # A request's rows share a shape, so they are always generated in the same batch.
-            alive = False
-            for stream in {id(owner[i]): owner[i] for i in group}.values():
-                if stream.closed:
-                    continue
-                outs = [outputs[i] for i in stream.rows]
-                picked = [fresh[group.index(i)] for i in stream.rows]
-                if not _send(stream.sender, self._stream_response(outs, picked, stream.wanted)):
-                    stream.gone = True
-                    _log(f"streaming client went away after {len(outs[0].tokens) - 1} of "
-                         f"{all_rows[stream.rows[0]].max_new_tokens} tokens; "
-                         "its rows are no longer decoded")
-                    self._close(stream, outs)
-                    continue
-                stream.timer.token()
-                if all(o.done for o in outs):
-                    self._close(stream, outs)
-                    continue
-                alive = True
-            return alive
-
-        failure = None
-        try:
-            generate_all(self.step, self.settings, all_rows, outputs, on_step)
-        except Exception as err:  # noqa: BLE001 - report to every client, keep serving
-            failure = pb_utils.TritonError(f"generation failed: {err}")
-        finally:
-            self.metrics.gauges(0, 0)
-        for stream in streams:  # every request is closed, also those whose client left
-            if not stream.closed:
-                last = None if failure is None or stream.gone else pb_utils.InferenceResponse(error=failure)
-                self._close(stream, [outputs[i] for i in stream.rows], last)
-
-    def _close(self, stream: "_Stream", outs: list, last=None) -> None:
-        stream.closed = True
-        gone = stream.gone or not all(o.done for o in outs)
-        stream.timer.finished("abort" if gone else finish_reason(outs), sum(o.prompt_tokens for o in outs),
-                              sum(len(o.tokens) for o in outs))
-        _send(stream.sender, last, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL, even_if_cancelled=True)
-
 
 def _log(message: str) -> None:
     logger = getattr(pb_utils, "Logger", None)
     if logger is not None:
         logger.log_info(message)
-
-
-@dataclass
-class _Stream:
-    """One streaming request: where its responses go, which rows are its own, what it asked for."""
-
-    sender: object
-    rows: list
-    wanted: set
-    timer: object
-    gone: bool = False
-    closed: bool = False
 
 
 def _send(sender, response, flags: int = 0, even_if_cancelled: bool = False) -> bool:

@@ -18,7 +18,9 @@ not import it.
 `Scheduler` runs a `Batch` on its own thread: requests submitted while others
 decode are prefilled together at the next step and join; finished ones leave
 at once instead of waiting for the whole batch (TensorRT-LLM calls this
-in-flight batching).
+in-flight batching). `Scheduler.drain()` runs the same loop in the caller's
+thread over the jobs submitted before it: static batching is this loop with
+no joins, and the only generation loop of the model.
 """
 
 from __future__ import annotations
@@ -338,13 +340,24 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     return
-            try:
-                self._iterate()
-            except Exception as err:  # noqa: BLE001 - fail the jobs in the batch, keep serving
-                for job in self._running:
-                    job.finish(f"generation failed: {err}")
-                self._running = []
-                self.batch.leave(list(self.batch.rows))
+            self._iterate_safely()
+
+    def drain(self) -> None:
+        """Run in the caller's thread, without starting the scheduler's own, until every job submitted so
+        far is finished: static batching, where the jobs of one call decode together and none joins later."""
+        while self._waiting or self._running:
+            self._iterate_safely()
+
+    def _iterate_safely(self) -> None:
+        try:
+            self._iterate()
+        except Exception as err:  # noqa: BLE001 - fail the jobs in the batch, keep serving
+            for job in self._running:
+                job.finish(f"generation failed: {err}")
+            self._running = []
+            self.batch.leave(list(self.batch.rows))
+        if self.observe is not None:
+            self.observe(len(self.batch.rows), self.waiting_rows)
 
     def _iterate(self) -> None:
         admitted = self._admit()
@@ -365,8 +378,6 @@ class Scheduler:
             self.batch.decode()
             self.steps += 1
             self._deliver(list(self._running))
-        if self.observe is not None:
-            self.observe(len(self.batch.rows), self.waiting_rows)
 
     def _deliver(self, jobs: list[Job]) -> None:
         """Hand each job its rows' newest tokens; a row that is done leaves the batch at once, a job

@@ -5,6 +5,9 @@ Layout (standard Triton):
     REPO/<model>/config.pbtxt            generation model (Python backend)
     REPO/<model>/1/model.py              = wide_export/triton/generation_model.py
     REPO/<model>/1/contract.py           = wide_export/triton/contract.py (its inputs' and outputs' names, dtypes)
+    REPO/<model>/1/settings.py           = wide_export/triton/settings.py (generation.json, the step type)
+    REPO/<model>/1/rows.py               = wide_export/triton/rows.py (a request's rows, their checks, sampling)
+    REPO/<model>/1/ortstep.py            = wide_export/triton/ortstep.py (the ONNX Runtime step)
     REPO/<model>/1/inflight.py           = wide_export/triton/inflight.py (in-flight batching)
     REPO/<model>/1/textgen.py            = wide_export/triton/textgen.py (tokenizer, stop rules, text)
     REPO/<model>/1/metrics.py            = wide_export/triton/metrics.py (Prometheus metrics)
@@ -101,7 +104,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.close(fd)
 
 
-SIBLINGS = ("contract.py", "inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its folder
+SIBLINGS = ("contract.py", "settings.py", "rows.py", "ortstep.py", "inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its folder
 
 
 def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, settings: dict, source: Path) -> Path:
