@@ -45,6 +45,7 @@ def kernels_lib(kernels_build):
     lib.wide_status_string.restype = ctypes.c_char_p
     lib.wide_last_cuda_error_string.restype = ctypes.c_char_p
     lib.wide_gemm_params_sizeof.restype = ctypes.c_size_t
+    lib.wide_attention_params_sizeof.restype = ctypes.c_size_t
     lib.wide_gemm_workspace_size.restype = ctypes.c_size_t
     return lib
 

@@ -30,6 +30,21 @@ def _params(**kw) -> GemmParams:
     return GemmParams(**base)
 
 
+class AttentionParams(ctypes.Structure):
+    """Mirror of wide_attention_params_t (its size is checked against the library's)."""
+
+    _fields_ = [(n, ctypes.c_int64) for n in ("B", "Hq", "Hk", "T", "S", "D", "group_heads")] + [
+        (n, ctypes.c_void_p) for n in ("q", "k", "v", "allowed", "head_mask", "y")] + [("dtype", ctypes.c_int)]
+
+
+def _attention(**kw) -> AttentionParams:
+    """Valid-looking attention params with fake (never dereferenced) device pointers."""
+    base = dict(B=2, Hq=32, Hk=8, T=100, S=100, D=128, group_heads=4, q=0x1000, k=0x2000, v=0x3000, allowed=0x4000,
+                head_mask=0x5000, y=0x6000, dtype=1)
+    base.update(kw)
+    return AttentionParams(**base)
+
+
 def _archs() -> list[int]:
     return [int(a) for a in normalize_archs(TEST_ARCHS).split(";")]
 
@@ -72,8 +87,9 @@ def test_sm90_cubins_use_wgmma_and_sm80_mma_sync(kernels_build):
 
 
 def test_library_reports_its_api(kernels_lib):
-    assert kernels_lib.wide_kernels_api_version() == 4
+    assert kernels_lib.wide_kernels_api_version() == 5
     assert kernels_lib.wide_gemm_params_sizeof() == ctypes.sizeof(GemmParams)
+    assert kernels_lib.wide_attention_params_sizeof() == ctypes.sizeof(AttentionParams)
     assert kernels_lib.wide_status_string(0) == b"ok"
     assert b"workspace" in kernels_lib.wide_status_string(3)
     assert b"architecture" in kernels_lib.wide_status_string(5)
@@ -305,6 +321,38 @@ def test_variants_share_the_grid_the_c_runtime_computes():
             assert blocks == {HAND_TILES[fam][size]}, key
 
 
+@pytest.mark.parametrize("changes, arch, plan", [
+    (dict(), 90, "masked_attention/float16/d128@a16 grid=2x64x1"),       # Llama-like prefill, 100 tokens
+    (dict(T=1, S=4097, dtype=2), 80, "masked_attention/bfloat16/d128@a16 grid=1x64x1"),  # decode over a past
+    (dict(D=64, dtype=0, B=3), 90, "masked_attention/float32/d64@a16 grid=2x96x1"),
+    (dict(D=80), 90, "masked_attention/float16/d128@a16 grid=2x64x1"),   # 80: the d128 cubin, rows still 16-aligned
+    (dict(D=72), 90, "masked_attention/float16/d128@any grid=2x64x1"),   # 72: strides not multiples of 16
+    (dict(allowed=0x4001), 90, "masked_attention/float16/d128@any grid=2x64x1"),  # a misaligned pointer
+])
+def test_c_attention_plan_picks_the_head_size_class_and_variant(kernels_lib, changes, arch, plan):
+    if arch not in _archs():
+        pytest.skip(f"sm_{arch} not in this build's architectures")
+    buf = ctypes.create_string_buffer(256)
+    assert kernels_lib.wide_masked_attention_describe(ctypes.byref(_attention(**changes)), arch, buf,
+                                                     ctypes.c_size_t(len(buf))) == 0
+    assert buf.value.decode() == plan
+
+
+@pytest.mark.parametrize("changes, status", [
+    (dict(D=160), 1),                 # over the largest head-size class
+    (dict(Hk=5), 1),                  # Hq % Hk
+    (dict(group_heads=5), 1),         # Hq % group_heads
+    (dict(S=99), 1),                  # fewer keys than queries
+    (dict(allowed=None), 1),          # NULL input
+    (dict(head_mask=None), 1),
+    (dict(T=0), 1),
+    (dict(B=4096), 1),                # B * Hq programs past the grid's y limit
+    (dict(dtype=7), 2),               # unknown dtype
+])
+def test_c_attention_rejects_bad_arguments_before_touching_cuda(kernels_lib, changes, status):
+    assert kernels_lib.wide_masked_attention(ctypes.byref(_attention(**changes)), None) == status
+
+
 def test_c_tiles_match_python_configs():
     """plugins/kernels/src/wide_kernels.cpp restates configs.py's tiles: they must agree."""
     from wide_export.native.build import SOURCE_DIR
@@ -345,6 +393,8 @@ def test_c_tiles_match_python_configs():
     assert const("kGroupedKBlockN") == configs.GROUPED_K_BLOCK_N
     assert (const("kApplyMaskBlockM"), const("kApplyMaskBlockN")) == (configs.APPLY_MASK_BLOCK_M,
                                                                       configs.APPLY_MASK_BLOCK_N)
+    assert const("kAttnBlockM") == configs.ATTENTION_BLOCK_M
+    assert arr("kAttnBlockDs") == configs.ATTENTION_BLOCK_DS
 
 
 def test_policy_table_is_complete():
@@ -451,6 +501,41 @@ def test_c_library_runs_the_aot_kernels_on_gpu(kernels_lib, kind, algo, dtype_co
         want = ref.masked_gemm_n(x, w, mask, gs, b)
     err = (y.float() - want.float()).abs().max().item() / max(1.0, want.float().abs().max().item())
     assert err <= {0: 2e-5, 1: 4e-3, 2: 2.5e-2}[dtype_code], err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_code,dtype_name", [(1, "float16"), (2, "bfloat16"), (0, "float32")])
+@pytest.mark.parametrize("B,Hq,Hk,T,S,D,gh,pad", [
+    (2, 32, 8, 300, 300, 128, 4, 70),     # prefill, a row left-padded past a whole tile
+    (4, 32, 8, 1, 2049, 128, 4, 5),       # decode over a past
+    (1, 16, 16, 77, 200, 64, 2, 0),       # chunked prefill, no GQA, head size 64
+])
+def test_c_masked_attention_on_gpu(kernels_lib, dtype_code, dtype_name, B, Hq, Hk, T, S, D, gh, pad):
+    import torch
+
+    from wide_export.ops import reference as ref
+
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator(device="cuda").manual_seed(B * T + S)
+    q = torch.randn(B, Hq, T, D, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(B, Hk, S, D, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(B, Hk, S, D, device="cuda", generator=gen).to(dtype)
+    causal = torch.arange(S, device="cuda")[None, :] <= (S - T + torch.arange(T, device="cuda"))[:, None]
+    keys = torch.ones(B, S, dtype=torch.bool, device="cuda")
+    keys[0, :pad] = False
+    allowed = causal[None, None] & keys[:, None, None, :]
+    mask = (torch.rand(B, T, Hq // gh, device="cuda", generator=gen) < 0.5).to(torch.int32)
+    y = torch.full((B, Hq, T, D), float("nan"), device="cuda", dtype=dtype)
+    p = AttentionParams(B=B, Hq=Hq, Hk=Hk, T=T, S=S, D=D, group_heads=gh, q=_ptr(q), k=_ptr(k), v=_ptr(v),
+                        allowed=_ptr(allowed), head_mask=_ptr(mask), y=_ptr(y), dtype=dtype_code)
+    status = kernels_lib.wide_masked_attention(ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    assert status == 0, kernels_lib.wide_last_cuda_error_string()
+    torch.cuda.synchronize()
+    want = ref.wide_masked_attention(q, k, v, allowed, mask, gh)
+    err = (y.float() - want.float()).abs().max().item() / max(1.0, want.float().abs().max().item())
+    assert err <= {0: 2e-5, 1: 4e-3, 2: 3e-2}[dtype_code], err
+    off = ~mask.bool().repeat_interleave(gh, dim=-1).transpose(1, 2)
+    assert torch.equal(y[off], torch.zeros_like(y[off]))
 
 
 @pytest.mark.gpu

@@ -63,7 +63,9 @@ from wide_export.kernels.policy import POLICY_FILE
 _TRITON_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 ALIGN = cfg.ALIGN  # the divisibility Triton's JIT specializes on
-ALIGNED_INTS = ("N", "K", "H", "ldx", "ld_src", "group_size", "numel")  # hinted in the a16 variant (see above)
+ALIGNED_INTS = ("N", "K", "H", "ldx", "ld_src", "group_size", "numel",  # hinted in the a16 variant (see above)
+                "D", "sqb", "sqh", "sqt", "skb", "skh", "svb", "svh", "sob", "soh", "sot")  # attention: head size, strides
+FLOAT_ARGS = ("scale",)  # float32 scalars (every other non-pointer argument is an i32)
 VARIANTS = ("a16", "any")
 GEMMS = ("tile_n", "tile_k", "grouped_n", "grouped_k")  # key prefixes of the tl.dot GEMM kernels
 
@@ -210,6 +212,13 @@ def specs() -> list[Spec]:
                                _ptrs(dt, "src_ptr", "src2_ptr", "dst_ptr", "mask_ptr", mask_ptr="*i32"),
                                (("GATED", gated), ("BLOCK_M", cfg.APPLY_MASK_BLOCK_M),
                                 ("BLOCK_N", cfg.APPLY_MASK_BLOCK_N)), 4))
+        for bd in cfg.ATTENTION_BLOCK_DS:  # WideMaskedAttention: the op's causal contract, a head mask always given
+            out += _twins(Spec(f"masked_attention/{dtype}/d{bd}", "wide_masked_attention_kernel",
+                               _ptrs(dt, "q_ptr", "k_ptr", "v_ptr", "allowed_ptr", "mask_ptr", "out_ptr",
+                                     allowed_ptr="*u8", mask_ptr="*i32"),
+                               (("BLOCK_M", cfg.ATTENTION_BLOCK_M), ("BLOCK_N", cfg.ATTENTION_BLOCK_N), ("BLOCK_D", bd),
+                                ("HAS_MASK", True), ("CAUSAL", True), ("PRECISE", precise)), cfg.ATTENTION_WARPS,
+                               cfg.ATTENTION_STAGES))
         if not precise:
             out += _gemm(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
                          _ptrs(dt, "x_ptr", "w_ptr", "rows_ptr", "counts_ptr", "acc_ptr", rows_ptr="*i32",
@@ -239,7 +248,8 @@ def _compile(spec: Spec, arch: int):
     fn = getattr(sources, spec.kernel)
     consts = dict(spec.constexprs)
     ptrs = dict(spec.ptr_types)
-    signature = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
+    signature = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in FLOAT_ARGS else "i32")
+                 for n in fn.arg_names}
     hinted = set(hinted_params(spec, fn.arg_names))
     attrs = {(i,): [["tt.divisibility", ALIGN]] for i, n in enumerate(fn.arg_names) if n in hinted}
     target = GPUTarget("cuda", arch, 32)

@@ -126,3 +126,42 @@ def prefill_attention(q, k, v, head_mask=None, group_heads: int = 1, past_len: O
         REP=Hq // Hk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(D)), HAS_MASK=mask is not None,
         PRECISE=_precise(q.dtype), num_warps=4)
     return out
+
+
+def masked_attention_op(q, k, v, allowed, head_mask, group_heads: int, *, causal: bool = True,
+                        block_m: int = BLOCK_M, block_n: int = BLOCK_N):
+    """WideMaskedAttention as the ONNX op and its TensorRT plugin state it (reference.wide_masked_attention):
+    q [B, Hq, T, D], k / v [B, Hk, S, D] (past and new keys), allowed bool [B, 1, T, S], head_mask int
+    [B, T, Hq / group_heads] or None; returns [B, Hq, T, D]. A key not allowed is scored float32's lowest
+    value, so a row allowed no key gets the mean of v over all S keys, as the model's attention gives it.
+    causal (the op's contract: allowed is false after each query's position S - T + t): those keys are
+    not scored at all."""
+    import torch
+
+    from wide_export.kernels.launch import _precise, kernels
+
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or allowed.dim() != 4:
+        raise WideError("masked_attention_op takes q [B, Hq, T, D], k / v [B, Hk, S, D] and allowed [B, 1, T, S]",
+                        f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, allowed {list(allowed.shape)}")
+    B, Hq, T, D = q.shape
+    Hk, S = k.shape[1], k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D or Hq % Hk or S < T or tuple(allowed.shape) != (B, 1, T, S):
+        raise WideError(f"q {list(q.shape)}, k {list(k.shape)} and allowed {list(allowed.shape)} do not match "
+                        "(batch, head size, Hq % Hk == 0, S >= T, allowed [B, 1, T, S])",
+                        "pass the layer's q, its present keys and values, and the model's allowed mask")
+    _check_layout("masked_attention_op", q, k, v, "[B, Hk, S, D]")
+    G = Hq // group_heads if head_mask is not None else 1
+    if head_mask is not None and (Hq % group_heads or head_mask.numel() != B * T * G):
+        raise WideError(f"head_mask must be [B, T, {Hq} / group_heads] (group_heads {group_heads})",
+                        "pass the attention router's mask of these tokens")
+    mask = None if head_mask is None else head_mask.reshape(B, T, G).to(torch.int32).contiguous()
+    ok = allowed.to(torch.bool)
+    ok = (ok if ok.stride(-1) == 1 else ok.contiguous()).view(torch.uint8)
+    out = torch.empty((B, Hq, T, D), dtype=q.dtype, device=q.device)
+    kernels().wide_masked_attention_kernel[(-(-T // block_m), B * Hq)](
+        q, k, v, ok, mask if mask is not None else out, out, T, S, Hq, G, D, Hq // Hk,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        ok.stride(0), ok.stride(2), out.stride(0), out.stride(1), out.stride(2), D**-0.5,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(D)), HAS_MASK=mask is not None, CAUSAL=causal,
+        PRECISE=_precise(q.dtype), num_warps=4)
+    return out

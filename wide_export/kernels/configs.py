@@ -57,6 +57,11 @@ ROUTER_SPLIT_BLOCK_H = 16  # H chunk; a split is a range of chunks
 ROUTER_SPLIT_WARPS = 1     # 32 threads over an [8, 16] slice of x and of Wc: 4 contiguous values each (vector loads)
 
 GROUP_ROWS_BLOCK = 1024
+ATTENTION_BLOCK_M = 64      # WideMaskedAttention (the plugin's kernel): queries per program
+ATTENTION_BLOCK_N = 64      # keys per step
+ATTENTION_BLOCK_DS = (64, 128)  # head sizes up to 64 take the d64 cubins, up to 128 the d128 ones
+ATTENTION_WARPS = 4
+ATTENTION_STAGES = 2  # K / V tiles in flight: fp32 d128 needs 176 KB of shared memory at 3, over sm_80's 163 KB
 CAST_BLOCK = 1024
 APPLY_MASK_BLOCK_M = 8  # the dense path's mask pass: 8 rows x 256 channels per program
 APPLY_MASK_BLOCK_N = 256

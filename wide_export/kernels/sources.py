@@ -584,3 +584,75 @@ def wide_prefill_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, T, S, 
     o = tl.where(keep[:, None] & (l_i[:, None] > 0), acc / tl.maximum(l_i, 1.0e-30)[:, None], 0.0)
     tl.store(out_ptr + ((b * T + rm) * Hq + h)[:, None] * D + rd[None, :], o.to(out_ptr.dtype.element_ty),
              mask=m_ok[:, None] & d_ok[None, :])
+
+
+ATTENTION_FLOOR = tl.constexpr(-3.4028234663852886e38)  # float32's lowest: the score the model gives a key it may not see
+
+
+@triton.jit
+def wide_masked_attention_kernel(q_ptr, k_ptr, v_ptr, allowed_ptr, mask_ptr, out_ptr, T, S, Hq, G, D, REP,
+                                 sqb, sqh, sqt, skb, skh, svb, svh, sab, sat, sob, soh, sot, scale,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISE: tl.constexpr):
+    """WideMaskedAttention as the ONNX op states it (reference.wide_masked_attention): program (query tile,
+    b * Hq + h) attends BLOCK_M of the T queries of head h (KV head h // REP) to the S keys allowed by
+    `allowed` [B, 1, T, S] (bytes, 0 = not allowed: scored with float32's lowest value, so a row allowed no
+    key gets the mean of v over all S keys, as the model's attention gives it). CAUSAL: allowed is 0 after
+    each query's position (S - T + t), so those keys are not scored; rows allowed nothing still average all
+    S values. A (token, head) whose group head_mask [B, T, G] skips is 0, and a tile none of whose tokens
+    keeps h's group computes nothing. head_dim contiguous in q, k, v, out; the other axes strided."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    kh = h // REP
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, BLOCK_D)
+    m_ok = rm < T
+    d_ok = rd < D
+    keep = m_ok
+    if HAS_MASK:
+        keep = m_ok & (tl.load(mask_ptr + (b * T + rm) * G + h // (Hq // G), mask=m_ok, other=0) != 0)
+    active = tl.sum(keep.to(tl.int32), axis=0)
+    m_i = tl.full([BLOCK_M], ATTENTION_FLOOR, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if active > 0:
+        q = tl.load(q_ptr + b * sqb + h * sqh + rm[:, None] * sqt + rd[None, :], mask=keep[:, None] & d_ok[None, :],
+                    other=0.0)
+        hi = S
+        if CAUSAL:
+            hi = tl.minimum(S, S - T + (pid_m + 1) * BLOCK_M)  # the tile's last query sees keys up to here
+        for n0 in range(0, hi, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            n_ok = rn < S
+            kt = tl.load(k_ptr + b * skb + kh * skh + rn[None, :] * D + rd[:, None], mask=n_ok[None, :] & d_ok[:, None],
+                         other=0.0)
+            sc = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PRECISE) * scale
+            ok = tl.load(allowed_ptr + b * sab + rm[:, None] * sat + rn[None, :], mask=m_ok[:, None] & n_ok[None, :],
+                         other=0)
+            sc = tl.where(ok != 0, sc, ATTENTION_FLOOR)
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            p = tl.where(n_ok[None, :], tl.exp(sc - m_new[:, None]), 0.0)
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            vt = tl.load(v_ptr + b * svb + kh * svh + rn[:, None] * D + rd[None, :], mask=n_ok[:, None] & d_ok[None, :],
+                         other=0.0)
+            acc = _mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISE)
+            m_i = m_new
+        if CAUSAL:
+            # Kept rows allowed no key so far (m_i never rose above the floor): every key after `hi` is not
+            # allowed either, scored the floor like the rest, weight 1 each: their mean of v takes all S keys.
+            lonely = keep & (m_i == ATTENTION_FLOOR)
+            if tl.sum(lonely.to(tl.int32), axis=0) > 0:
+                for n0 in range(tl.cdiv(hi, BLOCK_N) * BLOCK_N, S, BLOCK_N):
+                    rn = n0 + tl.arange(0, BLOCK_N)
+                    n_ok = rn < S
+                    p = tl.where(lonely[:, None] & n_ok[None, :], 1.0, 0.0)
+                    l_i = l_i + tl.sum(p, axis=1)
+                    vt = tl.load(v_ptr + b * svb + kh * svh + rn[:, None] * D + rd[None, :],
+                                 mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                    acc = _mma(p.to(vt.dtype), vt, acc, PRECISE)
+    o = tl.where(keep[:, None] & (l_i[:, None] > 0), acc / tl.maximum(l_i, 1.0e-30)[:, None], 0.0)
+    tl.store(out_ptr + b * sob + h * soh + rm[:, None] * sot + rd[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & d_ok[None, :])

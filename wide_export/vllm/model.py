@@ -60,6 +60,7 @@ from vllm.sequence import IntermediateTensors
 
 from wide_export.errors import WideError
 from wide_export.model.config import rank_groups
+from wide_export.ops.reference import expand_mask, wide_router
 from wide_export.vllm.spec import HINT, check_world, config_from_hf, router_shapes
 
 logger = init_logger(__name__)
@@ -198,19 +199,18 @@ class WideRouter(nn.Module):
         self.kernels = kernels and bool(router_block_r(rank))  # the fused router's rank limit: native above it
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """The mask [T, G]: int32 (kernels) or bool (native), for the whole model (every rank takes its slice)."""
+        """The int32 mask [T, G] for the whole model (every rank takes its slice): the kernel, or the rule
+        itself (ops/reference.py's wide_router, the PyTorch decoder's oracle)."""
         c, r = self.compressor, self.router
         if self.kernels:
             return torch.ops.wide_vllm.router(h, c.weight, c.bias, r.weight, r.bias)
-        z = nn.functional.linear(h.float(), c.weight, c.bias)
-        logits = nn.functional.linear(z, r.weight, r.bias).unflatten(-1, (-1, 2))
-        return logits[..., 0] >= logits[..., 1]
+        return wide_router(h, c.weight, c.bias, r.weight, r.bias)
 
 
 def _zero_skipped(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """x [T, G * gs] with the channels of groups where mask [T, G] is off set to 0."""
-    t, g = mask.shape
-    return (x.view(t, g, -1) * mask.unsqueeze(-1).to(x.dtype)).view(x.shape)
+    """x [T, G * gs] with the channels of groups where mask [T, G] is off set to 0 (group g owns channels
+    g * gs .. (g + 1) * gs - 1: ops/reference.py's expand_mask, the rule of every masked op)."""
+    return x * expand_mask(mask, x.shape[-1] // mask.shape[-1], x.dtype)
 
 
 def _row_parallel(layer: RowParallelLinear, y: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define WIDE_KERNELS_API_VERSION 4
+#define WIDE_KERNELS_API_VERSION 5
 
 typedef enum {
   WIDE_FLOAT32 = 0,
@@ -128,6 +128,28 @@ int wide_gemm_n(const wide_gemm_params_t* p, void* workspace, size_t workspace_s
 int wide_gemm_n_gated(const wide_gemm_params_t* p, void* workspace, size_t workspace_size, cudaStream_t stream);
 // y[m, n] = sum_k x[m, k] * mask[m, k / group_size] * w[n, k] (+ bias[n], every output); skipped inputs ignored.
 int wide_gemm_k(const wide_gemm_params_t* p, void* workspace, size_t workspace_size, cudaStream_t stream);
+
+// WideMaskedAttention (docs/opset.md) under the op's causal contract (allowed is 0 after each query's position
+// S - T + t; those keys are not scored): y = softmax(q k^T / sqrt(D), keys not allowed at float32's lowest) v, a
+// row allowed no key the mean of v over all S keys, and y[b, h, t] = 0 where head_mask[b, t, h / group_heads]
+// is 0 (a tile of 64 queries none of which keeps h's group computes nothing). All tensors contiguous; q, k, v
+// and y of `dtype`; D <= 128. No workspace. API version 5.
+typedef struct {
+  int64_t B, Hq, Hk, T, S, D;     // S >= T: the past and the new keys
+  int64_t group_heads;            // query heads per attention group; Hq % group_heads == 0, Hq % Hk == 0
+  const void* q;                  // [B, Hq, T, D]
+  const void* k;                  // [B, Hk, S, D]
+  const void* v;                  // [B, Hk, S, D]
+  const uint8_t* allowed;         // [B, 1, T, S], 1 byte each (TensorRT bool), 0 = not allowed
+  const int32_t* head_mask;       // [B, T, Hq / group_heads], 1 = the group executes
+  void* y;                        // [B, Hq, T, D]
+  wide_dtype_t dtype;
+} wide_attention_params_t;
+
+size_t wide_attention_params_sizeof(void);
+// What wide_masked_attention would launch on compute capability `arch` ("key@variant grid=XxYxZ"), without CUDA.
+int wide_masked_attention_describe(const wide_attention_params_t* p, int arch, char* out, size_t out_size);
+int wide_masked_attention(const wide_attention_params_t* p, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -19,9 +19,10 @@
 #ifdef WIDE_HAVE_CUBLASLT
 #include <cublasLt.h>
 #include <cstdlib>
-#include <cstring>
 #endif
 
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -114,6 +115,8 @@ constexpr int kRouterSplitBlockM = 8;
 constexpr int kRouterSplitBlockR = 8;
 constexpr int kRouterSplitBlockH = 16;
 constexpr int kRouterBlockM = 16;
+constexpr int kAttnBlockM = 64;    // WideMaskedAttention: queries per program (configs.ATTENTION_BLOCK_M)
+constexpr int kAttnBlockDs[] = {64, 128}; // head sizes of its cubins (configs.ATTENTION_BLOCK_DS)
 constexpr int kRouterBlockRs[] = {16, 32, 64, 128, 256};
 constexpr int kCastBlock = 1024;
 constexpr int kTileBlockM = 64;
@@ -361,6 +364,15 @@ public:
         mKinds.push_back(1);
         return *this;
     }
+    Args& f32(float v)
+    {
+        mFloats.push_back(v);
+        uint32_t bits = 0;
+        std::memcpy(&bits, &v, sizeof bits);
+        mValues.push_back(bits);
+        mKinds.push_back(2);
+        return *this;
+    }
     size_t size() const
     {
         return mKinds.size();
@@ -380,8 +392,11 @@ public:
         std::vector<void*> out;
         size_t p = 0;
         size_t i = 0;
+        size_t f = 0;
         for (int k : mKinds)
-            out.push_back(k == 0 ? static_cast<void*>(&mPtrs[p++]) : static_cast<void*>(&mInts[i++]));
+            out.push_back(k == 0 ? static_cast<void*>(&mPtrs[p++])
+                    : k == 1     ? static_cast<void*>(&mInts[i++])
+                                 : static_cast<void*>(&mFloats[f++]));
         out.push_back(&mScratch[0]); // Triton's global / profile scratch pointers (size 0: aot.py checks)
         out.push_back(&mScratch[1]);
         return out;
@@ -390,6 +405,7 @@ public:
 private:
     std::vector<CUdeviceptr> mPtrs;
     std::vector<int32_t> mInts;
+    std::vector<float> mFloats;
     std::vector<uint64_t> mValues; // every argument as an unsigned value, for the alignment check
     std::vector<int> mKinds;
     CUdeviceptr mScratch[2] = {0, 0};
@@ -1104,6 +1120,39 @@ int gemm(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, cudaStrea
     return run(steps, arch, stream);
 }
 
+int attentionPlan(wide_attention_params_t const* p, Plan& plan)
+{
+    if (!p || !p->q || !p->k || !p->v || !p->allowed || !p->head_mask || !p->y || p->B <= 0 || p->Hq <= 0
+        || p->Hk <= 0 || p->T <= 0 || p->S < p->T || p->D <= 0 || p->group_heads <= 0 || p->Hq % p->Hk
+        || p->Hq % p->group_heads)
+        return WIDE_ERR_INVALID_ARGUMENT;
+    char const* dt = dtypeName(p->dtype);
+    if (!dt)
+        return WIDE_ERR_UNSUPPORTED_DTYPE;
+    int blockD = 0;
+    for (int d : kAttnBlockDs)
+    {
+        if (!blockD && p->D <= d)
+            blockD = d;
+    }
+    int64_t const big = int64_t{1} << 31;
+    if (!blockD || p->B * p->Hq >= 65536 || p->B * p->Hq * p->T * p->D >= big || p->B * p->Hk * p->S * p->D >= big
+        || p->B * p->T * p->S >= big)
+        return WIDE_ERR_INVALID_ARGUMENT; // head size over the cubins', a grid or an offset past int32
+    int64_t const T = p->T, S = p->S, D = p->D;
+    Args a;
+    a.ptr(p->q).ptr(p->k).ptr(p->v).ptr(p->allowed).ptr(p->head_mask).ptr(p->y);
+    a.i32(T).i32(S).i32(p->Hq).i32(p->Hq / p->group_heads).i32(D).i32(p->Hq / p->Hk);
+    a.i32(p->Hq * T * D).i32(T * D).i32(D);                           // q [B, Hq, T, D]
+    a.i32(p->Hk * S * D).i32(S * D).i32(p->Hk * S * D).i32(S * D);    // k, v [B, Hk, S, D]
+    a.i32(T * S).i32(S);                                              // allowed [B, 1, T, S]
+    a.i32(p->Hq * T * D).i32(T * D).i32(D);                           // y [B, Hq, T, D]
+    a.f32(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
+    plan.push_back(kernel(std::string("masked_attention/") + dt + "/d" + std::to_string(blockD), cdiv(T, kAttnBlockM),
+        static_cast<unsigned>(p->B * p->Hq), 1, std::move(a)));
+    return WIDE_OK;
+}
+
 } // namespace
 
 extern "C" {
@@ -1272,6 +1321,35 @@ int wide_gemm_n_gated(wide_gemm_params_t const* p, void* workspace, size_t works
 int wide_gemm_k(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
     return gemm(WIDE_OP_GEMM_K, p, workspace, workspace_size, stream);
+}
+
+size_t wide_attention_params_sizeof(void)
+{
+    return sizeof(wide_attention_params_t);
+}
+
+int wide_masked_attention_describe(wide_attention_params_t const* p, int arch, char* out, size_t out_size)
+{
+    Plan steps;
+    if (int s = attentionPlan(p, steps))
+        return s;
+    std::string const text = describe(steps, arch);
+    if (!out || out_size <= text.size())
+        return WIDE_ERR_INVALID_ARGUMENT;
+    text.copy(out, text.size());
+    out[text.size()] = '\0';
+    return WIDE_OK;
+}
+
+int wide_masked_attention(wide_attention_params_t const* p, cudaStream_t stream)
+{
+    Plan steps;
+    if (int s = attentionPlan(p, steps)) // before any CUDA call
+        return s;
+    int arch = 0;
+    if (int s = deviceArch(arch))
+        return s;
+    return run(steps, arch, stream);
 }
 
 } // extern "C"
