@@ -17,6 +17,7 @@
 // getCreators() first takes back what the static registrar registered; see
 // takeBackStaticRegistration(). Loading the library both ways explicitly
 // (dlopen AND loadLibrary) in one process is still unsupported.
+#include "masked_attention_plugin.h"
 #include "masked_gated_mlp_plugin.h"
 #include "masked_gemm_k_plugin.h"
 #include "masked_gemm_n_plugin.h"
@@ -47,14 +48,16 @@ struct Creators
     MaskedGemmNCreator gemmN;
     MaskedGatedMlpCreator gatedMlp;
     MaskedGemmKCreator gemmK;
-    nvinfer1::IPluginCreatorInterface* list[4]{&router, &gemmN, &gatedMlp, &gemmK};
+    MaskedAttentionCreator attention;
+    nvinfer1::IPluginCreatorInterface* list[5]{&router, &gemmN, &gatedMlp, &gemmK, &attention};
 };
 
 //! Is `c` one of this library's creators (and not a same-named one from elsewhere)?
 bool isOurs(nvinfer1::IPluginCreatorInterface* c)
 {
     return dynamic_cast<RouterCreator*>(c) != nullptr || dynamic_cast<MaskedGemmNCreator*>(c) != nullptr
-        || dynamic_cast<MaskedGatedMlpCreator*>(c) != nullptr || dynamic_cast<MaskedGemmKCreator*>(c) != nullptr;
+        || dynamic_cast<MaskedGatedMlpCreator*>(c) != nullptr || dynamic_cast<MaskedGemmKCreator*>(c) != nullptr
+        || dynamic_cast<MaskedAttentionCreator*>(c) != nullptr;
 }
 
 #if WIDE_TRT_STATIC_REGISTRATION
@@ -136,7 +139,7 @@ void takeBackStaticRegistration()
     std::lock_guard<std::mutex> lock(mutex);
     nvinfer1::IPluginRegistry* registry = runtime().registry();
     for (char const* name : {RouterPlugin::kName, MaskedGemmNPlugin::kName, MaskedGatedMlpPlugin::kName,
-             MaskedGemmKPlugin::kName})
+             MaskedGemmKPlugin::kName, MaskedAttentionPlugin::kName})
     {
         nvinfer1::IPluginCreatorInterface* c = registry->getCreator(name, kPluginVersion, kPluginNamespace);
         if (c != nullptr && isOurs(c))
@@ -162,6 +165,7 @@ Registrar<RouterCreator> gRouterRegistrar;
 Registrar<MaskedGemmNCreator> gGemmNRegistrar;
 Registrar<MaskedGatedMlpCreator> gGatedMlpRegistrar;
 Registrar<MaskedGemmKCreator> gGemmKRegistrar;
+Registrar<MaskedAttentionCreator> gAttentionRegistrar;
 } // namespace
 } // namespace trt
 } // namespace wide
@@ -171,7 +175,7 @@ extern "C" WIDE_TRT_EXPORT nvinfer1::IPluginCreatorInterface* const* getCreators
 {
     static wide::trt::Creators creators;
     wide::trt::takeBackStaticRegistration();
-    nbCreators = 4;
+    nbCreators = 5;
     return creators.list;
 }
 

@@ -106,3 +106,20 @@ def test_bad_shapes_are_refused_in_one_line():
         masked_attention_op(q, k, k, torch.ones(1, 1, 3, 4, dtype=torch.bool), None, 1)
     with pytest.raises(WideError, match="head_mask must be"):
         masked_attention_op(q, k, k, torch.ones(1, 1, 3, 5, dtype=torch.bool), torch.ones(1, 3, 3), 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_plugins_kernel_on_the_gpu_at_model_sizes(dtype):
+    """Compiled (gpu-check runs `-m gpu tests/kernels`): a 512-token prefill of two rows, one left-padded by 100,
+    and a decode step of 8 rows over 2k keys, Llama-3.1-8B heads (32 / 8 of 128, 4 a group), half skipped."""
+    gen = torch.Generator().manual_seed(9)
+    Hq, Hk, D, gh = 32, 8, 128, 4
+    for B, T, S, pads in ((2, 512, 512, (100, 0)), (8, 1, 2048, (5,) + (0,) * 7)):
+        q = torch.randn(B, Hq, T, D, generator=gen).to(dtype)
+        k = torch.randn(B, Hk, S, D, generator=gen).to(dtype)
+        v = torch.randn(B, Hk, S, D, generator=gen).to(dtype)
+        allowed = _allowed(B, T, S, pads)
+        mask = _head_mask("random", (B, T, Hq // gh), gen)
+        got = masked_attention_op(q.cuda(), k.cuda(), v.cuda(), allowed.cuda(), mask.cuda(), gh).cpu()
+        _close(got, wide_masked_attention(q, k, v, allowed, mask, gh), dtype)

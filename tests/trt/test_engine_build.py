@@ -375,8 +375,8 @@ def test_an_interrupted_build_prints_our_line_only(demo_onnx, tmp_path):
 
 
 def test_an_attention_op_export_builds_from_the_ops_function_body(tmp_path):
-    """`onnx --attention-op` puts WideMaskedAttention nodes in the graph, which have no plugin yet: TensorRT
-    builds them from their standard-op function body (with or without a plugin library for the other ops)."""
+    """`onnx --attention-op` puts WideMaskedAttention nodes in the graph; without the plugin library (CI: no
+    TensorRT headers) TensorRT builds them from their standard-op function body."""
     from wide_export.checkpoint import Sources
     from wide_export.export.pipeline import export_and_verify
 
@@ -385,3 +385,19 @@ def test_an_attention_op_export_builds_from_the_ops_function_body(tmp_path):
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "wide_engine.json").read_text())
     assert manifest["wide_nodes"]["by_op"]["WideMaskedAttention"] == {"plugin_layers": 0, "inlined": 3}
+
+
+def test_an_attention_op_export_builds_its_attention_as_plugin_layers(plugin_lib, tmp_path):
+    """With the plugin library every node of an `onnx --attention-op` export becomes a plugin layer, the three
+    WideMaskedAttention nodes included (TensorRT-RTX checks the plugin's types, shapes and formats over both
+    profiles; running it needs a GPU: tests/trt/test_gpu_engines.py)."""
+    from wide_export.checkpoint import Sources
+    from wide_export.export.pipeline import export_and_verify
+    from wide_export.trt.build import build_engine
+
+    export_and_verify(Sources(None), tmp_path / "onnx", attention_op=True, verify=False)
+    manifest = build_engine(tmp_path / "onnx", tmp_path / "engine", plugins=plugin_lib, progress=False,
+                            limits={"max_batch": 2, "max_input_len": 16, "max_seq_len": 32})
+    report = manifest["wide_nodes"]
+    assert report["by_op"]["WideMaskedAttention"] == {"plugin_layers": 3, "inlined": 0}
+    assert (report["plugin_layers"], report["inlined"]) == (report["total"], 0)

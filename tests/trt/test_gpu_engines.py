@@ -23,9 +23,28 @@ GROUP_SIZE = 16
 TOL = {"float32": dict(atol=1e-4, rtol=1e-3), "float16": dict(atol=2e-2, rtol=2e-2)}
 
 
+def _attention_feeds(dims, dtype, batch, tokens, rng):
+    """q, k, v over a past of 3 keys, the model's allowed mask (causal; row 0 left-padded so that its first
+    query is allowed no key: the mean of every value), a head mask with an all-off and an all-on token."""
+    heads, d = dims["q"][1], dims["q"][3]
+    kv_heads, groups, keys = dims["k"][1], dims["head_mask"][-1], tokens + 3
+    causal = np.arange(keys)[None, :] <= (keys - tokens + np.arange(tokens))[:, None]
+    real = np.ones((batch, keys), bool)
+    real[0, :keys - tokens + 1] = False  # row 0 padded through its first query's position
+    mask = rng.integers(0, 2, (batch, tokens, groups)).astype(np.int32)
+    mask[0, 0, :] = 0
+    mask[-1, -1, :] = 1
+    return {"q": rng.standard_normal((batch, heads, tokens, d)).astype(dtype),
+            "k": rng.standard_normal((batch, kv_heads, keys, d)).astype(dtype),
+            "v": rng.standard_normal((batch, kv_heads, keys, d)).astype(dtype),
+            "allowed": causal[None, None] & real[:, None, None, :], "head_mask": mask}
+
+
 def _feeds(op, model, weights, batch, tokens, rng):
     dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     dtype = np.float16 if model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 else np.float32
+    if op == "WideMaskedAttention":
+        return _attention_feeds(dims, dtype, batch, tokens, rng)
     first = model.graph.input[0].name
     feeds = {first: rng.standard_normal((batch, tokens, dims[first][-1])).astype(dtype)}
     if "mask" in dims:
@@ -44,6 +63,10 @@ def _reference(op, feeds, weights):
         return REFERENCES[op](t["x"], t["w"], t["mask"], GROUP_SIZE, bias=t["bias"]).numpy()
     if op == "WideMaskedGatedMlp":
         return REFERENCES[op](t["x"], t["w"], t["w2"], t["mask"], GROUP_SIZE).numpy()
+    if op == "WideMaskedAttention":
+        from wide_export.trt.oneop import ATTENTION_HEADS
+
+        return REFERENCES[op](t["q"], t["k"], t["v"], t["allowed"], t["head_mask"], ATTENTION_HEADS[2]).numpy()
     return REFERENCES[op](t["x"], t["w"], t["mask"], GROUP_SIZE).numpy()
 
 
@@ -71,6 +94,11 @@ def test_plugin_matches_reference(op, dtype, batch, tokens, plugin_lib, tmp_path
     else:
         assert not np.isnan(got).any()
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), **TOL[dtype])
+        if op == "WideMaskedAttention":  # heads of skipped groups are exactly zero
+            from wide_export.trt.oneop import ATTENTION_HEADS
+
+            off = np.repeat(feeds["head_mask"], ATTENTION_HEADS[2], axis=-1).transpose(0, 2, 1) == 0  # [B, Hq, T]
+            assert np.all(got[off] == 0)
         if "mask" in feeds and op != "WideMaskedGemmK":  # skipped outputs are exactly zero
             off = np.repeat(feeds["mask"], GROUP_SIZE, axis=-1) == 0
             assert np.all(got[off] == 0)

@@ -162,7 +162,7 @@ def _postprocess(ir_model, loaded) -> dict[str, int]:
     pp.attach_functions(ir_model)
     pp.set_metadata(ir_model, {"version": __version__, "opset": f"{DOMAIN}:{OPSET_VERSION}",
                                "model": _model_name(loaded)})
-    counts: dict[str, int] = {op: 0 for op, spec in OPS.items() if spec.plugin}  # optional ops where present
+    counts: dict[str, int] = {op: 0 for op, spec in OPS.items() if not spec.optional}  # optional ops where present
     for node in pp.wide_nodes(ir_model):
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts

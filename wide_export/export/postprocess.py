@@ -78,7 +78,7 @@ def attach_functions(model) -> None:
 
     used = {node.op_type for node in model.graph if node.domain == DOMAIN}
     for proto in function_protos(model.opset_imports[""]):
-        if OPS[proto.name].plugin or proto.name in used:
+        if not OPS[proto.name].optional or proto.name in used:
             fn = ir.serde.deserialize_function(proto)
             model.functions[fn.identifier()] = fn
     model.opset_imports[DOMAIN] = OPSET_VERSION

@@ -13,13 +13,15 @@ PLUGIN_NAMESPACE = ""
 @dataclass(frozen=True)
 class OpSpec:
     """One custom op: its inputs, outputs and int attributes (= plugin fields); `plugin`: whether the TensorRT
-    plugin library has a creator for it (an op without one is built from its standard-op function body)."""
+    plugin library has a creator for it (an op without one is built from its standard-op function body);
+    `optional`: emitted only on request (an export flag), its function body attached only where it is used."""
 
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     int_attrs: tuple[str, ...]
     plugin: bool = True
+    optional: bool = False
 
 
 OPS: dict[str, OpSpec] = {
@@ -34,9 +36,9 @@ OPS: dict[str, OpSpec] = {
         OpSpec("WideMaskedGemmN", ("x", "weight", "mask", "bias"), ("y",), ("group_size", "has_bias")),
         OpSpec("WideMaskedGatedMlp", ("x", "gate_weight", "up_weight", "mask"), ("y",), ("group_size",)),
         OpSpec("WideMaskedGemmK", ("x", "weight", "mask", "bias"), ("y",), ("group_size", "has_bias")),
-        # emitted only by `wide-export onnx --attention-op`, and without a TensorRT plugin yet
+        # emitted only by `wide-export onnx --attention-op`
         OpSpec("WideMaskedAttention", ("q", "k", "v", "allowed", "head_mask"), ("y",), ("group_heads",),
-               plugin=False),
+               optional=True),
     )
 }
 

@@ -20,6 +20,8 @@ from wide_export.names import TIMING_CACHE
 from wide_export.trt.backend import needs_child, rtx_child_env, select_backend
 
 MAX_BATCH, MAX_TOKENS = 4, 8
+MAX_KEYS = 2 * MAX_TOKENS  # WideMaskedAttention: keys = a past + the new tokens
+ATTENTION_HEADS = (4, 2, 2)  # WideMaskedAttention's one-op graph: query heads, KV heads, heads per group
 _NP = {"float32": np.float32, "float16": np.float16, "bfloat16": "bfloat16"}  # bfloat16: numpy dtype of ml_dtypes
 
 
@@ -66,6 +68,16 @@ def one_op_model(op: str, *, dtype: str = "float32", k: int = 64, n: int = 48, g
         output = helper.make_tensor_value_info("y", act_t, dyn + [n])
         attrs = plugin_attrs(group_size=group_size,
                              **({"has_bias": int(has_bias)} if op in ("WideMaskedGemmN", "WideMaskedGemmK") else {}))
+    elif op == "WideMaskedAttention":  # q [B, Hq, T, D], k / v [B, Hk, S, D], allowed [B, 1, T, S]; D = k
+        heads, kv_heads, group_heads = ATTENTION_HEADS
+        ins = ["q", "k", "v", "allowed", "head_mask"]
+        inputs = [helper.make_tensor_value_info("q", act_t, ["batch", heads, "tokens", k]),
+                  helper.make_tensor_value_info("k", act_t, ["batch", kv_heads, "keys", k]),
+                  helper.make_tensor_value_info("v", act_t, ["batch", kv_heads, "keys", k]),
+                  helper.make_tensor_value_info("allowed", TensorProto.BOOL, ["batch", 1, "tokens", "keys"]),
+                  helper.make_tensor_value_info("head_mask", TensorProto.INT32, dyn + [heads // group_heads])]
+        output = helper.make_tensor_value_info("y", act_t, ["batch", heads, "tokens", k])
+        attrs = plugin_attrs(group_heads=group_heads)
     else:
         raise WideError(f"unknown wide op {op!r}")
     node = helper.make_node(op, ins, ["y"], domain=DOMAIN, name=f"/{op}", **attrs)
@@ -97,14 +109,25 @@ def build_one_op_engine_here(onnx_path: str, engine_path: str, plugins: Optional
     shapes = {}
     for i in range(network.num_inputs):
         t = network.get_input(i)
-        last = int(t.shape[-1])
-        shapes[t.name] = ((1, 1, last), (2, 4, last), (MAX_BATCH, MAX_TOKENS, last))
+        shapes[t.name] = _profile_shapes(t.name, tuple(int(d) for d in t.shape))
     with tempfile.TemporaryDirectory(prefix="wide-cache-") as tmp:
         config = loaders.create_config(be, [Profile("all", shapes)], None, cc)
         plan = loaders.build_bytes(be, (builder, network, parser), config, str(Path(tmp) / TIMING_CACHE))
     Path(engine_path).write_bytes(plan)
     layers = [str(network.get_layer(i).type).split(".")[-1] for i in range(network.num_layers)]
     return {"layers": layers, "plugin_layers": len(plugin_layer_names(network, trt))}
+
+
+def _profile_shapes(name: str, shape: tuple) -> tuple:
+    """(min, opt, max) of one input: batch 1..MAX_BATCH, tokens 1..MAX_TOKENS, keys (attention) 1..MAX_KEYS with
+    at least as many keys as tokens; the fixed axes as the graph has them."""
+    if len(shape) == 4:  # WideMaskedAttention: q [B, Hq, T, D], k / v [B, Hk, S, D], allowed [B, 1, T, S]
+        b, t, s = (1, 2, MAX_BATCH), (1, 4, MAX_TOKENS), (1, 6, MAX_KEYS)
+        axes = {"q": (b, None, t, None), "k": (b, None, s, None), "v": (b, None, s, None),
+                "allowed": (b, None, t, s)}[name]
+        return tuple(tuple(shape[i] if axis is None else axis[j] for i, axis in enumerate(axes)) for j in range(3))
+    last = shape[-1]
+    return (1, 1, last), (2, 4, last), (MAX_BATCH, MAX_TOKENS, last)
 
 
 def build_one_op_engine(onnx_path: Path, engine_path: Path, **kwargs: Any) -> dict:
