@@ -46,6 +46,7 @@ def kernels_lib(kernels_build):
     lib.wide_last_cuda_error_string.restype = ctypes.c_char_p
     lib.wide_gemm_params_sizeof.restype = ctypes.c_size_t
     lib.wide_attention_params_sizeof.restype = ctypes.c_size_t
+    lib.wide_masked_attention_workspace_size.restype = ctypes.c_size_t
     lib.wide_gemm_workspace_size.restype = ctypes.c_size_t
     return lib
 

@@ -321,9 +321,16 @@ def test_variants_share_the_grid_the_c_runtime_computes():
             assert blocks == {HAND_TILES[fam][size]}, key
 
 
+WS = 1 << 30  # a workspace "pointer" for the plans (never dereferenced)
+
+
 @pytest.mark.parametrize("changes, arch, plan", [
     (dict(), 90, "masked_attention/float16/d128@a16 grid=2x64x1"),       # Llama-like prefill, 100 tokens
-    (dict(T=1, S=4097, dtype=2), 80, "masked_attention/bfloat16/d128@a16 grid=1x64x1"),  # decode over a past
+    # decode over a past: 65 key tiles, 16 wanted splits of 5 tiles -> 13, combined by the reduction
+    (dict(T=1, S=4097, dtype=2), 80, "masked_decode/bfloat16/d128/split@a16 grid=2x8x13 "
+                                     "attention_reduce/bfloat16/d128@a16 grid=64x1x1"),
+    (dict(T=1, S=4097, dtype=2, B=64), 90, "masked_decode/bfloat16/d128@a16 grid=64x8x1"),  # 512 programs: no split
+    (dict(T=1, S=100, Hk=1), 90, "masked_attention/float16/d128@a16 grid=1x64x1"),  # GQA 32 > the decode tile's 16
     (dict(D=64, dtype=0, B=3), 90, "masked_attention/float32/d64@a16 grid=2x96x1"),
     (dict(D=80), 90, "masked_attention/float16/d128@a16 grid=2x64x1"),   # 80: the d128 cubin, rows still 16-aligned
     (dict(D=72), 90, "masked_attention/float16/d128@any grid=2x64x1"),   # 72: strides not multiples of 16
@@ -333,9 +340,37 @@ def test_c_attention_plan_picks_the_head_size_class_and_variant(kernels_lib, cha
     if arch not in _archs():
         pytest.skip(f"sm_{arch} not in this build's architectures")
     buf = ctypes.create_string_buffer(256)
-    assert kernels_lib.wide_masked_attention_describe(ctypes.byref(_attention(**changes)), arch, buf,
-                                                     ctypes.c_size_t(len(buf))) == 0
+    assert kernels_lib.wide_masked_attention_describe(ctypes.byref(_attention(**changes)), arch, ctypes.c_void_p(WS),
+                                                     ctypes.c_size_t(WS), buf, ctypes.c_size_t(len(buf))) == 0
     assert buf.value.decode() == plan
+
+
+def test_c_decode_attention_splits_as_python_plans_and_its_workspace_covers_every_call(kernels_lib):
+    """The C decode plan splits the keys as kernels/attention.plan_splits does; the workspace size for the
+    largest B and S covers the float32 partials of every smaller call; too small a workspace runs one split."""
+    from wide_export.kernels.attention import plan_splits
+
+    buf = ctypes.create_string_buffer(256)
+
+    def plan(ws_size, **kw):
+        assert kernels_lib.wide_masked_attention_describe(ctypes.byref(_attention(T=1, **kw)), 90, ctypes.c_void_p(WS),
+                                                         ctypes.c_size_t(ws_size), buf, ctypes.c_size_t(len(buf))) == 0
+        return buf.value.decode()
+
+    def partials(b, S, Hq=32, D=128, Hk=8):
+        splits = plan_splits(b, Hk, S)[0]
+        rows = splits * b * Hq
+        return 0 if splits == 1 else -(-rows * D * 4 // 256) * 256 + 2 * (-(-rows * 4 // 256) * 256)
+
+    for S in (64, 1000, 4097, 32768):
+        for B in (1, 3, 16, 40):
+            want = plan_splits(B, 8, S)[0]
+            assert f"grid={B}x8x{want} " in plan(WS, B=B, S=S) + " "
+            size = kernels_lib.wide_masked_attention_workspace_size(ctypes.byref(_attention(T=1, B=B, S=S)))
+            assert size == max(partials(b, S) for b in range(1, B + 1))
+            assert all(partials(b, s) <= size for b in range(1, B + 1) for s in (1, S // 2, S))
+    assert plan(partials(2, 4097) - 1, B=2, S=4097) == "masked_decode/float16/d128@a16 grid=2x8x1"
+    assert kernels_lib.wide_masked_attention_workspace_size(ctypes.byref(_attention(T=5, S=4097))) == 0
 
 
 @pytest.mark.parametrize("changes, status", [
@@ -350,7 +385,7 @@ def test_c_attention_plan_picks_the_head_size_class_and_variant(kernels_lib, cha
     (dict(dtype=7), 2),               # unknown dtype
 ])
 def test_c_attention_rejects_bad_arguments_before_touching_cuda(kernels_lib, changes, status):
-    assert kernels_lib.wide_masked_attention(ctypes.byref(_attention(**changes)), None) == status
+    assert kernels_lib.wide_masked_attention(ctypes.byref(_attention(**changes)), None, ctypes.c_size_t(0), None) == status
 
 
 def test_c_tiles_match_python_configs():
@@ -395,6 +430,13 @@ def test_c_tiles_match_python_configs():
                                                                       configs.APPLY_MASK_BLOCK_N)
     assert const("kAttnBlockM") == configs.ATTENTION_BLOCK_M
     assert arr("kAttnBlockDs") == configs.ATTENTION_BLOCK_DS
+    assert (const("kAttnDecodeBlockH"), const("kAttnDecodeBlockL"), const("kAttnMaxSplits"),
+            const("kAttnTargetPrograms")) == (configs.ATTENTION_DECODE_BLOCK_H, configs.ATTENTION_DECODE_BLOCK_L,
+                                              configs.ATTENTION_MAX_SPLITS, configs.ATTENTION_TARGET_PROGRAMS)
+    from wide_export.kernels import attention
+
+    assert (attention.BLOCK_L, attention.MAX_SPLITS, attention.SPLIT_TARGET_PROGRAMS) == (
+        configs.ATTENTION_DECODE_BLOCK_L, configs.ATTENTION_MAX_SPLITS, configs.ATTENTION_TARGET_PROGRAMS)
 
 
 def test_policy_table_is_complete():
@@ -528,7 +570,9 @@ def test_c_masked_attention_on_gpu(kernels_lib, dtype_code, dtype_name, B, Hq, H
     y = torch.full((B, Hq, T, D), float("nan"), device="cuda", dtype=dtype)
     p = AttentionParams(B=B, Hq=Hq, Hk=Hk, T=T, S=S, D=D, group_heads=gh, q=_ptr(q), k=_ptr(k), v=_ptr(v),
                         allowed=_ptr(allowed), head_mask=_ptr(mask), y=_ptr(y), dtype=dtype_code)
-    status = kernels_lib.wide_masked_attention(ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    ws = torch.empty(kernels_lib.wide_masked_attention_workspace_size(ctypes.byref(p)), dtype=torch.uint8, device="cuda")
+    status = kernels_lib.wide_masked_attention(ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()),
+                                               ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     assert status == 0, kernels_lib.wide_last_cuda_error_string()
     torch.cuda.synchronize()
     want = ref.wide_masked_attention(q, k, v, allowed, mask, gh)

@@ -84,6 +84,26 @@ def test_a_row_allowed_no_key_is_the_mean_of_every_value():
     _close(got, attention(q, k, v, allowed), torch.float32)
 
 
+@pytest.mark.parametrize("splits", [1, 3, 5])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_splits_the_keys_and_keeps_a_row_allowed_nothing(dtype, splits):
+    """One query (the decode kernel, split over the keys, partials combined in split order): a row padded over
+    every key (its query allowed nothing: the mean of every value, across splits), one padded past a whole
+    split, one unpadded; GQA 4, a random head mask."""
+    gen = torch.Generator().manual_seed(17 + splits)
+    B, Hq, Hk, S, D, gh = 3, 8, 2, 300, 64, 2
+    q = torch.randn(B, Hq, 1, D, generator=gen).to(dtype)
+    k = torch.randn(B, Hk, S, D, generator=gen).to(dtype)
+    v = torch.randn(B, Hk, S, D, generator=gen).to(dtype)
+    allowed = _allowed(B, 1, S, (S, 130, 0))
+    mask = _head_mask("random", (B, 1, Hq // gh), gen)
+    got = masked_attention_op(q, k, v, allowed, mask, gh, splits=splits)
+    _close(got, wide_masked_attention(q, k, v, allowed, mask, gh), dtype)
+    keep = mask[0, 0].bool().repeat_interleave(gh)
+    mean = v[0].float().mean(dim=1).repeat_interleave(Hq // Hk, dim=0)  # [Hq, D]: every value, weight 1
+    _close(got[0, keep, 0], mean[keep], dtype)
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
 def test_any_allowed_mask_without_the_causal_shortcut(dtype):
     """Not causal: random allowed entries (rows with none among them), keys after a query included."""

@@ -219,6 +219,18 @@ def specs() -> list[Spec]:
                                (("BLOCK_M", cfg.ATTENTION_BLOCK_M), ("BLOCK_N", cfg.ATTENTION_BLOCK_N), ("BLOCK_D", bd),
                                 ("HAS_MASK", True), ("CAUSAL", True), ("PRECISE", precise)), cfg.ATTENTION_WARPS,
                                cfg.ATTENTION_STAGES))
+            for partial in (False, True):  # one query: the decode kernel, whole or split over the keys
+                out += _twins(Spec(f"masked_decode/{dtype}/d{bd}" + ("/split" if partial else ""),
+                                   "wide_decode_attention_kernel",
+                                   _ptrs(dt, "q_ptr", "k_ptr", "v_ptr", "len_ptr", "allowed_ptr", "mask_ptr", "out_ptr",
+                                         "pacc_ptr", "pm_ptr", "pl_ptr", len_ptr="*i32", allowed_ptr="*u8",
+                                         mask_ptr="*i32", pacc_ptr="*fp32", pm_ptr="*fp32", pl_ptr="*fp32"),
+                                   (("BLOCK_H", cfg.ATTENTION_DECODE_BLOCK_H), ("BLOCK_L", cfg.ATTENTION_DECODE_BLOCK_L),
+                                    ("BLOCK_D", bd), ("HAS_MASK", True), ("HAS_ALLOWED", True), ("PARTIAL", partial),
+                                    ("PRECISE", precise)), cfg.ATTENTION_WARPS, cfg.ATTENTION_STAGES))
+            out += _twins(Spec(f"attention_reduce/{dtype}/d{bd}", "wide_attention_reduce_kernel",
+                               (("pacc_ptr", "*fp32"), ("pm_ptr", "*fp32"), ("pl_ptr", "*fp32"), ("out_ptr", f"*{dt}")),
+                               (("BLOCK_S", cfg.ATTENTION_MAX_SPLITS), ("BLOCK_D", bd)), cfg.ATTENTION_WARPS))
         if not precise:
             out += _gemm(f"grouped_k/{dtype}", "wide_grouped_gemm_k_kernel",
                          _ptrs(dt, "x_ptr", "w_ptr", "rows_ptr", "counts_ptr", "acc_ptr", rows_ptr="*i32",

@@ -18,6 +18,7 @@ from wide_export.errors import WideError
 
 BLOCK_L = 64  # keys per tile
 SPLIT_TARGET_PROGRAMS = 264  # programs a decode call aims at (two waves of an H100's 132 SMs)
+MAX_SPLITS = 64  # the reduction's BLOCK_S in the plugin's cubins (configs.ATTENTION_MAX_SPLITS)
 
 
 def _pow2(n: int) -> int:
@@ -37,7 +38,7 @@ def plan_splits(batch: int, kv_heads: int, length: int, block_l: int = BLOCK_L,
     """(splits, tiles per split) for a call: enough (sequence, KV head, split) programs to fill the GPU, each
     split at least one tile of keys."""
     tiles = max(1, -(-length // block_l))
-    splits = max(1, min(tiles, target // max(1, batch * kv_heads)))
+    splits = max(1, min(tiles, target // max(1, batch * kv_heads), MAX_SPLITS))
     per = -(-tiles // splits)
     return -(-tiles // per), per
 
@@ -45,8 +46,6 @@ def plan_splits(batch: int, kv_heads: int, length: int, block_l: int = BLOCK_L,
 def decode_attention(q, k, v, head_mask=None, group_heads: int = 1, lengths=None, *, splits: Optional[int] = None,
                      block_l: int = BLOCK_L):
     import torch
-
-    from wide_export.kernels.launch import _precise, kernels
 
     if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
         raise WideError("decode_attention takes q [B, Hq, D] and k / v [B, Hk, L, D] of one shape",
@@ -64,7 +63,6 @@ def decode_attention(q, k, v, head_mask=None, group_heads: int = 1, lengths=None
     lens = torch.full((B,), cap, dtype=torch.int32, device=q.device) if lengths is None \
         else lengths.to(device=q.device, dtype=torch.int32).contiguous()
     mask = None if head_mask is None else head_mask.reshape(B, G).to(torch.int32).contiguous()
-    src = kernels()
     L = int(lens.max()) if lengths is not None else cap
     if splits is None:
         splits, per = plan_splits(B, Hk, L, block_l)
@@ -73,21 +71,37 @@ def decode_attention(q, k, v, head_mask=None, group_heads: int = 1, lengths=None
         per = -(-tiles // splits)
         splits = -(-tiles // per)
     out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
+    _decode(q, k, v, lens, None, mask, out, splits, per, block_l, G)
+    return out
+
+
+def _decode(q, k, v, lens, allowed, mask, out, splits: int, per: int, block_l: int, G: int) -> None:
+    """The decode kernel (+ the reduction over splits) on q [B, Hq, D]-strided rows, out [B, Hq, D] contiguous;
+    `allowed` [B, S] bytes (WideMaskedAttention: every sequence S keys) or per-sequence `lens`."""
+    import torch
+
+    from wide_export.kernels.launch import _precise, kernels
+
+    src = kernels()
+    B, Hq, D = out.shape
+    Hk, S = k.shape[1], k.shape[2]
     rep = Hq // Hk
     f32 = torch.float32
     pacc = torch.empty((splits, B, Hq, D), dtype=f32, device=q.device) if splits > 1 else out
     pm = torch.empty((splits, B, Hq), dtype=f32, device=q.device) if splits > 1 else out
     pl = torch.empty_like(pm) if splits > 1 else out
     src.wide_decode_attention_kernel[(B, Hk, splits)](
-        q, k, v, lens, mask if mask is not None else lens, out, pacc, pm, pl,
-        Hq, G, D, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), D**-0.5, per,
-        REP=rep, BLOCK_H=max(16, _pow2(rep)), BLOCK_L=block_l, BLOCK_D=max(16, _pow2(D)),
-        HAS_MASK=mask is not None, SPLIT=splits, PRECISE=_precise(q.dtype), num_warps=4)
+        q, k, v, lens if lens is not None else out, allowed if allowed is not None else out,
+        mask if mask is not None else out, out, pacc, pm, pl,
+        Hq, G, D, rep, S, 0 if allowed is None else allowed.stride(0), q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), D**-0.5, per,
+        BLOCK_H=max(16, _pow2(rep)), BLOCK_L=block_l, BLOCK_D=max(16, _pow2(D)),
+        HAS_MASK=mask is not None, HAS_ALLOWED=allowed is not None, PARTIAL=splits > 1, PRECISE=_precise(q.dtype),
+        num_warps=4)
     if splits > 1:
         src.wide_attention_reduce_kernel[(B * Hq,)](pacc, pm, pl, out, splits, B * Hq, D,
                                                    BLOCK_S=max(2, _pow2(splits)), BLOCK_D=max(16, _pow2(D)),
                                                    num_warps=4)
-    return out
 
 
 BLOCK_M = 64  # queries per prefill tile
@@ -129,13 +143,14 @@ def prefill_attention(q, k, v, head_mask=None, group_heads: int = 1, past_len: O
 
 
 def masked_attention_op(q, k, v, allowed, head_mask, group_heads: int, *, causal: bool = True,
-                        block_m: int = BLOCK_M, block_n: int = BLOCK_N):
+                        block_m: int = BLOCK_M, block_n: int = BLOCK_N, splits: Optional[int] = None):
     """WideMaskedAttention as the ONNX op and its TensorRT plugin state it (reference.wide_masked_attention):
     q [B, Hq, T, D], k / v [B, Hk, S, D] (past and new keys), allowed bool [B, 1, T, S], head_mask int
     [B, T, Hq / group_heads] or None; returns [B, Hq, T, D]. A key not allowed is scored float32's lowest
     value, so a row allowed no key gets the mean of v over all S keys, as the model's attention gives it.
     causal (the op's contract: allowed is false after each query's position S - T + t): those keys are
-    not scored at all."""
+    not scored at all. One query (T = 1, decode) runs the decode kernel, split over the keys (`splits`, planned
+    from the sizes unless given); more run the tile kernel."""
     import torch
 
     from wide_export.kernels.launch import _precise, kernels
@@ -158,6 +173,11 @@ def masked_attention_op(q, k, v, allowed, head_mask, group_heads: int, *, causal
     ok = allowed.to(torch.bool)
     ok = (ok if ok.stride(-1) == 1 else ok.contiguous()).view(torch.uint8)
     out = torch.empty((B, Hq, T, D), dtype=q.dtype, device=q.device)
+    if T == 1:
+        plan = plan_splits(B, Hk, S) if splits is None else (splits, -(-max(1, -(-S // BLOCK_L)) // splits))
+        _decode(q[:, :, 0], k, v, None, ok[:, 0, 0], None if mask is None else mask.reshape(B, G), out.view(B, Hq, D),
+                -(-max(1, -(-S // BLOCK_L)) // plan[1]), plan[1], BLOCK_L, G)
+        return out
     kernels().wide_masked_attention_kernel[(-(-T // block_m), B * Hq)](
         q, k, v, ok, mask if mask is not None else out, out, T, S, Hq, G, D, Hq // Hk,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

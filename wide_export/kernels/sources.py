@@ -460,16 +460,22 @@ def wide_apply_mask_kernel(src_ptr, src2_ptr, dst_ptr, mask_ptr, M, N, G, group_
 # q / k / v rows are D elements apart (head_dim contiguous); batch and head strides are arguments, so a
 # preallocated KV cache is read in place. Softmax in float32 with the running maximum (online softmax).
 
+ATTENTION_FLOOR = tl.constexpr(-3.4028234663852886e38)  # float32's lowest: the score the model gives a key it may not see
+
+
 @triton.jit(do_not_specialize=["blocks_per_split"])
-def wide_decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, out_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                                 Hq, G, D, sqb, sqh, skb, skh, svb, svh, scale, blocks_per_split,
-                                 REP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr,
-                                 BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, SPLIT: tl.constexpr,
+def wide_decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, allowed_ptr, mask_ptr, out_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                                 Hq, G, D, REP, S, sab, sqb, sqh, skb, skh, svb, svh, scale, blocks_per_split,
+                                 BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 HAS_MASK: tl.constexpr, HAS_ALLOWED: tl.constexpr, PARTIAL: tl.constexpr,
                                  PRECISE: tl.constexpr):
-    """Decode: one query per sequence. Program (sequence b, KV head kh, split s) scores the REP query heads of
-    kh that are active against keys [s * blocks_per_split * BLOCK_L, ...) of the sequence's length; a KV head
-    none of whose query heads is active loads no key or value. SPLIT 1: writes out (skipped heads 0); more:
-    float32 partials (acc, running max, sum) that wide_attention_reduce_kernel combines."""
+    """Decode: one query per sequence. Program (sequence b, KV head kh, split s) scores the REP (<= BLOCK_H) query
+    heads of kh that are active against keys [s * blocks_per_split * BLOCK_L, ...) of the sequence's length; a
+    KV head none of whose query heads is active loads no key or value. HAS_ALLOWED (WideMaskedAttention): every
+    sequence has S keys and allowed [B, 1, 1, S] (bytes, batch stride sab) says which it may see; a key not
+    allowed is scored float32's lowest value, so a row allowed none gets the mean of every value (the reduce
+    kernel keeps that across splits). Without PARTIAL: writes out (skipped heads 0); with it: float32 partials
+    (acc, running max, sum) that wide_attention_reduce_kernel combines."""
     b = tl.program_id(0)
     kh = tl.program_id(1)
     s = tl.program_id(2)
@@ -483,10 +489,13 @@ def wide_decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, out_ptr
         h_ok = h_in & (keep != 0)
     active = tl.sum(h_ok.to(tl.int32), axis=0)
     d_ok = rd < D
-    L = tl.load(len_ptr + b)
+    if HAS_ALLOWED:
+        L = S
+    else:
+        L = tl.load(len_ptr + b)
     start = s * blocks_per_split * BLOCK_L
     end = tl.minimum(start + blocks_per_split * BLOCK_L, L)
-    m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    m_i = tl.full([BLOCK_H], ATTENTION_FLOOR, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     if active > 0:
@@ -497,36 +506,38 @@ def wide_decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, out_ptr
             kt = tl.load(k_ptr + b * skb + kh * skh + rl[None, :] * D + rd[:, None],
                          mask=l_ok[None, :] & d_ok[:, None], other=0.0)
             sc = _mma(q, kt, tl.zeros([BLOCK_H, BLOCK_L], tl.float32), PRECISE) * scale
-            sc = tl.where(l_ok[None, :], sc, -1.0e30)
+            if HAS_ALLOWED:
+                seen = tl.load(allowed_ptr + b * sab + rl, mask=l_ok, other=0)
+                sc = tl.where((seen != 0)[None, :], sc, ATTENTION_FLOOR)
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            p = tl.exp(sc - m_new[:, None])
+            p = tl.where(l_ok[None, :], tl.exp(sc - m_new[:, None]), 0.0)
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             vt = tl.load(v_ptr + b * svb + kh * svh + rl[:, None] * D + rd[None, :],
                          mask=l_ok[:, None] & d_ok[None, :], other=0.0)
             acc = _mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISE)
             m_i = m_new
-    if SPLIT == 1:
-        o = tl.where(h_ok[:, None] & (l_i[:, None] > 0), acc / tl.maximum(l_i, 1.0e-30)[:, None], 0.0)
-        tl.store(out_ptr + (b * Hq + h)[:, None] * D + rd[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=h_in[:, None] & d_ok[None, :])
-    else:
+    if PARTIAL:
         row = (s * tl.num_programs(0) + b) * Hq + h  # partials [SPLIT, B, Hq, (D)]
         tl.store(pacc_ptr + row[:, None] * D + rd[None, :], acc, mask=h_in[:, None] & d_ok[None, :])
         tl.store(pm_ptr + row, m_i, mask=h_in)
         tl.store(pl_ptr + row, tl.where(h_ok, l_i, 0.0), mask=h_in)
+    else:
+        o = tl.where(h_ok[:, None] & (l_i[:, None] > 0), acc / tl.maximum(l_i, 1.0e-30)[:, None], 0.0)
+        tl.store(out_ptr + (b * Hq + h)[:, None] * D + rd[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=h_in[:, None] & d_ok[None, :])
 
 
 @triton.jit
 def wide_attention_reduce_kernel(pacc_ptr, pm_ptr, pl_ptr, out_ptr, S, BH, D,
                                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """out[row] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits, in split order; a row no
-    split summed (a skipped head) is 0."""
+    split summed (a skipped head) is 0; a row allowed no key in any split (every m_s the floor) averages them all."""
     row = tl.program_id(0)
     rs = tl.arange(0, BLOCK_S)
     rd = tl.arange(0, BLOCK_D)
     s_ok = rs < S
-    m = tl.load(pm_ptr + rs * BH + row, mask=s_ok, other=-1.0e30)
+    m = tl.load(pm_ptr + rs * BH + row, mask=s_ok, other=ATTENTION_FLOOR)
     l_s = tl.load(pl_ptr + rs * BH + row, mask=s_ok, other=0.0)
     w = tl.where(s_ok, tl.exp(m - tl.max(m, axis=0)), 0.0)
     den = tl.sum(w * l_s, axis=0)
@@ -584,9 +595,6 @@ def wide_prefill_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, T, S, 
     o = tl.where(keep[:, None] & (l_i[:, None] > 0), acc / tl.maximum(l_i, 1.0e-30)[:, None], 0.0)
     tl.store(out_ptr + ((b * T + rm) * Hq + h)[:, None] * D + rd[None, :], o.to(out_ptr.dtype.element_ty),
              mask=m_ok[:, None] & d_ok[None, :])
-
-
-ATTENTION_FLOOR = tl.constexpr(-3.4028234663852886e38)  # float32's lowest: the score the model gives a key it may not see
 
 
 @triton.jit

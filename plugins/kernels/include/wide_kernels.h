@@ -132,8 +132,12 @@ int wide_gemm_k(const wide_gemm_params_t* p, void* workspace, size_t workspace_s
 // WideMaskedAttention (docs/opset.md) under the op's causal contract (allowed is 0 after each query's position
 // S - T + t; those keys are not scored): y = softmax(q k^T / sqrt(D), keys not allowed at float32's lowest) v, a
 // row allowed no key the mean of v over all S keys, and y[b, h, t] = 0 where head_mask[b, t, h / group_heads]
-// is 0 (a tile of 64 queries none of which keeps h's group computes nothing). All tensors contiguous; q, k, v
-// and y of `dtype`; D <= 128. No workspace. API version 5.
+// is 0. All tensors contiguous; q, k, v and y of `dtype`; D <= 128. API version 5.
+// T > 1 (prefill): tiles of 64 queries x one head; a tile none of whose queries keeps h's group computes nothing.
+// T == 1 (decode, Hq / Hk <= 16): one program per (sequence, KV head, split of the keys) over the KV head's active
+// query heads, so a KV head none of whose query heads is active reads no key; split over the keys to fill the GPU
+// when the workspace holds the float32 partials (wide_masked_attention_workspace_size at the largest B and S),
+// else one split.
 typedef struct {
   int64_t B, Hq, Hk, T, S, D;     // S >= T: the past and the new keys
   int64_t group_heads;            // query heads per attention group; Hq % group_heads == 0, Hq % Hk == 0
@@ -147,9 +151,14 @@ typedef struct {
 } wide_attention_params_t;
 
 size_t wide_attention_params_sizeof(void);
-// What wide_masked_attention would launch on compute capability `arch` ("key@variant grid=XxYxZ"), without CUDA.
-int wide_masked_attention_describe(const wide_attention_params_t* p, int arch, char* out, size_t out_size);
-int wide_masked_attention(const wide_attention_params_t* p, cudaStream_t stream);
+// Workspace for every call with at most p's B and S (p's other sizes); 0 when none splits.
+size_t wide_masked_attention_workspace_size(const wide_attention_params_t* p);
+// What wide_masked_attention would launch on compute capability `arch` ("key@variant grid=XxYxZ" per launch,
+// space-separated), without CUDA.
+int wide_masked_attention_describe(const wide_attention_params_t* p, int arch, void* workspace, size_t workspace_size,
+                                   char* out, size_t out_size);
+int wide_masked_attention(const wide_attention_params_t* p, void* workspace, size_t workspace_size,
+                          cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -117,6 +118,10 @@ constexpr int kRouterSplitBlockH = 16;
 constexpr int kRouterBlockM = 16;
 constexpr int kAttnBlockM = 64;    // WideMaskedAttention: queries per program (configs.ATTENTION_BLOCK_M)
 constexpr int kAttnBlockDs[] = {64, 128}; // head sizes of its cubins (configs.ATTENTION_BLOCK_DS)
+constexpr int kAttnDecodeBlockH = 16;   // one query: query heads of a KV head in one tile (configs.ATTENTION_DECODE_BLOCK_H)
+constexpr int kAttnDecodeBlockL = 64;   // keys per decode step (configs.ATTENTION_DECODE_BLOCK_L)
+constexpr int kAttnMaxSplits = 64;      // decode splits over the keys at most (configs.ATTENTION_MAX_SPLITS)
+constexpr int kAttnTargetPrograms = 264; // decode programs a call aims at (configs.ATTENTION_TARGET_PROGRAMS)
 constexpr int kRouterBlockRs[] = {16, 32, 64, 128, 256};
 constexpr int kCastBlock = 1024;
 constexpr int kTileBlockM = 64;
@@ -1120,16 +1125,35 @@ int gemm(int op, wide_gemm_params_t const* p, void* ws, size_t wsSize, cudaStrea
     return run(steps, arch, stream);
 }
 
-int attentionPlan(wide_attention_params_t const* p, Plan& plan)
+//! (splits, key tiles per split) of a decode call: attention.plan_splits.
+std::pair<int64_t, int64_t> attnSplits(int64_t B, int64_t Hk, int64_t S)
+{
+    int64_t const tiles = std::max<int64_t>(1, (S + kAttnDecodeBlockL - 1) / kAttnDecodeBlockL);
+    int64_t splits = std::max<int64_t>(1,
+        std::min<int64_t>({tiles, kAttnTargetPrograms / std::max<int64_t>(1, B * Hk), int64_t{kAttnMaxSplits}}));
+    int64_t const per = (tiles + splits - 1) / splits;
+    return {(tiles + per - 1) / per, per};
+}
+
+//! Workspace of a decode call split `splits` ways: float32 partials acc [splits, B, Hq, D], max and sum
+//! [splits, B, Hq] (none for one split).
+size_t attnPartialBytes(int64_t splits, int64_t B, int64_t Hq, int64_t D)
+{
+    if (splits <= 1)
+        return 0;
+    size_t const rows = static_cast<size_t>(splits) * B * Hq;
+    return align256(rows * D * 4) + 2 * align256(rows * 4);
+}
+
+int attentionCheck(wide_attention_params_t const* p, int& blockD)
 {
     if (!p || !p->q || !p->k || !p->v || !p->allowed || !p->head_mask || !p->y || p->B <= 0 || p->Hq <= 0
         || p->Hk <= 0 || p->T <= 0 || p->S < p->T || p->D <= 0 || p->group_heads <= 0 || p->Hq % p->Hk
         || p->Hq % p->group_heads)
         return WIDE_ERR_INVALID_ARGUMENT;
-    char const* dt = dtypeName(p->dtype);
-    if (!dt)
+    if (!dtypeName(p->dtype))
         return WIDE_ERR_UNSUPPORTED_DTYPE;
-    int blockD = 0;
+    blockD = 0;
     for (int d : kAttnBlockDs)
     {
         if (!blockD && p->D <= d)
@@ -1137,19 +1161,63 @@ int attentionPlan(wide_attention_params_t const* p, Plan& plan)
     }
     int64_t const big = int64_t{1} << 31;
     if (!blockD || p->B * p->Hq >= 65536 || p->B * p->Hq * p->T * p->D >= big || p->B * p->Hk * p->S * p->D >= big
-        || p->B * p->T * p->S >= big)
+        || p->B * p->T * p->S >= big || int64_t{kAttnMaxSplits} * p->B * p->Hq * p->D >= big)
         return WIDE_ERR_INVALID_ARGUMENT; // head size over the cubins', a grid or an offset past int32
-    int64_t const T = p->T, S = p->S, D = p->D;
+    return WIDE_OK;
+}
+
+//! One query per sequence with a GQA ratio the decode tile holds: the decode kernel, split over the keys
+//! when the workspace holds the partials (else one split), then the reduction.
+bool attnDecodes(wide_attention_params_t const* p)
+{
+    return p->T == 1 && p->Hq / p->Hk <= kAttnDecodeBlockH;
+}
+
+int attentionPlan(wide_attention_params_t const* p, void* ws, size_t wsSize, Plan& plan)
+{
+    int blockD = 0;
+    if (int s = attentionCheck(p, blockD))
+        return s;
+    std::string const dt = dtypeName(p->dtype);
+    std::string const dsuffix = "/d" + std::to_string(blockD);
+    int64_t const T = p->T, S = p->S, D = p->D, B = p->B, Hq = p->Hq, Hk = p->Hk;
+    float const scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    if (attnDecodes(p))
+    {
+        auto sp = attnSplits(B, Hk, S);
+        size_t const need = attnPartialBytes(sp.first, B, Hq, D);
+        if (need && (!ws || wsSize < need))
+            sp = {1, (S + kAttnDecodeBlockL - 1) / kAttnDecodeBlockL}; // no room for partials: one split
+        bool const split = sp.first > 1;
+        size_t const rows = static_cast<size_t>(sp.first) * B * Hq;
+        void* pacc = split ? ws : p->y;
+        void* pm = split ? static_cast<char*>(ws) + align256(rows * D * 4) : p->y;
+        void* pl = split ? static_cast<char*>(pm) + align256(rows * 4) : p->y;
+        Args a;
+        a.ptr(p->q).ptr(p->k).ptr(p->v).ptr(p->y).ptr(p->allowed).ptr(p->head_mask).ptr(p->y).ptr(pacc).ptr(pm).ptr(pl);
+        a.i32(Hq).i32(Hq / p->group_heads).i32(D).i32(Hq / Hk).i32(S).i32(S);      // Hq, G, D, REP, S, sab
+        a.i32(Hq * D).i32(D).i32(Hk * S * D).i32(S * D).i32(Hk * S * D).i32(S * D); // q [B, Hq, 1, D]; k, v
+        a.f32(scale).i32(sp.second);
+        plan.push_back(kernel("masked_decode/" + dt + dsuffix + (split ? "/split" : ""), static_cast<unsigned>(B),
+            static_cast<unsigned>(Hk), static_cast<unsigned>(sp.first), std::move(a)));
+        if (split)
+        {
+            Args r;
+            r.ptr(pacc).ptr(pm).ptr(pl).ptr(p->y).i32(sp.first).i32(B * Hq).i32(D);
+            plan.push_back(kernel("attention_reduce/" + dt + dsuffix, static_cast<unsigned>(B * Hq), 1, 1, std::move(r)));
+        }
+        return WIDE_OK;
+    }
     Args a;
     a.ptr(p->q).ptr(p->k).ptr(p->v).ptr(p->allowed).ptr(p->head_mask).ptr(p->y);
-    a.i32(T).i32(S).i32(p->Hq).i32(p->Hq / p->group_heads).i32(D).i32(p->Hq / p->Hk);
-    a.i32(p->Hq * T * D).i32(T * D).i32(D);                           // q [B, Hq, T, D]
-    a.i32(p->Hk * S * D).i32(S * D).i32(p->Hk * S * D).i32(S * D);    // k, v [B, Hk, S, D]
-    a.i32(T * S).i32(S);                                              // allowed [B, 1, T, S]
-    a.i32(p->Hq * T * D).i32(T * D).i32(D);                           // y [B, Hq, T, D]
-    a.f32(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
-    plan.push_back(kernel(std::string("masked_attention/") + dt + "/d" + std::to_string(blockD), cdiv(T, kAttnBlockM),
-        static_cast<unsigned>(p->B * p->Hq), 1, std::move(a)));
+    a.i32(T).i32(S).i32(Hq).i32(Hq / p->group_heads).i32(D).i32(Hq / Hk);
+    a.i32(Hq * T * D).i32(T * D).i32(D);                     // q [B, Hq, T, D]
+    a.i32(Hk * S * D).i32(S * D).i32(Hk * S * D).i32(S * D); // k, v [B, Hk, S, D]
+    a.i32(T * S).i32(S);                                     // allowed [B, 1, T, S]
+    a.i32(Hq * T * D).i32(T * D).i32(D);                     // y [B, Hq, T, D]
+    a.f32(scale);
+    plan.push_back(kernel("masked_attention/" + dt + dsuffix, cdiv(T, kAttnBlockM), static_cast<unsigned>(B * Hq), 1,
+        std::move(a)));
     return WIDE_OK;
 }
 
@@ -1328,10 +1396,22 @@ size_t wide_attention_params_sizeof(void)
     return sizeof(wide_attention_params_t);
 }
 
-int wide_masked_attention_describe(wide_attention_params_t const* p, int arch, char* out, size_t out_size)
+size_t wide_masked_attention_workspace_size(wide_attention_params_t const* p)
+{
+    int blockD = 0;
+    if (attentionCheck(p, blockD) || p->T != 1 || !attnDecodes(p))
+        return 0;
+    size_t most = 0; // the partials of every batch up to B over S keys (more keys never split fewer ways)
+    for (int64_t b = 1; b <= p->B; ++b)
+        most = std::max(most, attnPartialBytes(attnSplits(b, p->Hk, p->S).first, b, p->Hq, p->D));
+    return most;
+}
+
+int wide_masked_attention_describe(wide_attention_params_t const* p, int arch, void* workspace, size_t workspace_size,
+    char* out, size_t out_size)
 {
     Plan steps;
-    if (int s = attentionPlan(p, steps))
+    if (int s = attentionPlan(p, workspace, workspace_size, steps))
         return s;
     std::string const text = describe(steps, arch);
     if (!out || out_size <= text.size())
@@ -1341,10 +1421,10 @@ int wide_masked_attention_describe(wide_attention_params_t const* p, int arch, c
     return WIDE_OK;
 }
 
-int wide_masked_attention(wide_attention_params_t const* p, cudaStream_t stream)
+int wide_masked_attention(wide_attention_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
 {
     Plan steps;
-    if (int s = attentionPlan(p, steps)) // before any CUDA call
+    if (int s = attentionPlan(p, workspace, workspace_size, steps)) // before any CUDA call
         return s;
     int arch = 0;
     if (int s = deviceArch(arch))

@@ -5,6 +5,7 @@
 #include "masked_attention_plugin.h"
 
 #include <climits>
+#include <cstdint>
 
 namespace wide
 {
@@ -88,24 +89,41 @@ void MaskedAttentionPlugin::validateDims(Dims const* in, Dims const& out) const
     check(out.nbDims == 4, name(), "the output must be [B, Hq, T, D]");
 }
 
-size_t MaskedAttentionPlugin::workspaceFor(Dims const* /*inputs*/, DataType /*type*/) const
+namespace
 {
-    return 0;
+//! The kernel's sizes of these dims (pointers left null, dtype float16: the workspace depends on neither).
+wide_attention_params_t sizesOf(Dims const* in, int64_t groupHeads)
+{
+    wide_attention_params_t p{};
+    p.B = in[0].d[0];
+    p.Hq = in[0].d[1];
+    p.T = in[0].d[2];
+    p.D = in[0].d[3];
+    p.Hk = in[1].d[1];
+    p.S = in[1].d[2];
+    p.group_heads = groupHeads;
+    p.dtype = WIDE_FLOAT16;
+    return p;
+}
+} // namespace
+
+size_t MaskedAttentionPlugin::workspaceFor(Dims const* in, DataType /*type*/) const
+{
+    // decode (one query): the float32 partials of the split over the keys, at the largest batch and keys
+    wide_attention_params_t p = sizesOf(in, field("group_heads"));
+    void const* const fake = reinterpret_cast<void const*>(uintptr_t{256}); // sizes only: never dereferenced
+    p.q = p.k = p.v = fake;
+    p.allowed = static_cast<uint8_t const*>(fake);
+    p.head_mask = static_cast<int32_t const*>(fake);
+    p.y = const_cast<void*>(fake);
+    return wide_masked_attention_workspace_size(&p);
 }
 
 void MaskedAttentionPlugin::run(PluginTensorDesc const* inputDesc, PluginTensorDesc const& /*outputDesc*/,
-    void const* const* inputs, void* output, void* /*workspace*/, size_t /*workspaceSize*/, cudaStream_t stream) const
+    void const* const* inputs, void* output, void* workspace, size_t workspaceSize, cudaStream_t stream) const
 {
-    Dims const& q = inputDesc[0].dims;
-    Dims const& k = inputDesc[1].dims;
-    wide_attention_params_t p{};
-    p.B = q.d[0];
-    p.Hq = q.d[1];
-    p.T = q.d[2];
-    p.D = q.d[3];
-    p.Hk = k.d[1];
-    p.S = k.d[2];
-    p.group_heads = field("group_heads");
+    Dims const dims[2] = {inputDesc[0].dims, inputDesc[1].dims};
+    wide_attention_params_t p = sizesOf(dims, field("group_heads"));
     p.q = inputs[0];
     p.k = inputs[1];
     p.v = inputs[2];
@@ -113,7 +131,7 @@ void MaskedAttentionPlugin::run(PluginTensorDesc const* inputDesc, PluginTensorD
     p.head_mask = static_cast<int32_t const*>(inputs[4]);
     p.y = output;
     p.dtype = toWideDtype(inputDesc[0].type);
-    checkKernel(name(), wide_masked_attention(&p, stream));
+    checkKernel(name(), wide_masked_attention(&p, workspace, workspaceSize, stream));
 }
 
 } // namespace trt
