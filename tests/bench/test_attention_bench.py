@@ -18,12 +18,14 @@ def test_tiny_rows_on_cpu():
     assert all(r.skipped == 0.0 for r in rows if r.sparsity == 0.0)
     assert all(0.1 < r.skipped < 0.9 for r in rows if r.sparsity == 0.5)
     assert all(r.dense_ms > 0 and r.wide_ms > 0 and r.speedup == r.dense_ms / r.wide_ms for r in rows)
-    assert rows_json(rows)[0]["speedup"] == rows[0].speedup
+    assert all(r.op_ms > 0 and r.op_speedup == r.dense_ms / r.op_ms for r in rows)  # the plugin's kernel
+    assert rows_json(rows)[0]["speedup"] == rows[0].speedup and rows_json(rows)[0]["op_speedup"] == rows[0].op_speedup
     from rich.console import Console
 
     console = Console(record=True, width=200)
     console.print(attention_table(rows, "CPU", interpreter=True))
-    assert "timings mean nothing" in " ".join(console.export_text().split())
+    text = " ".join(console.export_text().split())
+    assert "timings mean nothing" in text and "op vs SDPA" in text
 
 
 def test_the_gpu_case_sets_are_the_ones_asked_for():

@@ -508,22 +508,30 @@ def test_log_goes_to_the_triton_logger_where_there_is_one(gm, monkeypatch):
     assert logged == ["hello"]
 
 
-def test_load_sibling_loads_each_module_once(gm):
-    """A sibling file is executed once, under a key of its path; (under mutmut the tests take the siblings
-    from the package, tests/triton/support.py: the original function is kept as file_load_sibling)."""
+def test_load_sibling_loads_each_module_once(tiny_repo):
+    """In a repository (model.py loaded from its file, as Triton's Python backend does, outside any package) a
+    sibling file is executed once, under a key of its path; the package's own module takes the package's."""
+    import importlib
+    import importlib.util
     import os
     import sys
 
-    load = getattr(gm, "file_load_sibling", gm.load_sibling)
-    first = load("textgen")
-    assert load("textgen") is first
-    path = os.path.join(os.path.dirname(os.path.abspath(gm.__file__)), "textgen.py")
+    folder = tiny_repo / "wide_llm" / "1"
+    spec = importlib.util.spec_from_file_location(f"wide_sibling_test_{abs(hash(str(folder)))}", folder / "model.py")
+    model = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = model
+    spec.loader.exec_module(model)
+    first = model.load_sibling("textgen")
+    assert model.load_sibling("textgen") is first
+    path = os.path.join(str(folder), "textgen.py")
     key = f"wide_textgen_{abs(hash(path))}"
     assert sys.modules[key] is first and first.__file__ == path
     assert first.RowOutput.__module__ == key  # its dataclasses found their module while it executed
-    assert load("metrics") is not first and load("metrics").__file__.endswith("metrics.py")
-    if "MUTANT_UNDER_TEST" not in os.environ:
-        assert gm.load_inflight() is gm.load_sibling("inflight")
+    assert model.load_sibling("metrics") is not first and model.load_sibling("metrics").__file__.endswith("metrics.py")
+    assert model.load_inflight() is model.load_sibling("inflight")
+    assert model.Row is model.load_sibling("rows").Row and model.C is model.load_sibling("contract")
+    package = importlib.import_module("wide_export.triton.generation_model")
+    assert package.load_sibling("textgen") is importlib.import_module("wide_export.triton.textgen")
 
 
 def test_device_torch_says_what_this_python_lacks(gm, monkeypatch):

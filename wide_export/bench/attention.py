@@ -5,8 +5,10 @@ group), at a sparsity of the attention groups and at 0 %.
 
 Cases: prefill of 4k and 16k tokens (one sequence, causal, per-token masks) and decode of one query per
 sequence at batch 1 / 16 / 64 over a past of 4k and 32k (the cache preallocated, every sequence at that
-length). A GPU runs them; on CPU the kernels only run in Triton's interpreter, so `tiny` cases stand in (their
-timings mean nothing and the table says so)."""
+length). A third column times the TensorRT plugin's kernel (`masked_attention_op`: the ONNX op's layout, the
+model's `allowed` mask read as bytes; decode through the split decode kernel) on the same inputs. A GPU runs
+them; on CPU the kernels only run in Triton's interpreter, so `tiny` cases stand in (their timings mean nothing
+and the table says so)."""
 
 from __future__ import annotations
 
@@ -32,10 +34,15 @@ class AttentionRow:
     skipped: float  # measured fraction of (token, group) pairs skipped
     dense_ms: float  # torch SDPA, every head
     wide_ms: float  # WIDE's kernel, skipped heads left out
+    op_ms: float = 0.0  # the plugin's kernel (WideMaskedAttention as the op states it: allowed mask, op layout)
 
     @property
     def speedup(self) -> float:
         return self.dense_ms / self.wide_ms if self.wide_ms > 0 else 0.0
+
+    @property
+    def op_speedup(self) -> float:
+        return self.dense_ms / self.op_ms if self.op_ms > 0 else 0.0
 
 
 def _inputs(B, T, P, heads, dtype, device, gen, sparsity):
@@ -57,7 +64,7 @@ def run_attention_bench(cuda: bool, sparsity: float = 0.5, dtype: str = "bf16", 
     import torch.nn.functional as F
 
     from wide_export.bench.common import time_ms
-    from wide_export.kernels.attention import decode_attention, prefill_attention
+    from wide_export.kernels.attention import decode_attention, masked_attention_op, prefill_attention
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     heads = HEADS if cuda else TINY_HEADS
@@ -71,7 +78,13 @@ def run_attention_bench(cuda: bool, sparsity: float = 0.5, dtype: str = "bf16", 
                 progress(f"attention {phase} batch {B}, {T} tokens after {P}, {s:.0%} skipped")
             q, k, v, mask = _inputs(B, T, P, heads, torch_dtype, device, gen, s)
             gh = heads["group_heads"]
-            qh = q.transpose(1, 2)  # [B, Hq, T, D] for SDPA
+            qh = q.transpose(1, 2)  # [B, Hq, T, D] for SDPA and the op
+            S = k.shape[2]
+            allowed = (torch.arange(S, device=device)[None, :] <= (S - T + torch.arange(T, device=device))[:, None]
+                       ).expand(B, 1, T, S)  # the model's mask: causal, no padding
+
+            def op(_i):
+                return masked_attention_op(qh, k, v, allowed, mask, gh)
             if phase == "decode":
                 q1, m1 = q[:, 0], mask[:, 0]
 
@@ -89,7 +102,8 @@ def run_attention_bench(cuda: bool, sparsity: float = 0.5, dtype: str = "bf16", 
             n = reps if cuda else 1
             rows.append(AttentionRow(phase, B, T, P, s, 1.0 - float(mask.float().mean()),
                                      time_ms(dense, n, warmup if cuda else 1, cuda),
-                                     time_ms(wide, n, warmup if cuda else 1, cuda)))
+                                     time_ms(wide, n, warmup if cuda else 1, cuda),
+                                     time_ms(op, n, warmup if cuda else 1, cuda)))
     return rows
 
 
@@ -100,13 +114,14 @@ def attention_table(rows: list[AttentionRow], device: str, interpreter: bool):
     if interpreter:
         title += ": Triton interpreter, timings mean nothing"
     table = Table(title=title)
-    for col in ("phase", "batch", "tokens", "past", "skipped", "SDPA ms", "WIDE ms", "WIDE vs SDPA"):
+    for col in ("phase", "batch", "tokens", "past", "skipped", "SDPA ms", "WIDE ms", "WIDE vs SDPA", "op ms",
+                "op vs SDPA"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     for r in rows:
         table.add_row(r.phase, str(r.batch), str(r.tokens), str(r.past), f"{r.skipped:.0%}", f"{r.dense_ms:.3f}",
-                      f"{r.wide_ms:.3f}", f"{r.speedup:.2f}x")
+                      f"{r.wide_ms:.3f}", f"{r.speedup:.2f}x", f"{r.op_ms:.3f}", f"{r.op_speedup:.2f}x")
     return table
 
 
 def rows_json(rows: list[AttentionRow]) -> list[dict]:
-    return [{**asdict(r), "speedup": r.speedup} for r in rows]
+    return [{**asdict(r), "speedup": r.speedup, "op_speedup": r.op_speedup} for r in rows]
