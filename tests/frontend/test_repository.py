@@ -37,7 +37,9 @@ def write_model(repo: Path, name: str, max_total: int = 128) -> Path:
     version = repo / name / "1"
     version.mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n')
-    (version / "generation.json").write_text(json.dumps({"max_total_tokens": max_total, "vocab_size": 7}))
+    settings = {"flavour": "onnxruntime", "num_layers": 1, "num_kv_heads": 1, "head_dim": 8, "vocab_size": 7,
+                "kv_dtype": "float32", "max_total_tokens": max_total, "io": {}}  # what repository.py writes, abridged
+    (version / "generation.json").write_text(json.dumps(settings))
     return version
 
 

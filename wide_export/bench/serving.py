@@ -452,13 +452,13 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path,
 
     from wide_export.frontend.runner import prepare_frontend
     from wide_export.triton.server import TritonServer
+    from wide_export.triton.settings import Settings
 
     frontend = prepare_frontend(repo, port=cfg.openai_port)
     model = frontend.models[0]
     try:
-        settings = json.loads((model.folder / "generation.json").read_text())
-        vocab = int(settings["vocab_size"])
-    except (OSError, KeyError, ValueError):
+        vocab = int(Settings.load(str(model.folder)).vocab_size)
+    except (OSError, TypeError, ValueError):
         frontend.stop()
         raise WideError(f"{model.folder} has no readable generation.json with vocab_size") from None
     decoupled = re.search(r"decoupled\s*:\s*true", (repo / model.triton_name / "config.pbtxt").read_text()) is not None

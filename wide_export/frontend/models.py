@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from wide_export.errors import WideError
+from wide_export.triton.settings import SETTINGS_FILE, Settings
 
-SETTINGS_FILE = "generation.json"  # = wide_export.triton.generation_model.SETTINGS_FILE (not imported: numpy)
 VERSION = "1"
 
 
@@ -64,9 +63,8 @@ def discover(repository: Path, served_model_name: Optional[str] = None) -> list[
     for folder in found:
         max_len = None
         try:
-            settings = json.loads((folder / VERSION / SETTINGS_FILE).read_text())
-            max_len = int(settings["max_total_tokens"]) if "max_total_tokens" in settings else None
-        except (OSError, ValueError, TypeError):
+            max_len = int(Settings.load(str(folder / VERSION)).max_total_tokens)
+        except (OSError, ValueError, TypeError):  # unreadable settings: the frontend does not bound the length
             pass
         models.append(ServedModel(name=served_model_name or folder.name, triton_name=folder.name,
                                   folder=folder / VERSION, max_model_len=max_len, slots=_max_batch_size(folder)))

@@ -224,8 +224,7 @@ def load_sibling(name: str):
 
 C = load_sibling("contract")  # the I/O contract: every tensor name this model reads and writes
 _settings, _rows, _ortstep = load_sibling("settings"), load_sibling("rows"), load_sibling("ortstep")
-SETTINGS_FILE, NP_DTYPES, Settings, StepFn = (_settings.SETTINGS_FILE, _settings.NP_DTYPES, _settings.Settings,
-                                              _settings.StepFn)
+SETTINGS_FILE, Settings, StepFn = _settings.SETTINGS_FILE, _settings.Settings, _settings.StepFn
 RequestError, Row, validate_row, choose_tokens = _rows.RequestError, _rows.Row, _rows.validate_row, _rows.choose_tokens
 ort_step, _bind_torch_input = _ortstep.ort_step, _ortstep._bind_torch_input
 # Called after every decode step with (step index, that step's token per row [rows]);

@@ -1,7 +1,8 @@
 """What a generation model's generation.json says (copied as `<model>/1/settings.py`; written by
 wide_export/triton/repository.py), and the step function type every runtime's step has.
 
-Self-contained (numpy only) like model.py, which loads it from its own folder."""
+Self-contained (the standard library only) like model.py, which loads it from its own folder; the one
+reader of generation.json (the OpenAI frontend and the serving benchmark read it through `Settings.load`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 SETTINGS_FILE = "generation.json"
-NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 
 
 @dataclass
