@@ -75,7 +75,8 @@ TESTS: dict[str, list[str]] = {
     # model.py's siblings split off from it: the same tests reach them through model.py's names
     "wide_export/triton/settings.py": ["tests/triton/test_generation_model_units.py",
                                        "tests/triton/test_triton_generation.py", "tests/triton/test_triton_bls.py",
-                                       "tests/triton/test_triton_bls_device.py"],
+                                       "tests/triton/test_triton_bls_device.py", "tests/frontend/test_models.py",
+                                       "tests/frontend/test_repository.py"],
     "wide_export/triton/rows.py": ["tests/triton/test_generation_model_units.py",
                                    "tests/triton/test_triton_generation.py",
                                    "tests/triton/test_triton_serving_limits.py"],

@@ -276,7 +276,7 @@ def record_policy(src: Path, dest: Optional[Path] = None) -> list[str]:
     """Merge a cpu-policy.json ({cpu model: entry}, written by `bench kernels --device cpu`) into
     wide_export/cpu/policy.json, dtype by dtype (a record of float16 alone keeps the model's float32 and
     bfloat16); returns the CPU models written. A malformed record: one WideError, dest untouched."""
-    from wide_export.cpu.ops import POLICY_FILE
+    from wide_export.cpu.ops import POLICY_FILE, read_table
 
     dest = dest or POLICY_FILE
     hint = "record the cpu-policy.json that `wide-export bench kernels --device cpu` wrote"
@@ -288,7 +288,7 @@ def record_policy(src: Path, dest: Optional[Path] = None) -> list[str]:
         if model.startswith("_") or errs:
             raise WideError(f"{src} is not a valid CPU policy record: {model}: {(errs or ['reserved name'])[0]}",
                             hint=hint)
-    table = json.loads(dest.read_text())
+    table = read_table(dest)
     for model, entry in recorded.items():  # per dtype: a run of one dtype keeps the model's others
         table[model] = {**(table.get(model) or {}), **entry}
     tmp = dest.with_suffix(".json.tmp")

@@ -480,7 +480,7 @@ def record_policy(src: Path, dest: Optional[Path] = None) -> str:
     dest = dest or pol.POLICY_FILE
     hint = "record the policy-<arch>.json that `wide-export bench kernels` wrote on a GPU"
     recorded = read_record(src, hint)
-    table = json.loads(dest.read_text())
+    table = pol.read_table(dest)
     merged, errs = pol.merge_recorded(recorded, table)
     if errs:
         more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""

@@ -73,8 +73,13 @@ def isa() -> str:
 def policy(dtype: str = "float32") -> dict:
     """This CPU model's entry for weights of `dtype` (policy.json: masked_max_m, dense_union_min and
     masked_full_union_min_m; the `default` entry for a CPU model or dtype not measured)."""
-    table = json.loads(POLICY_FILE.read_text())
+    table = read_table()
     return table.get(cpu_model(), {}).get(dtype) or table["default"][dtype]
+
+
+def read_table(path: Path | None = None) -> dict:
+    """cpu/policy.json (or a copy at `path`) as it is on disk: the one reader of the file."""
+    return json.loads(Path(path or POLICY_FILE).read_text())
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,9 +49,14 @@ MAX_TILE_BUCKETS = 4  # prefill_tiles buckets per family the C runtime's table h
 DEVICE_NAME = re.compile(r"[A-Za-z0-9 ._()-]{1,64}")  # a GPU model name a device entry may carry (a C string)
 
 
+def read_table(path: Optional[Path] = None) -> dict[str, Any]:
+    """policy.json (or a copy at `path`) as it is on disk: the one reader of the file."""
+    return json.loads(Path(path or POLICY_FILE).read_text())
+
+
 @functools.lru_cache(maxsize=None)
 def _table() -> dict[str, Any]:
-    return json.loads(POLICY_FILE.read_text())
+    return read_table()
 
 
 def device_key(arch: str, device: str) -> str:
