@@ -14,8 +14,8 @@ from wide_export.errors import WideError
 from wide_export.kernels.attention import masked_attention_op
 from wide_export.ops.reference import attention, wide_masked_attention
 
-TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from .test_attention import DTYPES, _close
+from .test_attention import _mask as _head_mask
 
 
 def _allowed(B: int, T: int, S: int, pads) -> torch.Tensor:
@@ -27,23 +27,8 @@ def _allowed(B: int, T: int, S: int, pads) -> torch.Tensor:
     return causal[None, None] & keys[:, None, None, :]
 
 
-def _head_mask(kind: str, shape, gen):
-    if kind == "none":
-        return None
-    if kind == "all-on":
-        return torch.ones(shape, dtype=torch.int32)
-    if kind == "all-off":
-        return torch.zeros(shape, dtype=torch.int32)
-    return (torch.rand(shape, generator=gen) < 0.5).to(torch.int32)
-
-
 def _want(q, k, v, allowed, mask, gh):
     return attention(q, k, v, allowed) if mask is None else wide_masked_attention(q, k, v, allowed, mask, gh)
-
-
-def _close(got, want, dtype):
-    err = (got.float() - want.float()).abs().max().item()
-    assert err <= TOL[dtype] * max(1.0, want.float().abs().max().item()), err
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -217,7 +217,8 @@ def specs() -> list[Spec]:
                                _ptrs(dt, "q_ptr", "k_ptr", "v_ptr", "allowed_ptr", "mask_ptr", "out_ptr",
                                      allowed_ptr="*u8", mask_ptr="*i32"),
                                (("BLOCK_M", cfg.ATTENTION_BLOCK_M), ("BLOCK_N", cfg.ATTENTION_BLOCK_N), ("BLOCK_D", bd),
-                                ("HAS_MASK", True), ("CAUSAL", True), ("PRECISE", precise)), cfg.ATTENTION_WARPS,
+                                ("HAS_MASK", True), ("HAS_ALLOWED", True), ("CAUSAL", True), ("PRECISE", precise)),
+                               cfg.ATTENTION_WARPS,
                                cfg.ATTENTION_STAGES))
             for partial in (False, True):  # one query: the decode kernel, whole or split over the keys
                 out += _twins(Spec(f"masked_decode/{dtype}/d{bd}" + ("/split" if partial else ""),

@@ -134,11 +134,12 @@ def prefill_attention(q, k, v, head_mask=None, group_heads: int = 1, past_len: O
                         "pass the attention router's mask of these tokens")
     mask = None if head_mask is None else head_mask.reshape(B, T, G).to(torch.int32).contiguous()
     out = torch.empty((B, T, Hq, D), dtype=q.dtype, device=q.device)
-    kernels().wide_prefill_attention_kernel[(-(-T // block_m), B * Hq)](
-        q, k, v, mask if mask is not None else out, out, T, S, past, Hq, G, D,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1), D**-0.5,
-        REP=Hq // Hk, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(D)), HAS_MASK=mask is not None,
-        PRECISE=_precise(q.dtype), num_warps=4)
+    kernels().wide_masked_attention_kernel[(-(-T // block_m), B * Hq)](
+        q, k, v, out, mask if mask is not None else out, out, T, S, past, Hq, G, D, Hq // Hk,
+        q.stride(0), q.stride(2), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), 0, 0,
+        out.stride(0), out.stride(2), out.stride(1), D**-0.5,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(D)), HAS_MASK=mask is not None, HAS_ALLOWED=False,
+        CAUSAL=True, PRECISE=_precise(q.dtype), num_warps=4)
     return out
 
 
@@ -179,9 +180,9 @@ def masked_attention_op(q, k, v, allowed, head_mask, group_heads: int, *, causal
                 -(-max(1, -(-S // BLOCK_L)) // plan[1]), plan[1], BLOCK_L, G)
         return out
     kernels().wide_masked_attention_kernel[(-(-T // block_m), B * Hq)](
-        q, k, v, ok, mask if mask is not None else out, out, T, S, Hq, G, D, Hq // Hk,
+        q, k, v, ok, mask if mask is not None else out, out, T, S, S - T, Hq, G, D, Hq // Hk,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         ok.stride(0), ok.stride(2), out.stride(0), out.stride(1), out.stride(2), D**-0.5,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(D)), HAS_MASK=mask is not None, CAUSAL=causal,
-        PRECISE=_precise(q.dtype), num_warps=4)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(D)), HAS_MASK=mask is not None, HAS_ALLOWED=True,
+        CAUSAL=causal, PRECISE=_precise(q.dtype), num_warps=4)
     return out

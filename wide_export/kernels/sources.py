@@ -549,66 +549,19 @@ def wide_attention_reduce_kernel(pacc_ptr, pm_ptr, pl_ptr, out_ptr, S, BH, D,
 
 
 @triton.jit
-def wide_prefill_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, T, S, past, Hq, G, D,
-                                  sqb, sqt, sqh, skb, skh, svb, svh, scale,
-                                  REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, PRECISE: tl.constexpr):
-    """Prefill: program (query tile, b * Hq + h) attends BLOCK_M queries (positions past + t) of head h to the
-    keys up to each query's position (causal, GQA: KV head h // REP); a tile none of whose tokens keeps h's
-    group computes nothing. out [B, T, Hq, D] contiguous; a (token, head) whose group is skipped is 0."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    kh = h // REP
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    m_ok = rm < T
-    d_ok = rd < D
-    keep = m_ok
-    if HAS_MASK:
-        keep = m_ok & (tl.load(mask_ptr + (b * T + rm) * G + h // (Hq // G), mask=m_ok, other=0) != 0)
-    active = tl.sum(keep.to(tl.int32), axis=0)
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if active > 0:
-        q = tl.load(q_ptr + b * sqb + rm[:, None] * sqt + h * sqh + rd[None, :], mask=keep[:, None] & d_ok[None, :],
-                    other=0.0)
-        hi = tl.minimum(S, past + (pid_m + 1) * BLOCK_M)  # the tile's last query sees keys up to here
-        for n0 in range(0, hi, BLOCK_N):
-            rn = n0 + tl.arange(0, BLOCK_N)
-            n_ok = rn < hi
-            kt = tl.load(k_ptr + b * skb + kh * skh + rn[None, :] * D + rd[:, None], mask=n_ok[None, :] & d_ok[:, None],
-                         other=0.0)
-            sc = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PRECISE) * scale
-            allowed = n_ok[None, :] & (rn[None, :] <= past + rm[:, None])
-            sc = tl.where(allowed, sc, -1.0e30)
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            p = tl.where(allowed, tl.exp(sc - m_new[:, None]), 0.0)
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            vt = tl.load(v_ptr + b * svb + kh * svh + rn[:, None] * D + rd[None, :], mask=n_ok[:, None] & d_ok[None, :],
-                         other=0.0)
-            acc = _mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISE)
-            m_i = m_new
-    o = tl.where(keep[:, None] & (l_i[:, None] > 0), acc / tl.maximum(l_i, 1.0e-30)[:, None], 0.0)
-    tl.store(out_ptr + ((b * T + rm) * Hq + h)[:, None] * D + rd[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def wide_masked_attention_kernel(q_ptr, k_ptr, v_ptr, allowed_ptr, mask_ptr, out_ptr, T, S, Hq, G, D, REP,
+def wide_masked_attention_kernel(q_ptr, k_ptr, v_ptr, allowed_ptr, mask_ptr, out_ptr, T, S, past, Hq, G, D, REP,
                                  sqb, sqh, sqt, skb, skh, svb, svh, sab, sat, sob, soh, sot, scale,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISE: tl.constexpr):
-    """WideMaskedAttention as the ONNX op states it (reference.wide_masked_attention): program (query tile,
-    b * Hq + h) attends BLOCK_M of the T queries of head h (KV head h // REP) to the S keys allowed by
-    `allowed` [B, 1, T, S] (bytes, 0 = not allowed: scored with float32's lowest value, so a row allowed no
-    key gets the mean of v over all S keys, as the model's attention gives it). CAUSAL: allowed is 0 after
-    each query's position (S - T + t), so those keys are not scored; rows allowed nothing still average all
-    S values. A (token, head) whose group head_mask [B, T, G] skips is 0, and a tile none of whose tokens
-    keeps h's group computes nothing. head_dim contiguous in q, k, v, out; the other axes strided."""
+                                 HAS_MASK: tl.constexpr, HAS_ALLOWED: tl.constexpr, CAUSAL: tl.constexpr,
+                                 PRECISE: tl.constexpr):
+    """Prefill attention, and WideMaskedAttention as the ONNX op states it (reference.wide_masked_attention):
+    program (query tile, b * Hq + h) attends BLOCK_M of the T queries (positions past + t) of head h (KV head
+    h // REP) to the S keys. HAS_ALLOWED: the keys `allowed` [B, 1, T, S] allows (bytes, 0 = not allowed:
+    scored with float32's lowest value, so a row allowed no key gets the mean of v over all S keys, as the
+    model's attention gives it); else the keys up to each query's position. CAUSAL: nothing after a query's
+    position is allowed, so those keys are not scored; rows allowed nothing still average all S values. A
+    (token, head) whose group head_mask [B, T, G] skips is 0, and a tile none of whose tokens keeps h's group
+    computes nothing. head_dim contiguous in q, k, v, out; the other axes strided."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hq
@@ -630,16 +583,19 @@ def wide_masked_attention_kernel(q_ptr, k_ptr, v_ptr, allowed_ptr, mask_ptr, out
                     other=0.0)
         hi = S
         if CAUSAL:
-            hi = tl.minimum(S, S - T + (pid_m + 1) * BLOCK_M)  # the tile's last query sees keys up to here
+            hi = tl.minimum(S, past + (pid_m + 1) * BLOCK_M)  # the tile's last query sees keys up to here
         for n0 in range(0, hi, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             n_ok = rn < S
             kt = tl.load(k_ptr + b * skb + kh * skh + rn[None, :] * D + rd[:, None], mask=n_ok[None, :] & d_ok[:, None],
                          other=0.0)
             sc = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PRECISE) * scale
-            ok = tl.load(allowed_ptr + b * sab + rm[:, None] * sat + rn[None, :], mask=m_ok[:, None] & n_ok[None, :],
-                         other=0)
-            sc = tl.where(ok != 0, sc, ATTENTION_FLOOR)
+            if HAS_ALLOWED:
+                ok = tl.load(allowed_ptr + b * sab + rm[:, None] * sat + rn[None, :],
+                             mask=m_ok[:, None] & n_ok[None, :], other=0) != 0
+            else:
+                ok = rn[None, :] <= past + rm[:, None]
+            sc = tl.where(ok, sc, ATTENTION_FLOOR)
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             p = tl.where(n_ok[None, :], tl.exp(sc - m_new[:, None]), 0.0)
             alpha = tl.exp(m_i - m_new)

@@ -704,10 +704,25 @@ std::string describe(Plan const& plan, int arch)
         }
         int const index = pickCubin(step.key, arch, step.args);
         out += step.key + "@" + (index < 0 ? "none" : kCubins[index].align > 1 ? "a16" : "any");
+        if (index >= 0 && step.args.size() != static_cast<size_t>(kCubins[index].nparams))
+        { // what launch() refuses on a GPU, shown without one
+            out += "!args=" + std::to_string(step.args.size()) + "/" + std::to_string(kCubins[index].nparams);
+        }
         out += " grid=" + std::to_string(step.grid[0]) + "x" + std::to_string(step.grid[1]) + "x"
             + std::to_string(step.grid[2]);
     }
     return out;
+}
+
+//! describe(plan) written NUL-terminated into out (WIDE_ERR_INVALID_ARGUMENT when it does not fit).
+int describeInto(Plan const& plan, int arch, char* out, size_t outSize)
+{
+    std::string const text = describe(plan, arch);
+    if (!out || outSize <= text.size())
+        return WIDE_ERR_INVALID_ARGUMENT;
+    text.copy(out, text.size());
+    out[text.size()] = '\0';
+    return WIDE_OK;
 }
 
 unsigned cdiv(int64_t a, int64_t b)
@@ -1210,7 +1225,7 @@ int attentionPlan(wide_attention_params_t const* p, void* ws, size_t wsSize, Pla
     }
     Args a;
     a.ptr(p->q).ptr(p->k).ptr(p->v).ptr(p->allowed).ptr(p->head_mask).ptr(p->y);
-    a.i32(T).i32(S).i32(Hq).i32(Hq / p->group_heads).i32(D).i32(Hq / Hk);
+    a.i32(T).i32(S).i32(S - T).i32(Hq).i32(Hq / p->group_heads).i32(D).i32(Hq / Hk); // past = S - T
     a.i32(Hq * T * D).i32(T * D).i32(D);                     // q [B, Hq, T, D]
     a.i32(Hk * S * D).i32(S * D).i32(Hk * S * D).i32(S * D); // k, v [B, Hk, S, D]
     a.i32(T * S).i32(S);                                     // allowed [B, 1, T, S]
@@ -1368,12 +1383,7 @@ int wide_gemm_describe_device(wide_gemm_params_t const* p, int op, int arch, cha
     Plan steps;
     if (int s = plan(op, p, workspace, workspace_size, arch, device ? device : "", steps))
         return s;
-    std::string const text = describe(steps, arch);
-    if (!out || out_size <= text.size())
-        return WIDE_ERR_INVALID_ARGUMENT;
-    text.copy(out, text.size());
-    out[text.size()] = '\0';
-    return WIDE_OK;
+    return describeInto(steps, arch, out, out_size);
 }
 
 int wide_gemm_n(wide_gemm_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
@@ -1413,12 +1423,7 @@ int wide_masked_attention_describe(wide_attention_params_t const* p, int arch, v
     Plan steps;
     if (int s = attentionPlan(p, workspace, workspace_size, steps))
         return s;
-    std::string const text = describe(steps, arch);
-    if (!out || out_size <= text.size())
-        return WIDE_ERR_INVALID_ARGUMENT;
-    text.copy(out, text.size());
-    out[text.size()] = '\0';
-    return WIDE_OK;
+    return describeInto(steps, arch, out, out_size);
 }
 
 int wide_masked_attention(wide_attention_params_t const* p, void* workspace, size_t workspace_size, cudaStream_t stream)
