@@ -70,10 +70,14 @@ def _prefilled(model, batch: int, seed: int):
 
 
 def _step(model, past, nxt, fused: bool, monkeypatch):
-    """One decode step on the fast CPU path, fused or op by op; (logits, whether the fused op served)."""
+    """One decode step on the fast CPU path, fused or op by op; (logits, whether the fused op served). The rows
+    the fused op takes are held at its own limit (16), not this CPU model's policy entry (test_max_rows...)."""
+    from wide_export.cpu import step
+
     batch = nxt.shape[0]
     served = []
     real = dispatch.cpu_decode_step
+    monkeypatch.setattr(step, "_max_rows", lambda dtype: step.MAX_ROWS)
 
     def spy(x):
         fn = real(x)
@@ -235,3 +239,14 @@ def test_a_bad_weight_is_refused_not_read(checkpoints):
         torch.ops.wide_cpu.decode_step(h, w, [p.k for p in past], [p.v for p in past], PROMPT, c, c, plan.eps,
                                        plan.geo, model.model.norm.weight, model.lm_head.weight,
                                        torch.empty(1, 1, model.config.vocab_size))
+
+
+def test_max_rows_follow_the_policy_of_this_cpu_model(monkeypatch):
+    """The fused step takes at most the rows the policy gives every masked kernel (n, gated, k), and 16."""
+    from wide_export.cpu import step
+
+    entry = {"masked_max_m": {"n": 8, "gated": 6, "k": 3}, "dense_union_min": 0.95}
+    monkeypatch.setattr(step, "policy", lambda dtype: entry)
+    assert step._max_rows(torch.float16) == 3
+    entry["masked_max_m"] = {"n": 64, "gated": 64, "k": 32}
+    assert step._max_rows(torch.bfloat16) == step.MAX_ROWS == 16
