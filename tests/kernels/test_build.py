@@ -333,8 +333,9 @@ WS = 1 << 30  # a workspace "pointer" for the plans (never dereferenced)
     (dict(T=1, S=100, Hk=1), 90, "masked_attention/float16/d128@a16 grid=1x64x1"),  # GQA 32 > the decode tile's 16
     (dict(D=64, dtype=0, B=3), 90, "masked_attention/float32/d64@a16 grid=2x96x1"),
     (dict(D=80), 90, "masked_attention/float16/d128@a16 grid=2x64x1"),   # 80: the d128 cubin, rows still 16-aligned
-    (dict(D=72), 90, "masked_attention/float16/d128@any grid=2x64x1"),   # 72: strides not multiples of 16
-    (dict(allowed=0x4001), 90, "masked_attention/float16/d128@any grid=2x64x1"),  # a misaligned pointer
+    (dict(allowed=0x4001), 90, "masked_attention/float16/d128@none grid=2x64x1"),  # misaligned: a16 cubins only
+    (dict(D=72, T=1), 90, "masked_decode/float16/d128/split@any grid=2x8x2 "  # decode has both variants
+                          "attention_reduce/float16/d128@any grid=64x1x1"),
 ])
 def test_c_attention_plan_picks_the_head_size_class_and_variant(kernels_lib, changes, arch, plan):
     if arch not in _archs():
@@ -375,6 +376,7 @@ def test_c_decode_attention_splits_as_python_plans_and_its_workspace_covers_ever
 
 @pytest.mark.parametrize("changes, status", [
     (dict(D=160), 1),                 # over the largest head-size class
+    (dict(D=72), 1),                  # prefill: head sizes a multiple of 16 (a16 cubins only)
     (dict(Hk=5), 1),                  # Hq % Hk
     (dict(group_heads=5), 1),         # Hq % group_heads
     (dict(S=99), 1),                  # fewer keys than queries

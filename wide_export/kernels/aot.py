@@ -213,13 +213,14 @@ def specs() -> list[Spec]:
                                (("GATED", gated), ("BLOCK_M", cfg.APPLY_MASK_BLOCK_M),
                                 ("BLOCK_N", cfg.APPLY_MASK_BLOCK_N)), 4))
         for bd in cfg.ATTENTION_BLOCK_DS:  # WideMaskedAttention: the op's causal contract, a head mask always given
-            out += _twins(Spec(f"masked_attention/{dtype}/d{bd}", "wide_masked_attention_kernel",
+            # a16 only (head sizes a multiple of 16, as the C plan requires): `any` spilled (Triton 3.6, sm_80)
+            out += [t for t in _twins(Spec(f"masked_attention/{dtype}/d{bd}", "wide_masked_attention_kernel",
                                _ptrs(dt, "q_ptr", "k_ptr", "v_ptr", "allowed_ptr", "mask_ptr", "out_ptr",
                                      allowed_ptr="*u8", mask_ptr="*i32"),
                                (("BLOCK_M", cfg.ATTENTION_BLOCK_M), ("BLOCK_N", cfg.ATTENTION_BLOCK_N), ("BLOCK_D", bd),
                                 ("HAS_MASK", True), ("HAS_ALLOWED", True), ("CAUSAL", True), ("PRECISE", precise)),
-                               cfg.ATTENTION_WARPS,
-                               cfg.ATTENTION_STAGES))
+                               cfg.ATTENTION_PREFILL_WARPS,
+                               cfg.ATTENTION_STAGES)) if t.variant == "a16"]
             for partial in (False, True):  # one query: the decode kernel, whole or split over the keys
                 out += _twins(Spec(f"masked_decode/{dtype}/d{bd}" + ("/split" if partial else ""),
                                    "wide_decode_attention_kernel",
@@ -228,7 +229,9 @@ def specs() -> list[Spec]:
                                          mask_ptr="*i32", pacc_ptr="*fp32", pm_ptr="*fp32", pl_ptr="*fp32"),
                                    (("BLOCK_H", cfg.ATTENTION_DECODE_BLOCK_H), ("BLOCK_L", cfg.ATTENTION_DECODE_BLOCK_L),
                                     ("BLOCK_D", bd), ("HAS_MASK", True), ("HAS_ALLOWED", True), ("PARTIAL", partial),
-                                    ("PRECISE", precise)), cfg.ATTENTION_WARPS, cfg.ATTENTION_STAGES))
+                                    ("PRECISE", precise)),
+                                   cfg.ATTENTION_D128_DECODE_WARPS if bd == 128 else cfg.ATTENTION_WARPS,
+                                   cfg.ATTENTION_STAGES))
             out += _twins(Spec(f"attention_reduce/{dtype}/d{bd}", "wide_attention_reduce_kernel",
                                (("pacc_ptr", "*fp32"), ("pm_ptr", "*fp32"), ("pl_ptr", "*fp32"), ("out_ptr", f"*{dt}")),
                                (("BLOCK_S", cfg.ATTENTION_MAX_SPLITS), ("BLOCK_D", bd)), cfg.ATTENTION_WARPS))

@@ -58,13 +58,15 @@ ROUTER_SPLIT_WARPS = 1     # 32 threads over an [8, 16] slice of x and of Wc: 4 
 
 GROUP_ROWS_BLOCK = 1024
 ATTENTION_BLOCK_M = 64      # WideMaskedAttention (the plugin's kernel): queries per program
-ATTENTION_BLOCK_N = 64      # keys per step
+ATTENTION_BLOCK_N = 32      # keys per step (64 spilled with the allowed tile in registers, Triton 3.6)
 ATTENTION_BLOCK_DS = (64, 128)  # head sizes up to 64 take the d64 cubins, up to 128 the d128 ones
-ATTENTION_WARPS = 4
+ATTENTION_WARPS = 4  # the decode kernel (d64) and the reduction
+ATTENTION_PREFILL_WARPS = 8  # the prefill tile: 4 warps spilled on sm_80 / sm_90 (Triton 3.6: 255 registers)
 ATTENTION_DECODE_BLOCK_H = 16  # the decode kernel's query heads per KV head (GQA ratio) in one tile
 ATTENTION_DECODE_BLOCK_L = 64  # keys per decode step (attention.BLOCK_L)
 ATTENTION_MAX_SPLITS = 64  # decode splits over the keys at most: the reduction's BLOCK_S (attention.MAX_SPLITS)
 ATTENTION_TARGET_PROGRAMS = 264  # decode programs a call aims at (attention.SPLIT_TARGET_PROGRAMS)
+ATTENTION_D128_DECODE_WARPS = 8  # d128 decode: 4 warps spilled (Triton 3.6: fp32 on sm_90, fp16 `any` on sm_80)
 ATTENTION_STAGES = 2  # K / V tiles in flight: fp32 d128 needs 176 KB of shared memory at 3, over sm_80's 163 KB
 CAST_BLOCK = 1024
 APPLY_MASK_BLOCK_M = 8  # the dense path's mask pass: 8 rows x 256 channels per program

@@ -1223,6 +1223,8 @@ int attentionPlan(wide_attention_params_t const* p, void* ws, size_t wsSize, Pla
         }
         return WIDE_OK;
     }
+    if (D % 16)
+        return WIDE_ERR_INVALID_ARGUMENT; // the prefill tile's cubins are a16 only: head sizes a multiple of 16
     Args a;
     a.ptr(p->q).ptr(p->k).ptr(p->v).ptr(p->allowed).ptr(p->head_mask).ptr(p->y);
     a.i32(T).i32(S).i32(S - T).i32(Hq).i32(Hq / p->group_heads).i32(D).i32(Hq / Hk); // past = S - T

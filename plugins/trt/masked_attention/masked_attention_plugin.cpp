@@ -78,7 +78,8 @@ void MaskedAttentionPlugin::validateDims(Dims const* in, Dims const& out) const
     check(Hq < 0 || Hk < 0 || (Hk > 0 && Hq % Hk == 0), name(), "Hq must be a multiple of Hk (GQA)");
     check(Hq < 0 || Hq % gh == 0, name(),
         "Hq = " + std::to_string(Hq) + " is not a multiple of group_heads = " + std::to_string(gh));
-    check(D < 0 || D <= kMaxHeadDim, name(), "head size " + std::to_string(D) + " is over the kernels' 128");
+    check(D < 0 || (D <= kMaxHeadDim && D % 16 == 0), name(),
+        "head size " + std::to_string(D) + " is not a multiple of 16 up to 128 (the kernels' cubins)");
     check(S < 0 || T < 0 || S >= T, name(), "k has fewer keys (S) than q has queries (T)");
     check(allowed.nbDims == 4 && dimsCompatible(allowed.d[0], B) && dimsCompatible(allowed.d[1], 1)
             && dimsCompatible(allowed.d[2], T) && dimsCompatible(allowed.d[3], S),
