@@ -132,7 +132,7 @@ int wide_gemm_k(const wide_gemm_params_t* p, void* workspace, size_t workspace_s
 // WideMaskedAttention (docs/opset.md) under the op's causal contract (allowed is 0 after each query's position
 // S - T + t; those keys are not scored): y = softmax(q k^T / sqrt(D), keys not allowed at float32's lowest) v, a
 // row allowed no key the mean of v over all S keys, and y[b, h, t] = 0 where head_mask[b, t, h / group_heads]
-// is 0. All tensors contiguous; q, k, v and y of `dtype`; D <= 128. API version 5.
+// is 0. All tensors contiguous; q, k, v and y of `dtype`; D <= 128, and a multiple of 16 when T > 1. API version 5.
 // T > 1 (prefill): tiles of 64 queries x one head; a tile none of whose queries keeps h's group computes nothing.
 // T == 1 (decode, Hq / Hk <= 16): one program per (sequence, KV head, split of the keys) over the KV head's active
 // query heads, so a KV head none of whose query heads is active reads no key; split over the keys to fill the GPU
