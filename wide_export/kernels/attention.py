@@ -43,6 +43,15 @@ def plan_splits(batch: int, kv_heads: int, length: int, block_l: int = BLOCK_L,
     return -(-tiles // per), per
 
 
+def _splits(batch: int, kv_heads: int, length: int, splits: Optional[int], block_l: int) -> tuple[int, int]:
+    """(splits, tiles per split): plan_splits's, or `splits` asked for (fewer where the tiles run out)."""
+    if splits is None:
+        return plan_splits(batch, kv_heads, length, block_l)
+    tiles = max(1, -(-length // block_l))
+    per = -(-tiles // splits)
+    return -(-tiles // per), per
+
+
 def decode_attention(q, k, v, head_mask=None, group_heads: int = 1, lengths=None, *, splits: Optional[int] = None,
                      block_l: int = BLOCK_L):
     import torch
@@ -64,12 +73,7 @@ def decode_attention(q, k, v, head_mask=None, group_heads: int = 1, lengths=None
         else lengths.to(device=q.device, dtype=torch.int32).contiguous()
     mask = None if head_mask is None else head_mask.reshape(B, G).to(torch.int32).contiguous()
     L = int(lens.max()) if lengths is not None else cap
-    if splits is None:
-        splits, per = plan_splits(B, Hk, L, block_l)
-    else:
-        tiles = max(1, -(-L // block_l))
-        per = -(-tiles // splits)
-        splits = -(-tiles // per)
+    splits, per = _splits(B, Hk, L, splits, block_l)
     out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     _decode(q, k, v, lens, None, mask, out, splits, per, block_l, G)
     return out
@@ -175,9 +179,9 @@ def masked_attention_op(q, k, v, allowed, head_mask, group_heads: int, *, causal
     ok = (ok if ok.stride(-1) == 1 else ok.contiguous()).view(torch.uint8)
     out = torch.empty((B, Hq, T, D), dtype=q.dtype, device=q.device)
     if T == 1:
-        plan = plan_splits(B, Hk, S) if splits is None else (splits, -(-max(1, -(-S // BLOCK_L)) // splits))
+        splits, per = _splits(B, Hk, S, splits, BLOCK_L)
         _decode(q[:, :, 0], k, v, None, ok[:, 0, 0], None if mask is None else mask.reshape(B, G), out.view(B, Hq, D),
-                -(-max(1, -(-S // BLOCK_L)) // plan[1]), plan[1], BLOCK_L, G)
+                splits, per, BLOCK_L, G)
         return out
     kernels().wide_masked_attention_kernel[(-(-T // block_m), B * Hq)](
         q, k, v, ok, mask if mask is not None else out, out, T, S, S - T, Hq, G, D, Hq // Hk,

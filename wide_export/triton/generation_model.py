@@ -208,8 +208,8 @@ def check_device_cache_ops(settings: Settings, step: StepFn, inflight) -> None:
 
 
 def load_sibling(name: str):
-    """A module of this folder (contract.py, inflight.py, textgen.py, metrics.py: in the package and in a
-    repository)."""
+    """A module of this folder (contract, settings, rows, ortstep, inflight, textgen, metrics: the package's
+    own modules when this is the package's module, else the files beside it, loaded once by path)."""
     if __package__:  # the package's own module: its siblings are the package's modules
         return importlib.import_module(f"{__package__}.{name}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
