@@ -372,6 +372,9 @@ def test_c_decode_attention_splits_as_python_plans_and_its_workspace_covers_ever
             assert all(partials(b, s) <= size for b in range(1, B + 1) for s in (1, S // 2, S))
     assert plan(partials(2, 4097) - 1, B=2, S=4097) == "masked_decode/float16/d128@a16 grid=2x8x1"
     assert kernels_lib.wide_masked_attention_workspace_size(ctypes.byref(_attention(T=5, S=4097))) == 0
+    sizes_only = _attention(T=1, B=3, S=4097, q=None, k=None, v=None, allowed=None, head_mask=None, y=None)
+    assert kernels_lib.wide_masked_attention_workspace_size(ctypes.byref(sizes_only)) == max(
+        partials(b, 4097) for b in (1, 2, 3))  # sizes only: what the plugin asks when the engine is built
 
 
 @pytest.mark.parametrize("changes, status", [

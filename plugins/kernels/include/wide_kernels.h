@@ -151,7 +151,7 @@ typedef struct {
 } wide_attention_params_t;
 
 size_t wide_attention_params_sizeof(void);
-// Workspace for every call with at most p's B and S (p's other sizes); 0 when none splits.
+// Workspace for every call with at most p's B and S (p's other sizes; its pointers may be NULL); 0 when none splits.
 size_t wide_masked_attention_workspace_size(const wide_attention_params_t* p);
 // What wide_masked_attention would launch on compute capability `arch` ("key@variant grid=XxYxZ" per launch,
 // space-separated), without CUDA.

@@ -1160,9 +1160,10 @@ size_t attnPartialBytes(int64_t splits, int64_t B, int64_t Hq, int64_t D)
     return align256(rows * D * 4) + 2 * align256(rows * 4);
 }
 
-int attentionCheck(wide_attention_params_t const* p, int& blockD)
+//! The sizes (and, with `pointers`, the tensors) of a call; its head-size class in blockD.
+int attentionCheck(wide_attention_params_t const* p, int& blockD, bool pointers = true)
 {
-    if (!p || !p->q || !p->k || !p->v || !p->allowed || !p->head_mask || !p->y || p->B <= 0 || p->Hq <= 0
+    if (!p || (pointers && (!p->q || !p->k || !p->v || !p->allowed || !p->head_mask || !p->y)) || p->B <= 0 || p->Hq <= 0
         || p->Hk <= 0 || p->T <= 0 || p->S < p->T || p->D <= 0 || p->group_heads <= 0 || p->Hq % p->Hk
         || p->Hq % p->group_heads)
         return WIDE_ERR_INVALID_ARGUMENT;
@@ -1411,7 +1412,7 @@ size_t wide_attention_params_sizeof(void)
 size_t wide_masked_attention_workspace_size(wide_attention_params_t const* p)
 {
     int blockD = 0;
-    if (attentionCheck(p, blockD) || p->T != 1 || !attnDecodes(p))
+    if (attentionCheck(p, blockD, false) || p->T != 1 || !attnDecodes(p))
         return 0;
     size_t most = 0; // the partials of every batch up to B over S keys (more keys never split fewer ways)
     for (int64_t b = 1; b <= p->B; ++b)
