@@ -3,7 +3,7 @@
 
     pip install mutmut                      # only this script needs it (not a test dependency)
     python scripts/mutation-test.py                       # modules changed since the merge base with origin/main
-    python scripts/mutation-test.py wide_export/outdir.py wide_export/triton/inflight.py
+    python scripts/mutation-test.py wide_export/outdir.py wide_export/decoding.py
     python scripts/mutation-test.py --since HEAD~3 --max-children 2
     python scripts/mutation-test.py --list                # which modules and tests, without running
     python scripts/mutation-test.py --survivors MODULE    # after adding tests: only the last run's survivors again
@@ -20,7 +20,7 @@ Which tests a module gets: TESTS below (fast, in-process tests; tests that start
 subprocesses are left out: they would run unmutated code or take minutes per mutant). A changed module
 missing from TESTS is reported and skipped: add it there.
 
-The generated Triton repository's files (generation_model.py, inflight.py, textgen.py, metrics.py) are
+The generated Triton repository's files (generation_model.py, decoding.py, textgen.py, metrics.py) are
 imported by the tests from a repository folder under other module names, which mutmut cannot switch;
 under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py loads the package's generation_model
 instead of the repository's model.py (the same text) and makes it take its siblings from the package,
@@ -65,9 +65,10 @@ _REPOSITORY_WITHOUT_A_REAL_ENGINE = [f"tests/triton/test_triton_repository.py::{
 
 # module -> the tests that pin it down (fast, in-process)
 TESTS: dict[str, list[str]] = {
-    "wide_export/triton/inflight.py": ["tests/triton/test_triton_inflight_batch.py",
-                                       "tests/triton/test_triton_serving_limits.py",
-                                       "tests/triton/test_triton_inflight_units.py"],
+    "wide_export/decoding.py": ["tests/triton/test_triton_inflight_batch.py",
+                                "tests/triton/test_triton_serving_limits.py",
+                                "tests/triton/test_triton_inflight_units.py", "tests/model/test_decode_loop.py",
+                                "tests/verify/test_reference_steps.py"],
     "wide_export/triton/textgen.py": ["tests/triton/test_triton_textgen.py",
                                       "tests/triton/test_triton_textgen_edges.py"],
     "wide_export/triton/metrics.py": ["tests/triton/test_triton_metrics.py",

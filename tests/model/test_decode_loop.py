@@ -1,12 +1,13 @@
-"""model/generate.decode_loop, the one generation loop, with a step that records what it is fed and whose next
+"""decoding.decode_loop, the one generation loop in lock-step, with a step that records what it is fed and whose next
 token is known by hand: the ids, the mask over past + new positions and the positions of each step (left
 padding included), the chosen tokens, the callback and the early stop."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from wide_export.model.generate import decode_loop
+from wide_export.decoding import Batch, PositionalFeeds, Prompt, decode_loop
 
 
 class CountingStep:
@@ -43,3 +44,41 @@ def test_stop_ends_after_the_token_that_asked_and_zero_tokens_is_empty():
     new = decode_loop(step, np.array([[1]]), None, 10, stop=lambda chosen: int(chosen[0]) == 4)
     assert new.tolist() == [[2, 3, 4]] and len(step.fed) == 3
     assert decode_loop(CountingStep(), np.array([[1], [2]]), None, 0).shape == (2, 0)
+
+
+def test_a_mask_that_is_not_left_padding_is_refused_before_any_step():
+    step = CountingStep()
+    for mask in ([[1, 1, 0]], [[0, 1, 0]], [[0, 0, 0]]):
+        with pytest.raises(ValueError, match="row 0 of the attention mask is not left padding"):
+            decode_loop(step, np.array([[1, 2, 3]]), np.array(mask), 2)
+    assert step.fed == []
+
+
+class Boom(Exception):
+    pass
+
+
+def test_an_error_in_the_step_or_a_callback_is_raised_to_the_caller():
+    class FailsSecond(CountingStep):
+        def __call__(self, ids, mask, pos):
+            if len(self.fed) == 1:
+                raise Boom("the second step failed")
+            return super().__call__(ids, mask, pos)
+
+    with pytest.raises(Boom, match="the second step failed"):
+        decode_loop(FailsSecond(), np.array([[1]]), None, 5)
+
+    def on_token(k, chosen):
+        raise Boom("the callback failed")
+
+    with pytest.raises(Boom, match="the callback failed"):
+        decode_loop(CountingStep(), np.array([[1]]), None, 5, on_token=on_token)
+
+
+def test_rows_cannot_join_a_batch_whose_step_keeps_its_own_cache():
+    step = CountingStep()
+    batch = Batch(lambda feeds, phase: (step(*feeds), []), PositionalFeeds(),
+                  lambda logits, rows, rngs: logits.argmax(-1), 4)
+    batch.prefill([Prompt(np.array([1, 2]), 3)])
+    with pytest.raises(ValueError, match="keeps its own KV cache"):
+        batch.prefill([Prompt(np.array([5]), 3)])

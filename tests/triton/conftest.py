@@ -42,8 +42,8 @@ def gm(tiny_repo):
 
 @pytest.fixture(scope="module")
 def inflight(gm):
-    """Its inflight.py, as model.py loads it."""
-    return gm.load_inflight()
+    """Its decoding.py (the generation loop), as model.py loads it."""
+    return gm.load_decoding()
 
 
 @pytest.fixture(scope="module")

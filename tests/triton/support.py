@@ -30,19 +30,22 @@ def load_generation_module(version_dir: Path):
 
 
 def _siblings_from_the_package(module) -> None:
-    """mutmut switches a mutant on by its module's name (wide_export.triton.inflight); the copies a
+    """mutmut switches a mutant on by its module's name (wide_export.decoding); the copies a
     repository's model.py loads from its own folder have other names, so their mutants would never be
-    on. Under mutmut the loaded model.py takes its siblings (inflight, textgen, metrics) from the
+    on. Under mutmut the loaded model.py takes its siblings (decoding, textgen, metrics, ...) from the
     package (the mutated copy mutmut imports), the rest of the test as it is."""
     import importlib
 
+    from wide_export.triton import repository
+
     if not hasattr(module, "file_load_sibling"):  # the package's module is loaded again for every repository
         module.file_load_sibling = module.load_sibling  # the original, for the test of load_sibling itself
-    module.load_sibling = lambda name: importlib.import_module(f"wide_export.triton.{name}")
+    home = {name[:-3]: package for package, names in repository.SIBLINGS.items() for name in names}
+    module.load_sibling = lambda name: importlib.import_module(f"{home[name]}.{name}")
 
 
 def drive_staggered(batch, rows: dict, plan: list, ticks: int):
-    """Run an in-flight `Batch` (the generated inflight.py) tick by tick: the rows whose plan entry
+    """Run an in-flight `Batch` (the generated decoding.py) tick by tick: the rows whose plan entry
     (tick it arrives at, ...) is this tick are prefilled together and join, otherwise the batch decodes
     one step; finished rows leave. Returns (tokens per row index, the batch width at each tick that had
     rows, how many arrivals found rows already decoding)."""

@@ -70,7 +70,7 @@ def test_the_copied_model_files_import_without_wide_export(tiny_repo, tmp_path):
         model = importlib.util.module_from_spec(spec)
         sys.modules["model"] = model  # as Triton's Python backend loads it
         spec.loader.exec_module(model)
-        for name in ("contract", "settings", "rows", "ortstep", "textgen", "inflight", "metrics"):
+        for name in ("contract", "settings", "rows", "ortstep", "textgen", "decoding", "metrics"):
             model.load_sibling(name)
         print(model.C.INPUT_IDS, len(model.C.INPUTS), len(model.C.OUTPUT_NAMES),
               any(m.startswith("wide_export") for m in sys.modules))

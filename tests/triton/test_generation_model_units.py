@@ -190,7 +190,7 @@ def test_inflight_batching_gets_max_batch_size_rows_and_the_device_check(gm, tin
             return self
 
     fake = SimpleNamespace(Batch=Batch, Scheduler=Scheduler)
-    monkeypatch.setattr(gm, "load_inflight", lambda: fake)
+    monkeypatch.setattr(gm, "load_decoding", lambda: fake)
     monkeypatch.setattr(gm, "check_device_cache_ops", lambda s, step, inflight: setattr(made, "checked", inflight))
     model = _model(gm, monkeypatch, tiny_repo, decoupled=True, max_batch_size=max_batch_size,
                    parameters={"batching": {"string_value": "inflight"}})
@@ -375,7 +375,7 @@ def test_inflight_finish_reports_abort_for_an_unfinished_request_and_forwards_er
     model = _model(gm, monkeypatch, tiny_repo, decoupled=True)
     jobs = []
     model.scheduler = SimpleNamespace(submit=jobs.append)
-    monkeypatch.setattr(gm, "load_inflight", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
+    monkeypatch.setattr(gm, "load_decoding", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
     senders = [_Sender(), _Sender(), _Sender()]
     model.execute([_Request([1, 2], 3, senders[0]), _Request([1], 0, senders[1]), _Request([4], 1, senders[2])])
     assert len(jobs) == 2 and len(senders[1].sent) == 1  # the malformed one answered at once, never submitted
@@ -528,10 +528,11 @@ def test_load_sibling_loads_each_module_once(tiny_repo):
     assert sys.modules[key] is first and first.__file__ == path
     assert first.RowOutput.__module__ == key  # its dataclasses found their module while it executed
     assert model.load_sibling("metrics") is not first and model.load_sibling("metrics").__file__.endswith("metrics.py")
-    assert model.load_inflight() is model.load_sibling("inflight")
+    assert model.load_decoding() is model.load_sibling("decoding")
     assert model.Row is model.load_sibling("rows").Row and model.C is model.load_sibling("contract")
     package = importlib.import_module("wide_export.triton.generation_model")
     assert package.load_sibling("textgen") is importlib.import_module("wide_export.triton.textgen")
+    assert package.load_sibling("decoding") is importlib.import_module("wide_export.decoding")  # a layer below
 
 
 def test_device_torch_says_what_this_python_lacks(gm, monkeypatch):
@@ -773,7 +774,7 @@ def test_streaming_probes_stay_out_of_the_llm_metrics(gm, tiny_repo, monkeypatch
     assert sender.sent[-1] == (None, FINAL) and _Family.log == []
     jobs = []
     model.scheduler = SimpleNamespace(submit=jobs.append)
-    monkeypatch.setattr(gm, "load_inflight", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
+    monkeypatch.setattr(gm, "load_decoding", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
     model.execute([_Request([1, 2], 1, _Sender(), probe=True)])
     jobs[0].on_admit()
     jobs[0].finish(None)
@@ -785,7 +786,7 @@ def test_inflight_responses_hold_the_outputs_asked_for_and_the_text(gm, tiny_rep
     model.codec = _letters()
     jobs = []
     model.scheduler = SimpleNamespace(submit=jobs.append)
-    monkeypatch.setattr(gm, "load_inflight", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
+    monkeypatch.setattr(gm, "load_decoding", lambda: SimpleNamespace(Job=lambda **kw: SimpleNamespace(**kw)))
     only, texts = _Sender(), _Sender()
     model.execute([_Request([1, 2], 2, only, wanted=["output_ids"]),
                    _Request([1, 2], 2, texts, wanted=["output_ids", "text_output"])])

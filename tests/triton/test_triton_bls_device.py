@@ -82,7 +82,7 @@ def test_decode_steps_hand_the_presents_back_unchanged(trt, tiny, rng):
 
 def test_inflight_joins_and_leaves_stay_on_the_device(trt, tiny, rng):
     gm, settings, fake = trt
-    inflight = gm.load_inflight()
+    inflight = gm.load_decoding()
     batch = inflight.Batch(gm.bls_step(settings), settings, gm.choose_tokens, max_rows=4)
     # (step it arrives at, prompt length, new tokens): joins into a running batch, leaves at different steps
     plan = [(0, 3, 7), (1, 6, 3), (2, 2, 5), (4, 9, 4), (5, 1, 2)]

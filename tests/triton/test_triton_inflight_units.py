@@ -1,4 +1,4 @@
-"""inflight.py pieces that the end-to-end batch tests cannot tell apart on a CPU (mutation
+"""decoding.py pieces that the end-to-end batch tests cannot tell apart on a CPU (mutation
 testing): where a cache tensor lies for each kind of tensor the model meets, the cache ops' exact
 results at a one-column pad, rebuild counts, the length-only stop rule, the scheduler's thread and its
 observer, and the exact messages a client or operator reads."""

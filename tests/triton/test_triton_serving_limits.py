@@ -208,8 +208,8 @@ def model_for(gm, runner, monkeypatch):
         model.metrics = metrics.Metrics(None, "wide_llm")
         model.timer = lambda *request: metrics.RequestTimer(model.metrics)  # (request) in newer model.py
         model.step = Counting(ort, gate)
-        batch = gm.load_inflight().Batch(model.step, model.settings, gm.choose_tokens, max_rows)
-        model.scheduler = gm.load_inflight().Scheduler(batch).start()
+        batch = gm.load_decoding().Batch(model.step, model.settings, gm.choose_tokens, max_rows)
+        model.scheduler = gm.load_decoding().Scheduler(batch).start()
         made.append(model)
         return model
 

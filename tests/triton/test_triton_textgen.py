@@ -17,9 +17,7 @@ def textgen(tmp_path_factory):
     from wide_export.triton import repository
 
     folder = tmp_path_factory.mktemp("textgen")
-    for name in repository.SIBLINGS + ("generation_model.py",):
-        src = (repository.files("wide_export.triton") / name).read_text()
-        (folder / ("model.py" if name == "generation_model.py" else name)).write_text(src)
+    repository.write_model_files(folder)
     return load_generation_module(folder).load_sibling("textgen")
 
 

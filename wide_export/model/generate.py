@@ -1,11 +1,11 @@
-"""The one generation loop: a prefill, then one token per step, whatever computes the step.
+"""The PyTorch model as the step of the one generation loop (wide_export/decoding.py), and its sampling.
 
-`decode_loop(step, input_ids, attention_mask, n, choose)` keeps the bookkeeping (the ids, attention mask and
-positions of each step, left padding included), chooses each token (`greedy`, or `Sampling`), hands it to a
-callback and stops early when asked; `step(ids, mask, positions) -> logits [B, T, V]` computes a forward and
-keeps its own KV cache. Steps: the PyTorch model with a tuple cache (`TorchStep`: the reference, verification)
-or a preallocated one (the fast CPU path), the ranks of a sharded export (tp/run.py). `greedy_generate` and
-`generate` are the loop on the PyTorch model.
+`decoding.decode_loop(step, input_ids, attention_mask, n, choose)` keeps the bookkeeping (the ids, attention
+mask and positions of each step, left padding included), chooses each token (`greedy`, or `Sampling`), hands
+it to a callback and stops early when asked; `step(ids, mask, positions) -> logits [B, T, V]` computes a
+forward and keeps its own KV cache. Steps: the PyTorch model with a tuple cache (`TorchStep`: the reference,
+verification) or a preallocated one (the fast CPU path), the ranks of a sharded export (tp/run.py).
+`greedy_generate` and `generate` are the loop on the PyTorch model.
 """
 
 from __future__ import annotations
@@ -16,43 +16,14 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from wide_export.decoding import decode_loop
+
 
 def positions(attention_mask):
     """position_ids for left padding: the count of real tokens before each position (torch or numpy)."""
     if isinstance(attention_mask, np.ndarray):
         return np.maximum(attention_mask.cumsum(-1) - 1, 0)
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def greedy(logits):
-    """The most likely token of each row of logits [B, V] (torch or numpy)."""
-    return logits.argmax(-1)
-
-
-def decode_loop(step: Callable, input_ids: np.ndarray, attention_mask: Optional[np.ndarray], max_new_tokens: int,
-                choose: Callable = greedy, on_token: Optional[Callable[[int, np.ndarray], None]] = None,
-                stop: Optional[Callable[[np.ndarray], bool]] = None) -> np.ndarray:
-    """New tokens [B, n <= max_new_tokens] (int64) for input_ids [B, T] (rows left-padded by attention_mask,
-    None: none are). Each step feeds the new ids, the mask over past + new positions and their positions to
-    `step` (fresh arrays each step, never changed afterwards: a step may keep them); choose(logits[:, -1])
-    picks a token per row; on_token(k, ids [B]) sees them as they are chosen (k = 0 after the prefill);
-    stop(ids) ends after those tokens."""
-    ids = np.asarray(input_ids, dtype=np.int64)
-    batch = ids.shape[0]
-    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
-    pos = positions(mask)
-    new = []
-    for k in range(max_new_tokens):
-        logits = step(ids, mask, pos)
-        chosen = np.asarray(choose(logits[:, -1]), dtype=np.int64).reshape(batch)
-        new.append(chosen)
-        if on_token is not None:
-            on_token(k, chosen)
-        if stop is not None and stop(chosen):
-            break
-        ids, pos = chosen.reshape(batch, 1), pos[:, -1:] + 1
-        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
-    return np.stack(new, axis=1) if new else np.zeros((batch, 0), np.int64)
 
 
 class TorchStep:

@@ -3,8 +3,8 @@
 Self-contained on purpose (numpy, onnxruntime, Triton's pb_utils; `tokenizers` for text): a
 generated repository must run where wide_export is not installed. Its siblings contract.py (the
 names, dtypes and shapes of its inputs and outputs), settings.py (generation.json), rows.py (a
-request's rows, their checks, sampling), ortstep.py (the ONNX Runtime step), inflight.py (the
-batch loop: in-flight, and static as the same loop with no joins), textgen.py (tokenizer, stop
+request's rows, their checks, sampling), ortstep.py (the ONNX Runtime step), decoding.py (the
+generation loop: in-flight, and static as the same loop with no joins), textgen.py (tokenizer, stop
 rules, streamed text) and metrics.py (Prometheus metrics through pb_utils.MetricFamily) are
 copied beside it; this file parses requests, runs BLS steps and answers.
 
@@ -32,7 +32,7 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL as soon as every row of the request is done
 A request whose client went away (cancelled) gets nothing more; a batch whose
 clients all went away stops decoding.
 In-flight batching (config parameter `batching: inflight`, the default of
-`--streaming`): execute() hands requests to a scheduler thread (inflight.py
+`--streaming`): execute() hands requests to a scheduler thread (decoding.py
 beside this file) whose running batch new requests join at the next step and
 finished ones leave; `batching: static` generates each execute()'s requests
 together, start to end.
@@ -74,15 +74,15 @@ def row_outputs(rows: list[Row], codec=None) -> list:
 
 
 def run_static(step: StepFn, settings: Settings, jobs: list, observe=None) -> None:
-    """Run `jobs` (inflight.Job) to their ends together in the caller's thread: the in-flight batch's loop
-    with no joins (inflight.Scheduler.drain). Their rows are prefilled together (left-padded) and each
+    """Run `jobs` (decoding.Job) to their ends together in the caller's thread: the in-flight batch's loop
+    with no joins (decoding.Scheduler.drain). Their rows are prefilled together (left-padded) and each
     leaves the batch as soon as its output says it is done, so the padded width is always the longest
     remaining row's own length, which validate_row bounded. A failing step finishes the jobs with the
     error."""
-    inflight = load_inflight()
+    decoding = load_decoding()
     rows = sum(len(job.rows) for job in jobs)
-    batch = inflight.Batch(step, settings, choose_tokens, max(1, rows))
-    scheduler = inflight.Scheduler(batch, _log, observe=observe)
+    batch = decoding.Batch(step, settings, choose_tokens, max(1, rows))
+    scheduler = decoding.Scheduler(batch, _log, observe=observe)
     for job in jobs:
         scheduler.submit(job)
     scheduler.drain()
@@ -106,7 +106,7 @@ def generate(step: StepFn, settings: Settings, rows: list[Row], outputs: Optiona
         if error is not None:
             errors.append(error)
 
-    run_static(step, settings, [load_inflight().Job(rows=rows, emit=emit, finish=finish, outputs=outputs)])
+    run_static(step, settings, [load_decoding().Job(rows=rows, emit=emit, finish=finish, outputs=outputs)])
     if errors:
         raise RuntimeError(errors[0])
     return [np.array(out.tokens, dtype=np.int64) for out in outputs]
@@ -190,7 +190,7 @@ def bls_step(settings: Settings) -> StepFn:
     return step
 
 
-def check_device_cache_ops(settings: Settings, step: StepFn, inflight) -> None:
+def check_device_cache_ops(settings: Settings, step: StepFn, decoding) -> None:
     """The batch loop (in-flight and static) rebuilds a KV cache on a device there when a row joins or
     leaves (PyTorch over DLPack): fail at model load, with the way out, rather than at the first leave."""
     if settings.flavour == "onnxruntime":
@@ -204,14 +204,15 @@ def check_device_cache_ops(settings: Settings, step: StepFn, inflight) -> None:
                                "(1.32 has it) in the server's Python")
     elif settings.kv_cache_memory != "gpu":
         return
-    inflight.TorchCacheOps()  # RuntimeError when PyTorch is missing
+    decoding.TorchCacheOps()  # RuntimeError when PyTorch is missing
 
 
 def load_sibling(name: str):
-    """A module of this folder (contract, settings, rows, ortstep, inflight, textgen, metrics: the package's
+    """A module of this folder (contract, settings, rows, ortstep, decoding, textgen, metrics: the package's
     own modules when this is the package's module, else the files beside it, loaded once by path)."""
     if __package__:  # the package's own module: its siblings are the package's modules
-        return importlib.import_module(f"{__package__}.{name}")
+        home = __package__.rsplit(".", 1)[0] if name == "decoding" else __package__  # the loop is a layer below
+        return importlib.import_module(f"{home}.{name}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     key = f"wide_{name}_{abs(hash(path))}"
     if key not in sys.modules:
@@ -232,9 +233,9 @@ ort_step, _bind_torch_input = _ortstep.ort_step, _ortstep._bind_torch_input
 OnStep = Callable[[int, np.ndarray], bool]
 
 
-def load_inflight():
-    """The in-flight batching module (inflight.py beside this file)."""
-    return load_sibling("inflight")
+def load_decoding():
+    """The generation loop (decoding.py beside this file)."""
+    return load_sibling("decoding")
 
 
 def _per_row(request, name: str, batch: int, default):
@@ -389,12 +390,12 @@ class TritonPythonModel:
             self.step = bls_step(self.settings)
         else:
             raise ValueError(f"unknown flavour {self.settings.flavour!r} in {SETTINGS_FILE}")
-        inflight = load_inflight()
-        check_device_cache_ops(self.settings, self.step, inflight)  # static batching rebuilds it too (leaves)
+        decoding = load_decoding()
+        check_device_cache_ops(self.settings, self.step, decoding)  # static batching rebuilds it too (leaves)
         self.scheduler = None
         if self.streaming and params.get("batching", "static") == "inflight":
-            batch = inflight.Batch(self.step, self.settings, choose_tokens, max(1, int(config["max_batch_size"])))
-            self.scheduler = inflight.Scheduler(batch, _log, observe=self.metrics.gauges).start()
+            batch = decoding.Batch(self.step, self.settings, choose_tokens, max(1, int(config["max_batch_size"])))
+            self.scheduler = decoding.Scheduler(batch, _log, observe=self.metrics.gauges).start()
 
     def finalize(self) -> None:
         if self.scheduler is not None:
@@ -407,7 +408,7 @@ class TritonPythonModel:
         return rows
 
     def execute(self, requests: list) -> Optional[list]:
-        """Every request becomes one inflight.Job: in-flight batching hands them to the scheduler thread;
+        """Every request becomes one decoding.Job: in-flight batching hands them to the scheduler thread;
         static batching runs them together here, start to end (run_static). Decoupled mode answers
         through each request's response sender (None here); otherwise one response per request."""
         responses: list = [None] * len(requests)
@@ -470,7 +471,7 @@ class TritonPythonModel:
                 finished()
                 _send(sender, last, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL, even_if_cancelled=True)
 
-        return load_inflight().Job(rows=rows, emit=emit, finish=finish, outputs=outputs, on_admit=timer.admitted)
+        return load_decoding().Job(rows=rows, emit=emit, finish=finish, outputs=outputs, on_admit=timer.admitted)
 
     def _stream_response(self, outputs: list, fresh: list, wanted: set):
         """One streamed response: each row's token of this step (pad for rows that ended before)."""

@@ -8,7 +8,7 @@ Layout (standard Triton):
     REPO/<model>/1/settings.py           = wide_export/triton/settings.py (generation.json, the step type)
     REPO/<model>/1/rows.py               = wide_export/triton/rows.py (a request's rows, their checks, sampling)
     REPO/<model>/1/ortstep.py            = wide_export/triton/ortstep.py (the ONNX Runtime step)
-    REPO/<model>/1/inflight.py           = wide_export/triton/inflight.py (in-flight batching)
+    REPO/<model>/1/decoding.py           = wide_export/decoding.py (the generation loop, in-flight batching)
     REPO/<model>/1/textgen.py            = wide_export/triton/textgen.py (tokenizer, stop rules, text)
     REPO/<model>/1/metrics.py            = wide_export/triton/metrics.py (Prometheus metrics)
     REPO/<model>/1/generation.json       settings read by model.py (eos / pad ids included)
@@ -104,7 +104,17 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.close(fd)
 
 
-SIBLINGS = ("contract.py", "settings.py", "rows.py", "ortstep.py", "inflight.py", "textgen.py", "metrics.py")  # modules model.py loads from its folder
+# modules model.py loads from its folder, by the package they come from
+SIBLINGS = {"wide_export.triton": ("contract.py", "settings.py", "rows.py", "ortstep.py", "textgen.py", "metrics.py"),
+            "wide_export": ("decoding.py",)}
+
+
+def write_model_files(version: Path) -> None:
+    """model.py (generation_model.py) and the siblings it loads from its folder."""
+    (version / "model.py").write_text(files("wide_export.triton").joinpath("generation_model.py").read_text())
+    for package, names in SIBLINGS.items():
+        for name in names:
+            (version / name).write_text(files(package).joinpath(name).read_text())
 
 
 def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, settings: dict, source: Path) -> Path:
@@ -120,10 +130,7 @@ def _write_generation_model(repo: Path, opts: RepoOptions, flavour: str, setting
         decoupled="true" if opts.streaming else "false", batching=opts.batching if opts.streaming else "static",
         inputs=contract.pbtxt(contract.INPUTS), outputs=contract.pbtxt(contract.OUTPUTS),
     ))
-    package = files("wide_export.triton")
-    (version / "model.py").write_text(package.joinpath("generation_model.py").read_text())
-    for name in SIBLINGS:
-        (version / name).write_text(package.joinpath(name).read_text())
+    write_model_files(version)
     (version / "generation.json").write_text(json.dumps({"flavour": flavour, **settings}, indent=2) + "\n")
     from wide_export.paths import copy_confined
 

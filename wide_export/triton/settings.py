@@ -1,7 +1,7 @@
 """What a generation model's generation.json says (copied as `<model>/1/settings.py`; written by
 wide_export/triton/repository.py), and the step function type every runtime's step has.
 
-Self-contained (the standard library only) like model.py, which loads it from its own folder; the one
+Self-contained (the standard library; numpy for a step's feeds) like model.py, which loads it from its own folder; the one
 reader of generation.json (the OpenAI frontend and the serving benchmark read it through `Settings.load`)."""
 
 from __future__ import annotations
@@ -61,11 +61,24 @@ class Settings:
         key, value = self.io["past_key"], self.io["past_value"]
         return [(key.format(i=i), value.format(i=i)) for i in range(self.num_layers)]
 
+    def feeds(self, ids, mask, positions, past) -> dict:
+        """The graph's inputs by name for one step (decoding.Batch): `past` the cache per layer as (key,
+        value), None for a prefill (an empty cache [B, H, 0, D] of the KV dtype)."""
+        feeds = {self.io["input_ids"]: ids, self.io["attention_mask"]: mask, self.io["position_ids"]: positions}
+        if past is None:
+            import numpy as np  # the only use: settings are read where numpy is not needed
+
+            empty = np.zeros((ids.shape[0], self.num_kv_heads, 0, self.head_dim), dtype=np.dtype(self.kv_dtype))
+            past = [(empty, empty)] * self.num_layers
+        for (k_name, v_name), (k, v) in zip(self.past_names(), past):
+            feeds[k_name], feeds[v_name] = k, v
+        return feeds
+
     def present_names(self) -> list[tuple[str, str]]:
         """(key, value) output names per layer."""
         key, value = self.io["present_key"], self.io["present_value"]
         return [(key.format(i=i), value.format(i=i)) for i in range(self.num_layers)]
 
 
-# A step runs the graph once: (feeds by input name) -> (logits, presents in layer order).
+# A step runs the graph once: (feeds by input name, phase) -> (logits, presents in layer order).
 StepFn = Callable[[dict, str], tuple]

@@ -39,7 +39,8 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
     """
     import torch
 
-    from wide_export.model.generate import TorchStep, decode_loop
+    from wide_export.decoding import decode_loop
+    from wide_export.model.generate import TorchStep
     from wide_export.model.modeling import Collector
 
     cfg = model.config

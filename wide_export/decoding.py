@@ -1,26 +1,27 @@
-"""In-flight batching for the streaming generation model (copied as `<model>/1/inflight.py`).
+"""The one generation loop: a batch of rows that prefill, decode one token per step and leave when done.
 
-Self-contained (numpy only) like model.py, which loads it from its own folder.
+Self-contained (numpy only): a generated Triton repository copies it as `<model>/1/decoding.py` beside
+model.py, which loads it from its own folder; in the package, model/generate.py, verification, `run-tp` and
+the Triton model all run it.
 
-`Batch` holds the running sequences' KV cache as one left-padded batch: a
-sequence joins after its prefill (its cache and the batch's are left-padded to
-a common width, the attention mask marks the padding, positions stay per
-sequence) and leaves when it is done or its client went away (its rows are
-dropped and columns of padding shared by every remaining row are cut). While
-nobody joins or leaves, each step's presents are bound unchanged as the next
-step's past (OrtValues with ONNX Runtime, pb_utils GPU tensors with BLS).
-A join or a leave rebuilds the cache where it lies (`cache_ops`): with numpy
-when it is in host memory (CPU), with PyTorch through DLPack when it is on a
-device (CUDA OrtValues, pb_utils GPU tensors), so it never crosses the PCIe
-bus. The device path needs PyTorch in the server's Python; the CPU path does
-not import it.
+`Batch` holds the running rows and their KV cache as one left-padded batch. Its `step(feeds, phase)` runs
+the model once and returns (logits [B, T, V], presents per layer); its `feeds` object turns (ids, mask,
+positions, past or None for a prefill) into the step's feeds: the graph's inputs by name
+(settings.Settings.feeds) or the plain triple of an in-process step that keeps its own cache
+(`PositionalFeeds`). A row joins after its prefill (its cache and the batch's are left-padded to a common
+width, the attention mask marks the padding, positions stay per row) and leaves when it is done or its
+caller went away (its rows are dropped and columns of padding shared by every remaining row are cut).
+While nobody joins or leaves, each step's presents are bound unchanged as the next step's past
+(OrtValues with ONNX Runtime, pb_utils GPU tensors with BLS). A join or a leave rebuilds the cache where it
+lies (`cache_ops`): with numpy when it is in host memory (CPU), with PyTorch through DLPack when it is on a
+device (CUDA OrtValues, pb_utils GPU tensors), so it never crosses the PCIe bus. The device path needs
+PyTorch in the server's Python; the CPU path does not import it.
 
-`Scheduler` runs a `Batch` on its own thread: requests submitted while others
-decode are prefilled together at the next step and join; finished ones leave
-at once instead of waiting for the whole batch (TensorRT-LLM calls this
-in-flight batching). `Scheduler.drain()` runs the same loop in the caller's
-thread over the jobs submitted before it: static batching is this loop with
-no joins, and the only generation loop of the model.
+`Scheduler` runs a `Batch` over `Job`s (a request's rows): on its own thread, jobs submitted while others
+decode are prefilled together at the next step and join, finished rows leave at once (TensorRT-LLM calls
+this in-flight batching). `Scheduler.drain()` runs the same loop in the caller's thread over the jobs
+submitted before it: static batching is this loop with no joins. `decode_loop` is one job in lock-step
+(every row has the same length limit): the reference, verification, `run-tp` and fast CPU generation.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-# (feeds by input name, phase) -> (logits [B, T, V], presents [(key, value)] per layer)
-StepFn = Callable[[dict, str], tuple]
+# (feeds, phase "prefill" | "decode") -> (logits [B, T, V], presents [(key, value)] per layer)
+StepFn = Callable[[object, str], tuple]
 # (last-position logits [B, V], rows, per-row generators) -> next token per row [B]
 ChooseFn = Callable[[np.ndarray, list, list], np.ndarray]
 
@@ -148,10 +149,11 @@ class Active:
 
 
 class Batch:
-    """The running batch: its rows, their left-padded KV cache and attention mask."""
+    """The running batch: its rows, their left-padded KV cache and attention mask. `feeds.feeds(ids, mask,
+    positions, past)` makes a step's feeds (past None: the prefill's empty cache)."""
 
-    def __init__(self, step: StepFn, settings, choose: ChooseFn, max_rows: int, ops=None):
-        self.step, self.settings, self.choose, self.max_rows = step, settings, choose, max_rows
+    def __init__(self, step: StepFn, feeds, choose: ChooseFn, max_rows: int, ops=None):
+        self.step, self.feeds, self.choose, self.max_rows = step, feeds, choose, max_rows
         self.ops = ops  # cache ops for joins / leaves; None: chosen by where the cache lies
         self.rows: list[Active] = []
         self.mask = np.zeros((0, 0), dtype=np.int64)  # [B, W]: 1 where the cache holds a real token
@@ -182,15 +184,14 @@ class Batch:
         ids = np.zeros((batch, longest), dtype=np.int64)
         mask = np.zeros((batch, longest), dtype=np.int64)
         for b, row in enumerate(rows):
-            ids[b, longest - row.prompt.size:] = row.prompt
-            mask[b, longest - row.prompt.size:] = 1
-        s = self.settings
-        empty = np.zeros((batch, s.num_kv_heads, 0, s.head_dim), dtype=np.dtype(s.kv_dtype))
-        feeds = {s.io["input_ids"]: ids, s.io["attention_mask"]: mask,
-                 s.io["position_ids"]: np.clip(np.cumsum(mask, axis=1) - 1, 0, None)}
-        for k_name, v_name in s.past_names():
-            feeds[k_name], feeds[v_name] = empty, empty
-        logits, presents = self.step(feeds, "prefill")
+            pad = longest - row.prompt.size
+            ids[b, pad:] = row.prompt
+            mask[b, pad:] = 1
+            lead = getattr(row, "padding", None)  # decode_loop's rows: the caller's padding ids, kept
+            if lead is not None and pad:
+                ids[b, max(0, pad - len(lead)):pad] = lead[max(0, len(lead) - pad):]
+        positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+        logits, presents = self.step(self.feeds.feeds(ids, mask, positions, None), "prefill")
         joined = [Active(row, np.random.default_rng(row.seed)) for row in rows]
         for active, token in zip(joined, self.choose(logits[:, -1, :], rows, [a.rng for a in joined])):
             active.tokens.append(int(token))
@@ -199,14 +200,10 @@ class Batch:
 
     def decode(self) -> np.ndarray:
         """One step for every row: feed each row's last token, choose the next."""
-        s = self.settings
         mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
-        feeds = {s.io["input_ids"]: np.array([[a.tokens[-1]] for a in self.rows], dtype=np.int64),
-                 s.io["attention_mask"]: mask,
-                 s.io["position_ids"]: self.mask.sum(axis=1, keepdims=True)}  # real tokens before this one
-        for (k_name, v_name), (k, v) in zip(s.past_names(), self.past):
-            feeds[k_name], feeds[v_name] = k, v
-        logits, self.past = self.step(feeds, "decode")
+        ids = np.array([[a.tokens[-1]] for a in self.rows], dtype=np.int64)
+        positions = self.mask.sum(axis=1, keepdims=True)  # real tokens before this one
+        logits, self.past = self.step(self.feeds.feeds(ids, mask, positions, self.past), "decode")
         self.mask = mask
         tokens = self.choose(logits[:, -1, :], [a.row for a in self.rows], [a.rng for a in self.rows])
         for active, token in zip(self.rows, tokens):
@@ -217,6 +214,8 @@ class Batch:
         if not self.rows:
             self.rows, self.mask, self.past = list(joined), mask, list(presents)
             return
+        if not presents:
+            raise ValueError("rows cannot join a running batch whose step keeps its own KV cache")
         width = max(self.width, mask.shape[1])
         self.mask = np.concatenate([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)], axis=0)
         ops = self._rebuild_ops(presents[0][0])
@@ -236,8 +235,9 @@ class Batch:
         mask = self.mask[keep]
         start = int(np.argmax(mask.any(axis=0)))  # first column holding a real token for some row
         self.mask = np.ascontiguousarray(mask[:, start:])
-        ops = self._rebuild_ops(self.past[0][0])
-        self.past = [tuple(ops.keep(t, keep, start) for t in pair) for pair in self.past]
+        if self.past:  # an in-process step keeps its own cache and hands none back
+            ops = self._rebuild_ops(self.past[0][0])
+            self.past = [tuple(ops.keep(t, keep, start) for t in pair) for pair in self.past]
         self.rows = [self.rows[i] for i in keep]
 
 
@@ -262,7 +262,7 @@ class Job:
     """One request: its rows decode in lock-step, each leaving the batch as soon as its output says
     it is done (`outputs[i]`: add(token), done, finish_reason; textgen.RowOutput in the model).
     `emit(fresh)` gets, per row, the token it chose at this step or None for a row that finished
-    earlier, and returns False when the client has gone; `finish(error or None)` sends the final
+    earlier, and returns False when the client has gone (or the caller wants no more tokens); `finish(error or None)` sends the final
     response (always called once). `on_admit()` is called when the job's prefill starts."""
 
     rows: list
@@ -342,13 +342,14 @@ class Scheduler:
                     return
             self._iterate_safely()
 
-    def drain(self) -> None:
+    def drain(self, reraise: bool = False) -> None:
         """Run in the caller's thread, without starting the scheduler's own, until every job submitted so
-        far is finished: static batching, where the jobs of one call decode together and none joins later."""
+        far is finished: static batching, where the jobs of one call decode together and none joins later.
+        reraise: a failing step (or callback) raises here after its jobs are finished with the error."""
         while self._waiting or self._running:
-            self._iterate_safely()
+            self._iterate_safely(reraise)
 
-    def _iterate_safely(self) -> None:
+    def _iterate_safely(self, reraise: bool = False) -> None:
         try:
             self._iterate()
         except Exception as err:  # noqa: BLE001 - fail the jobs in the batch, keep serving
@@ -356,6 +357,8 @@ class Scheduler:
                 job.finish(f"generation failed: {err}")
             self._running = []
             self.batch.leave(list(self.batch.rows))
+            if reraise:
+                raise
         if self.observe is not None:
             self.observe(len(self.batch.rows), self.waiting_rows)
 
@@ -409,3 +412,74 @@ class Scheduler:
         """Rows submitted and not admitted into the batch yet."""
         with self._cond:
             return sum(len(job.rows) for job in self._waiting)
+
+
+def greedy(logits):
+    """The most likely token of each row of logits [B, V] (torch or numpy)."""
+    return logits.argmax(-1)
+
+
+@dataclass
+class Prompt:
+    """A row of `decode_loop`: its real tokens, the tokens to generate, its generator's seed, and the ids its
+    caller padded it with (fed as they were, masked; a Triton request's rows are padded with id 0)."""
+
+    prompt: np.ndarray
+    max_new_tokens: int
+    seed: int = 0
+    padding: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+class PositionalFeeds:
+    """The feeds of an in-process step, step((ids, mask, positions)): it keeps its own KV cache."""
+
+    @staticmethod
+    def feeds(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past) -> tuple:
+        return ids, mask, positions
+
+
+def _left_padded(ids: np.ndarray, mask: np.ndarray) -> list:
+    """Each row as (its padding ids, its tokens where `mask` is 1); ValueError unless every row is
+    left-padded (0s, then 1s) and holds a token."""
+    rows = []
+    for b in range(ids.shape[0]):
+        pad = int((mask[b] == 0).sum())
+        if pad == mask.shape[1] or not (mask[b, :pad] == 0).all() or not (mask[b, pad:] == 1).all():
+            raise ValueError(f"row {b} of the attention mask is not left padding (0s, then 1s, at least one 1): "
+                             f"{mask[b].tolist()}")
+        rows.append((ids[b, :pad], ids[b, pad:]))
+    return rows
+
+
+def decode_loop(step: Callable, input_ids: np.ndarray, attention_mask: Optional[np.ndarray], max_new_tokens: int,
+                choose: Callable = greedy, on_token: Optional[Callable[[int, np.ndarray], None]] = None,
+                stop: Optional[Callable[[np.ndarray], bool]] = None) -> np.ndarray:
+    """New tokens [B, n <= max_new_tokens] (int64) for input_ids [B, T] (rows left-padded by attention_mask,
+    None: none are): the rows as one job of a `Scheduler` drained in this thread, in lock-step.
+
+    `step(ids, mask, positions) -> logits [B, T, V]` runs the model and keeps its own KV cache: first the
+    prompts (left-padded as given; columns that pad every row are left out), then each step's new ids, the mask over past + new
+    positions and their positions (fresh arrays each step, never changed afterwards: a step may keep
+    them). choose(logits[:, -1]) picks a token per row; on_token(k, ids [B]) sees them as they are chosen
+    (k = 0 after the prefill); stop(ids) ends after those tokens. An error in the step or a callback is
+    raised here."""
+    ids = np.asarray(input_ids, dtype=np.int64)
+    batch = ids.shape[0]
+    if max_new_tokens <= 0:
+        return np.zeros((batch, 0), np.int64)
+    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
+    rows = [Prompt(tokens, max_new_tokens, padding=lead) for lead, tokens in _left_padded(ids, mask)]
+    emitted: list = []
+
+    def emit(fresh: list) -> bool:
+        chosen = np.asarray(fresh, dtype=np.int64)
+        emitted.append(chosen)
+        if on_token is not None:
+            on_token(len(emitted) - 1, chosen)
+        return stop is None or not stop(chosen)
+
+    scheduler = Scheduler(Batch(lambda feeds, phase: (step(*feeds), []), PositionalFeeds(),
+                                lambda logits, rows, rngs: choose(logits), batch))
+    scheduler.submit(Job(rows=rows, emit=emit, finish=lambda error: None))
+    scheduler.drain(reraise=True)
+    return np.stack(emitted, axis=1)
