@@ -138,7 +138,7 @@ def cache_ops(value):
 class Active:
     """One row in the running batch."""
 
-    row: object  # generation_model.Row: prompt, max_new_tokens, temperature, top_p, seed
+    row: object  # rows.Row (a request's row) or Prompt: prompt, max_new_tokens, seed, ...
     rng: np.random.Generator
     tokens: list = field(default_factory=list)  # chosen so far; the last one is not in the cache yet
 
