@@ -48,7 +48,7 @@ def test_stop_ends_after_the_token_that_asked_and_zero_tokens_is_empty():
 
 def test_a_mask_that_is_not_left_padding_is_refused_before_any_step():
     step = CountingStep()
-    for mask in ([[1, 1, 0]], [[0, 1, 0]], [[0, 0, 0]]):
+    for mask in ([[1, 1, 0]], [[0, 1, 0]], [[0, 0, 0]], [[0, 1, 2]]):
         with pytest.raises(ValueError, match="row 0 of the attention mask is not left padding"):
             decode_loop(step, np.array([[1, 2, 3]]), np.array(mask), 2)
     assert step.fed == []
