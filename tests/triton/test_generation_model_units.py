@@ -508,7 +508,7 @@ def test_log_goes_to_the_triton_logger_where_there_is_one(gm, monkeypatch):
     assert logged == ["hello"]
 
 
-def test_load_sibling_loads_each_module_once(tiny_repo):
+def test_load_sibling_loads_each_module_once(tiny_repo, monkeypatch):
     """In a repository (model.py loaded from its file, as Triton's Python backend does, outside any package) a
     sibling file is executed once, under a key of its path; the package's own module takes the package's."""
     import importlib
@@ -531,8 +531,16 @@ def test_load_sibling_loads_each_module_once(tiny_repo):
     assert model.load_decoding() is model.load_sibling("decoding")
     assert model.Row is model.load_sibling("rows").Row and model.C is model.load_sibling("contract")
     package = importlib.import_module("wide_export.triton.generation_model")
-    assert package.load_sibling("textgen") is importlib.import_module("wide_export.triton.textgen")
-    assert package.load_sibling("decoding") is importlib.import_module("wide_export.decoding")  # a layer below
+    load = getattr(package, "file_load_sibling", package.load_sibling)  # its own, also under mutmut (support.py)
+    assert load("textgen") is importlib.import_module("wide_export.triton.textgen")
+    assert load("decoding") is importlib.import_module("wide_export.decoding")  # a layer below
+    # the same function outside a package (as model.py runs in Triton) loads the file beside it by path
+    monkeypatch.setattr(package, "__package__", "")
+    by_path = load("textgen")
+    path = os.path.join(os.path.dirname(package.__file__), "textgen.py")
+    assert by_path.__file__ == path and sys.modules[f"wide_textgen_{abs(hash(path))}"] is by_path
+    assert by_path is not importlib.import_module("wide_export.triton.textgen") and load("textgen") is by_path
+    assert by_path.RowOutput.__module__ == f"wide_textgen_{abs(hash(path))}"
 
 
 def test_device_torch_says_what_this_python_lacks(gm, monkeypatch):
