@@ -113,7 +113,9 @@ TESTS: dict[str, list[str]] = {
     # verification units run here; tp/ranks.py's rank processes run in tests/tp/test_tp_run.py (subprocesses)
     "wide_export/verify/tensorrt.py": ["tests/faults/test_hostile_manifests.py",
                                        "tests/verify/test_onnx_verify_units.py"],
-    "wide_export/tp/ranks.py": ["tests/faults/test_hostile_manifests.py", "tests/tp/test_tp_run.py"],
+    # test_tp_export runs verify_onnx in-process: the simulated world of a sharded export (SimulatedWorld)
+    "wide_export/tp/ranks.py": ["tests/faults/test_hostile_manifests.py", "tests/tp/test_tp_run.py",
+                                "tests/tp/test_tp_export.py"],
     "wide_export/verify/sharded.py": ["tests/verify/test_onnx_verify_units.py", "tests/tp/test_tp_export.py"],
     "wide_export/triton/contract.py": ["tests/triton/test_contract.py", "tests/frontend/test_engine_units.py"],
     "wide_export/checkpoint/sources.py": ["tests/test_python_api.py::test_sources_load_what_the_loader_loads_from_the_same_options",
