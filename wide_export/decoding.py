@@ -262,8 +262,8 @@ class Job:
     """One request: its rows decode in lock-step, each leaving the batch as soon as its output says
     it is done (`outputs[i]`: add(token), done, finish_reason; textgen.RowOutput in the model).
     `emit(fresh)` gets, per row, the token it chose at this step or None for a row that finished
-    earlier, and returns False when the client has gone (or the caller wants no more tokens); `finish(error or None)` sends the final
-    response (always called once). `on_admit()` is called when the job's prefill starts."""
+    earlier, and returns False when the client has gone (or the caller wants no more tokens);
+    `finish(error or None)` sends the final response (always called once). `on_admit()` is called when the job's prefill starts."""
 
     rows: list
     emit: Callable[[list], bool]
@@ -458,9 +458,9 @@ def decode_loop(step: Callable, input_ids: np.ndarray, attention_mask: Optional[
     None: none are): the rows as one job of a `Scheduler` drained in this thread, in lock-step.
 
     `step(ids, mask, positions) -> logits [B, T, V]` runs the model and keeps its own KV cache: first the
-    prompts (left-padded as given; columns that pad every row are left out), then each step's new ids, the mask over past + new
-    positions and their positions (fresh arrays each step, never changed afterwards: a step may keep
-    them). choose(logits[:, -1]) picks a token per row; on_token(k, ids [B]) sees them as they are chosen
+    prompts (left-padded as given; columns that pad every row are left out), then each step's new ids, the
+    mask over past + new positions and their positions (fresh arrays each step, never changed afterwards: a
+    step may keep them). choose(logits[:, -1]) picks a token per row; on_token(k, ids [B]) sees them as they are chosen
     (k = 0 after the prefill); stop(ids) ends after those tokens. An error in the step or a callback is
     raised here."""
     ids = np.asarray(input_ids, dtype=np.int64)

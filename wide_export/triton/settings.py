@@ -1,8 +1,9 @@
 """What a generation model's generation.json says (copied as `<model>/1/settings.py`; written by
 wide_export/triton/repository.py), and the step function type every runtime's step has.
 
-Self-contained (the standard library; numpy for a step's feeds) like model.py, which loads it from its own folder; the one
-reader of generation.json (the OpenAI frontend and the serving benchmark read it through `Settings.load`)."""
+Self-contained (the standard library; numpy for a step's feeds) like model.py, which loads it from its own
+folder; the one reader of generation.json (the OpenAI frontend and the serving benchmark read it through
+`Settings.load`)."""
 
 from __future__ import annotations
 
