@@ -263,7 +263,8 @@ class Job:
     it is done (`outputs[i]`: add(token), done, finish_reason; textgen.RowOutput in the model).
     `emit(fresh)` gets, per row, the token it chose at this step or None for a row that finished
     earlier, and returns False when the client has gone (or the caller wants no more tokens);
-    `finish(error or None)` sends the final response (always called once). `on_admit()` is called when the job's prefill starts."""
+    `finish(error or None)` sends the final response (always called once). `on_admit()` is called when
+    the job's prefill starts."""
 
     rows: list
     emit: Callable[[list], bool]
