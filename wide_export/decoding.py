@@ -48,6 +48,13 @@ def _left_pad(array: np.ndarray, width: int, axis: int) -> np.ndarray:
     return np.pad(array, pad)
 
 
+def positions(attention_mask):
+    """position_ids for left padding: the count of real tokens before each position (torch or numpy)."""
+    if isinstance(attention_mask, np.ndarray):
+        return np.maximum(attention_mask.cumsum(-1) - 1, 0)
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def in_host_memory(value) -> bool:
     """Whether a cache tensor lies in host memory: numpy arrays, torch tensors, pb_utils.Tensor
     (`is_cpu()`), OrtValues (`device_name()`), else any DLPack object (`__dlpack_device__`)."""
@@ -190,8 +197,7 @@ class Batch:
             lead = getattr(row, "padding", None)  # decode_loop's rows: the caller's padding ids, kept
             if lead is not None and pad:
                 ids[b, max(0, pad - len(lead)):pad] = lead[max(0, len(lead) - pad):]
-        positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-        logits, presents = self.step(self.feeds.feeds(ids, mask, positions, None), "prefill")
+        logits, presents = self.step(self.feeds.feeds(ids, mask, positions(mask), None), "prefill")
         joined = [Active(row, np.random.default_rng(row.seed)) for row in rows]
         for active, token in zip(joined, self.choose(logits[:, -1, :], rows, [a.rng for a in joined])):
             active.tokens.append(int(token))

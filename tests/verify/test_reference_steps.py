@@ -30,7 +30,8 @@ def test_prompts_pad_only_the_first_row_by_a_third():
 
 
 def test_steps_are_greedy_decoding_with_the_cache(model):
-    from wide_export.model.generate import greedy_generate, positions
+    from wide_export.decoding import positions
+    from wide_export.model.generate import greedy_generate
 
     cfg = model.config
     steps = reference_steps(model, batch=2, prompt_len=5, steps=3, seed=0, kv_dtype="float32")

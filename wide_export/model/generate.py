@@ -19,13 +19,6 @@ import torch
 from wide_export.decoding import decode_loop
 
 
-def positions(attention_mask):
-    """position_ids for left padding: the count of real tokens before each position (torch or numpy)."""
-    if isinstance(attention_mask, np.ndarray):
-        return np.maximum(attention_mask.cumsum(-1) - 1, 0)
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
-
-
 class TorchStep:
     """The PyTorch model (modeling.WideForCausalLM) as the loop's step: its KV cache kept here (`past`: the
     tuple cache of empty_cache(batch), or a preallocated static_cache), `collect` recording router masks."""
