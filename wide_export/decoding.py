@@ -36,7 +36,7 @@ import numpy as np
 # (feeds, phase "prefill" | "decode") -> (logits [B, T, V], presents [(key, value)] per layer)
 StepFn = Callable[[object, str], tuple]
 # (last-position logits [B, V], rows, per-row generators) -> next token per row [B]
-ChooseFn = Callable[[np.ndarray, list, list], np.ndarray]
+ChooseFn = Callable[[np.ndarray, list, list], np.ndarray]  # or a torch tensor: anything with .tolist()
 
 
 def _left_pad(array: np.ndarray, width: int, axis: int) -> np.ndarray:
@@ -145,7 +145,7 @@ def cache_ops(value):
 class Active:
     """One row in the running batch."""
 
-    row: object  # rows.Row (a request's row) or Prompt: prompt, max_new_tokens, seed, ...
+    row: object  # rows.Row (a request's row) or Prompt: prompt, max_new_tokens, seed, padding, ...
     rng: np.random.Generator
     tokens: list = field(default_factory=list)  # chosen so far; the last one is not in the cache yet
 
@@ -164,6 +164,7 @@ class Batch:
         self.ops = ops  # cache ops for joins / leaves; None: chosen by where the cache lies
         self.rows: list[Active] = []
         self.mask = np.zeros((0, 0), dtype=np.int64)  # [B, W]: 1 where the cache holds a real token
+        self.lengths = np.zeros(0, dtype=np.int64)  # [B]: real tokens in the cache (the mask's row sums)
         self.past: list = []  # per layer (key, value) [B, H, W, D]
         self.rebuilds: dict = {}  # cache rebuilds (joins + leaves) per cache ops name ("numpy", "dlpack")
 
@@ -194,9 +195,8 @@ class Batch:
             pad = longest - row.prompt.size
             ids[b, pad:] = row.prompt
             mask[b, pad:] = 1
-            lead = getattr(row, "padding", None)  # decode_loop's rows: the caller's padding ids, kept
-            if lead is not None and pad:
-                ids[b, max(0, pad - len(lead)):pad] = lead[max(0, len(lead) - pad):]
+            lead = row.padding  # the ids a caller padded this row with (the nearest ones), else 0
+            ids[b, max(0, pad - len(lead)):pad] = lead[max(0, len(lead) - pad):]
         logits, presents = self.step(self.feeds.feeds(ids, mask, positions(mask), None), "prefill")
         joined = [Active(row, np.random.default_rng(row.seed)) for row in rows]
         for active, token in zip(joined, self.choose(logits[:, -1, :], rows, [a.rng for a in joined])):
@@ -207,23 +207,25 @@ class Batch:
     def decode(self) -> np.ndarray:
         """One step for every row: feed each row's last token, choose the next."""
         mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
-        ids = np.array([[a.tokens[-1]] for a in self.rows], dtype=np.int64)
-        positions = self.mask.sum(axis=1, keepdims=True)  # real tokens before this one
+        ids = np.array([a.tokens[-1] for a in self.rows], dtype=np.int64)[:, None]  # a flat list converts faster
+        positions = self.lengths[:, None]  # real tokens before this one (never changed: a new array below)
         logits, self.past = self.step(self.feeds.feeds(ids, mask, positions, self.past), "decode")
-        self.mask = mask
+        self.mask, self.lengths = mask, self.lengths + 1
         tokens = self.choose(logits[:, -1, :], [a.row for a in self.rows], [a.rng for a in self.rows])
-        for active, token in zip(self.rows, tokens):
-            active.tokens.append(int(token))
+        for active, token in zip(self.rows, tokens.tolist()):  # Python ints in one call (numpy or torch, any device)
+            active.tokens.append(token)
         return tokens
 
     def _join(self, joined: list[Active], mask: np.ndarray, presents: list) -> None:
         if not self.rows:
             self.rows, self.mask, self.past = list(joined), mask, list(presents)
+            self.lengths = mask.sum(axis=1)
             return
         if not presents:
             raise ValueError("rows cannot join a running batch whose step keeps its own KV cache")
         width = max(self.width, mask.shape[1])
         self.mask = np.concatenate([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)], axis=0)
+        self.lengths = np.concatenate([self.lengths, mask.sum(axis=1)])
         ops = self._rebuild_ops(presents[0][0])
         self.past = [tuple(ops.join(old, new, width) for old, new in zip(pair_old, pair_new))
                      for pair_old, pair_new in zip(self.past, presents)]
@@ -231,16 +233,20 @@ class Batch:
 
     def leave(self, leaving: list[Active]) -> None:
         """Drop rows; cut the columns that are padding in every remaining row."""
+        if not leaving:
+            return
         gone = {id(a) for a in leaving}
         keep = [i for i, a in enumerate(self.rows) if id(a) not in gone]
         if len(keep) == len(self.rows):
             return
         if not keep:
             self.rows, self.mask, self.past = [], np.zeros((0, 0), dtype=np.int64), []
+            self.lengths = np.zeros(0, dtype=np.int64)
             return
         mask = self.mask[keep]
         start = int(np.argmax(mask.any(axis=0)))  # first column holding a real token for some row
         self.mask = np.ascontiguousarray(mask[:, start:])
+        self.lengths = self.lengths[keep]
         if self.past:  # an in-process step keeps its own cache and hands none back
             ops = self._rebuild_ops(self.past[0][0])
             self.past = [tuple(ops.keep(t, keep, start) for t in pair) for pair in self.past]
@@ -399,8 +405,9 @@ class Scheduler:
                 if out.done:  # finished at an earlier step: no longer in the batch
                     fresh.append(None)
                     continue
-                out.add(active.tokens[-1])
-                fresh.append(active.tokens[-1])
+                token = active.tokens[-1]
+                out.add(token)
+                fresh.append(token)
                 if out.done:
                     leaving.append(active)
             if not job.emit(fresh):

@@ -82,3 +82,66 @@ def test_rows_cannot_join_a_batch_whose_step_keeps_its_own_cache():
     batch.prefill([Prompt(np.array([1, 2]), 3)])
     with pytest.raises(ValueError, match="keeps its own KV cache"):
         batch.prefill([Prompt(np.array([5]), 3)])
+
+
+class Recorder:
+    """A step with its cache handed back (numpy, [B, 1, W, 1]) so rows can join; records each step's feeds."""
+
+    def __init__(self):
+        self.fed = []
+
+    @staticmethod
+    def feeds(ids, mask, positions, past):
+        return ids, mask, positions, past
+
+    def __call__(self, feeds, phase):
+        ids, mask, positions, past = feeds
+        self.fed.append((ids.copy(), mask.copy(), positions.copy()))
+        new = np.zeros((ids.shape[0], 1, ids.shape[1], 1), np.float32)
+        cache = [(new, new)] if past is None else [tuple(np.concatenate([t, new], axis=2) for t in past[0])]
+        logits = np.zeros((*ids.shape, CountingStep.V), np.float32)
+        logits[:, -1, 1] = 1.0
+        return logits, cache
+
+
+def _batch(step):
+    return Batch(step, step, lambda logits, rows, rngs: logits.argmax(-1), 8)
+
+
+def test_each_row_is_padded_with_its_own_ids_and_a_request_row_with_zeros():
+    from wide_export.triton.rows import Row
+
+    step = Recorder()
+    _batch(step).prefill([Prompt(np.array([5, 6, 7, 8]), 2),
+                          Prompt(np.array([9]), 2, padding=np.array([40, 41, 42, 43, 44])),  # more than needed
+                          Prompt(np.array([9, 9]), 2, padding=np.array([33])),  # fewer than needed
+                          Row(np.array([3, 4]), 2)])
+    ids, mask, _ = step.fed[0]
+    assert ids.tolist() == [[5, 6, 7, 8], [42, 43, 44, 9], [0, 33, 9, 9], [0, 0, 3, 4]]
+    assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 0, 1], [0, 0, 1, 1], [0, 0, 1, 1]]
+
+
+def test_decode_positions_count_each_rows_tokens_through_joins_and_leaves():
+    step = Recorder()
+    batch = _batch(step)
+    expected = []
+
+    def decode():
+        expected.append([[a.row.prompt.size + len(a.tokens) - 1] for a in batch.rows])  # by hand, per row
+        batch.decode()
+
+    first = batch.prefill([Prompt(np.arange(3), 9), Prompt(np.arange(1), 9)])
+    decode()
+    decode()
+    batch.prefill([Prompt(np.arange(5), 9)])
+    decode()
+    batch.leave(first[:1])
+    decode()
+    batch.prefill([Prompt(np.arange(2), 9), Prompt(np.arange(6), 9)])
+    decode()
+    batch.leave(list(batch.rows))
+    batch.prefill([Prompt(np.arange(4), 9)])
+    decode()
+    fed = [positions.tolist() for ids, mask, positions in step.fed if ids.shape[1] == 1]
+    assert fed == expected
+    assert [p[0] for p in expected] == [[3], [4], [5], [4], [5], [4]]  # the first row's count, by hand

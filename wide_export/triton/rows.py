@@ -5,7 +5,7 @@ Self-contained (numpy only) like model.py, which loads it from its own folder.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -26,6 +26,7 @@ class Row:
     seed: Optional[int] = None
     stop_ids: tuple = ()  # the eos ids (unless ignore_eos) and the request's stop token ids
     stop_strings: tuple = ()
+    padding: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # ids left of a shorter prompt; none: 0
 
 
 def validate_row(row: Row, settings) -> None:
