@@ -116,7 +116,9 @@ TESTS: dict[str, list[str]] = {
     # test_tp_export runs verify_onnx in-process: the simulated world of a sharded export (SimulatedWorld)
     "wide_export/tp/ranks.py": ["tests/faults/test_hostile_manifests.py", "tests/tp/test_tp_run.py",
                                 "tests/tp/test_tp_export.py"],
-    "wide_export/verify/sharded.py": ["tests/verify/test_onnx_verify_units.py", "tests/tp/test_tp_export.py"],
+    # test_sharded_verify verifies one cached two-rank export (seconds a mutant); test_tp_export exports per test
+    "wide_export/verify/sharded.py": ["tests/verify/test_onnx_verify_units.py",
+                                      "tests/verify/test_sharded_verify.py"],
     "wide_export/triton/contract.py": ["tests/triton/test_contract.py", "tests/frontend/test_engine_units.py"],
     "wide_export/checkpoint/sources.py": ["tests/test_python_api.py::test_sources_load_what_the_loader_loads_from_the_same_options",
                                           "tests/test_python_api.py::test_sources_pass_every_option_to_the_loader"],
