@@ -55,7 +55,7 @@ def test_a_float32_sharded_export_passes_the_exactness_rows(tiny_ckpt, tiny_tp, 
     assert report.settings == {"batch": 2, "prompt_len": 7, "steps": 2, "seed": 0, "tp": 2}
     exact = {r.name: r for r in report.outputs if r.name.startswith("tp exact")}
     assert sorted(exact) == ["tp exact: logits max|err|/max|ref|", "tp exact: present.* (2 layers) max|err|/max|ref|"]
-    assert all(r.passed and r.max_abs == r.max_rel <= 1e-5 for r in exact.values())
+    assert all(r.passed and r.max_abs == r.max_rel == r.mean_abs <= 1e-5 for r in exact.values())
     assert not any(r.name.startswith("tp: ranks agree") for r in report.outputs)
     assert len(report.decisions) == 4 and all(d.agreement == 1.0 and d.flips == 0 for d in report.decisions)
     assert report.notes[-1] == ("2 ranks; the replicated logits of the ranks differ by at most 0.0e+00; "
@@ -112,9 +112,10 @@ def test_ranks_whose_replicated_logits_differ_fail_the_agreement_row(tiny_ckpt, 
     _set_initializer(out / "rank1" / "model.onnx", "model.norm.weight", lambda w: w * np.float32(1.5))
     report = _verify(out, tiny_ckpt)
     agree = [r for r in report.outputs if r.name == "tp: ranks agree (logits, masks)"]
-    assert len(agree) == 1 and not agree[0].passed
+    assert len(agree) == 1 and agree[0].passed is False
     assert agree[0].max_abs > 0 and agree[0].max_rel == 0.0 and agree[0].mean_abs == 0.0  # logits differ, masks not
     assert not report.passed
+    assert next(r for r in report.outputs if r.name.startswith("tp exact: logits")).passed  # rank 0's are compared
     assert "0 router decisions differ between ranks" in report.notes[-1]
     assert "differ by at most 0.0e+00" not in report.notes[-1]
 
@@ -131,3 +132,15 @@ def test_a_group_order_that_does_not_match_the_graph_fails_that_layers_decisions
         path.write_text(json.dumps(config))
     report = _verify(out, tiny_ckpt)
     assert [d.mask for d in report.decisions if not d.passed] == ["/model/layers.0/router_ffn/mask"]
+
+
+def test_ranks_whose_router_decisions_differ_fail_the_agreement_row(tiny_ckpt, tiny_tp, tmp_path):
+    """Every rank holds the whole router: rank 1 with another layer 0 FFN router decides differently (its logits
+    may still match, as the all-reduce sums both ranks' partials)."""
+    out = _copy(tiny_tp, tmp_path)
+    _set_initializer(out / "rank1" / "model.onnx", "model.layers.0.router_ffn.router.weight", lambda w: -w)
+    report = _verify(out, tiny_ckpt)
+    agree = [r for r in report.outputs if r.name == "tp: ranks agree (logits, masks)"]
+    assert len(agree) == 1 and agree[0].passed is False
+    mismatched = int(agree[0].mean_abs)
+    assert mismatched > 0 and f"; {mismatched} router decisions differ between ranks" in report.notes[-1]

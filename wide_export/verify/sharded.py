@@ -68,8 +68,6 @@ def verify_tp(onnx_dir: Path, *, loaded=None, report_path: Path | None = None, s
                     for i in range(n_layers):
                         for kv in ("key", "value"):
                             feed[f"past_key_values.{i}.{kv}"] = prev[r][f"present.{i}.{kv}"]
-                elif r:
-                    feed = {**feed, **{n: v for n, v in steps[0].feed.items() if n.startswith("past_")}}
                 feeds.append(feed)
             envs = world.run(feeds)
             prev = envs
