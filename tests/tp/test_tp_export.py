@@ -6,7 +6,6 @@ between stages). Verdicts: float32 max |err| / max |ref| <= 1e-5 per output and 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -92,21 +91,6 @@ def test_a_wrong_shard_fails_verification(ckpts, tmp_path):
     report = _verify(out, ckpts["llama"])
     assert not report.passed
     assert not next(r for r in report.outputs if r.name.startswith("tp exact: logits")).passed
-
-
-def test_a_placement_record_that_does_not_match_fails_decisions(ckpts, tmp_path):
-    out = tmp_path / "tp"
-    _export(ckpts["llama"], out, 2)
-    for r in range(2):
-        cfg_path = out / f"rank{r}" / "wide_config.json"
-        cfg = json.loads(cfg_path.read_text())
-        order = cfg["layers"][0]["ffn"]["group_order"]
-        cfg["layers"][0]["ffn"]["group_order"] = order[1:] + order[:1]
-        cfg_path.write_text(json.dumps(cfg))
-    report = _verify(out, ckpts["llama"])
-    assert not report.passed
-    bad = [d for d in report.decisions if not d.passed]
-    assert [d.mask for d in bad] == ["/model/layers.0/router_ffn/mask"]
 
 
 def _cli(*args):

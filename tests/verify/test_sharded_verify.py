@@ -1,7 +1,7 @@
 """verify/sharded.py on a tiny two-rank export made once per session (cached under $WIDE_TEST_EXPORT_CACHE when
 scripts/mutation-test.py runs): the float32 export passes the exactness rows, a float16 one the single-device
 tolerances, and a broken copy fails in the row that names what broke. tests/tp/test_tp_export.py covers the
-architectures and world sizes; this file is the fast pin on the verifier itself."""
+architectures and world sizes; this file is the fast pin on the verifier itself (group order included)."""
 
 from __future__ import annotations
 
