@@ -144,3 +144,19 @@ def test_ranks_whose_router_decisions_differ_fail_the_agreement_row(tiny_ckpt, t
     assert len(agree) == 1 and agree[0].passed is False
     mismatched = int(agree[0].mean_abs)
     assert mismatched > 0 and f"; {mismatched} router decisions differ between ranks" in report.notes[-1]
+
+
+def test_ranks_whose_graphs_have_other_collectives_are_refused(tiny_ckpt, tiny_tp, tmp_path):
+    import onnx
+
+    from wide_export.errors import WideError
+
+    out = _copy(tiny_tp, tmp_path)
+    path = out / "rank1" / "model.onnx"
+    proto = onnx.load(str(path))
+    next(n for n in proto.graph.node if n.op_type == "DistCollective").name += "_renamed"
+    onnx.save(proto, str(path))
+    with pytest.raises(WideError) as err:
+        _verify(out, tiny_ckpt)
+    assert "the ranks' graphs do not have the same collectives" in str(err.value)
+    assert "wide-export onnx --tp N" in err.value.hint

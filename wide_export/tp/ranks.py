@@ -114,7 +114,6 @@ class SimulatedWorld:
         names = {tuple(n.name for n in r.collectives) for r in self.runners}
         if len(counts) != 1 or len(names) != 1:
             raise WideError("the ranks' graphs do not have the same collectives", "re-run `wide-export onnx --tp N`")
-        self.rank_disagreement = 0.0  # largest difference between the ranks' replicated outputs (logits)
 
     def run(self, feeds: list[dict]) -> list[dict]:
         envs = [dict(f) for f in feeds]
