@@ -67,3 +67,29 @@ def test_tp_manifest_rank_folders_stay_inside_the_export(tmp_path):
     manifest["ranks"][1]["folder"] = "rank0"
     (folder / MANIFEST).write_text(json.dumps(manifest))
     assert read_manifest(Path(folder))["world_size"] == 2
+
+
+def test_a_tp_manifest_of_another_shape_is_one_error_with_the_rerun_hint(tmp_path):
+    from wide_export.tp.ranks import FORMAT, MANIFEST, read_manifest
+
+    (tmp_path / "rank0").mkdir()
+    (tmp_path / "rank0" / "model.onnx").write_bytes(b"x")
+    good = {"format": FORMAT, "world_size": 1, "ranks": [{"folder": "rank0"}]}
+    path = tmp_path / MANIFEST
+    for bad in ([], {**good, "format": "wide-tp/0"}, {**good, "world_size": 2}, {**good, "ranks": "rank0"},
+                {"world_size": 1, "ranks": [{"folder": "rank0"}]}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(WideError) as err:
+            read_manifest(tmp_path)
+        assert str(err.value) == (f"{path} is not a tensor-parallel export's manifest "
+                                  "(hint: re-run `wide-export onnx --tp N`)")
+    path.write_text("{")
+    with pytest.raises(WideError) as err:
+        read_manifest(tmp_path)
+    assert str(tmp_path / MANIFEST) in str(err.value) and err.value.hint == "re-run `wide-export onnx --tp N`"
+    path.write_text(json.dumps({**good, "ranks": [{"folder": "rank1"}]}))
+    with pytest.raises(WideError) as err:
+        read_manifest(tmp_path)
+    assert str(err.value) == f"{tmp_path / 'rank1'} has no model.onnx (hint: re-run `wide-export onnx --tp N`)"
+    path.write_text(json.dumps(good))
+    assert read_manifest(tmp_path) == good
