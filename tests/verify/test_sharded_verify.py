@@ -86,19 +86,30 @@ def test_a_bfloat16_sharded_export_is_refused_with_a_hint(tiny_ckpt, tiny_tp, tm
     assert "--dtype float32" in err.value.hint
 
 
+def _load(path: Path):
+    import onnx
+
+    return onnx.load(str(path))
+
+
 def _set_initializer(path: Path, name: str, change) -> None:
     import onnx
     from onnx import numpy_helper
 
-    proto = onnx.load(str(path))
+    proto = _load(path)
     tensor = next(t for t in proto.graph.initializer if t.name == name)
     tensor.CopyFrom(numpy_helper.from_array(change(numpy_helper.to_array(tensor)), name))
     onnx.save(proto, str(path))
 
 
-def test_rank_1_with_a_wrong_o_proj_shard_fails_the_exact_logits(tiny_ckpt, tiny_tp, tmp_path):
+def test_rank_1_holding_rank_0s_o_proj_columns_fails_the_exact_logits(tiny_ckpt, tiny_tp, tmp_path):
+    """The check is not vacuous: a shard placed on the wrong rank must fail."""
+    from onnx import numpy_helper
+
     out = _copy(tiny_tp, tmp_path)
-    _set_initializer(out / "rank1" / "model.onnx", "model.layers.1.self_attn.o_proj.weight", lambda w: w[::-1].copy())
+    name = "model.layers.1.self_attn.o_proj.weight"
+    rank0 = next(t for t in _load(out / "rank0" / "model.onnx").graph.initializer if t.name == name)
+    _set_initializer(out / "rank1" / "model.onnx", name, lambda w: numpy_helper.to_array(rank0))
     report = _verify(out, tiny_ckpt)
     assert not report.passed
     rows = {r.name: r for r in report.outputs}
