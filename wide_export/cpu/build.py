@@ -2,24 +2,44 @@
 
 torch's own C++ extension loader needs ninja; this is one g++ call against the installed torch's headers
 (``torch.utils.cpp_extension.include_paths``) and libraries, cached under ``$WIDE_CPU_CACHE`` (default
-``~/.cache/wide-export/cpu``) by a hash of the source, the torch version, the compiler and the flags, written
-to a temp file and renamed (two processes compiling at once both end with a whole library)."""
+``~/.cache/wide-export/cpu``) by a hash of the source, the torch version, the compiler and the flags.
+
+The cache is loaded into this process, so it must be the user's alone: the cache folder, the key folder, the
+library and its sidecar must be owned by the user, not group- or world-writable and not symbolic links
+(checked with lstat / O_NOFOLLOW), else UnsafeCache and nothing is loaded. New folders are created 0700.
+The sidecar (``wide_cpu.so.json``: size and sha256, written after the compile) is compared before the
+loader touches the library: a truncated library would kill the process with SIGBUS, so a library that does
+not match is rebuilt, and one the loader still refuses is rebuilt once (`load`).
+
+The compiler runs in its own process group (wide_export.childproc: an interrupt stops all of it) with its
+temp files in a private folder beside the library, removed on any exit; the library and sidecar are renamed
+into place (two processes compiling at once both end with a whole library)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+from typing import Optional
 
 from wide_export.errors import WideError
 
 SOURCE = Path(__file__).with_name("wide_cpu.cpp")
+LIBRARY = "wide_cpu.so"
+SIDECAR = LIBRARY + ".json"  # {"size": bytes, "sha256": hex} of the library beside it
 # -ffp-contract=off: a product and a sum the reference rounds separately stay separate (no fused multiply-add
 # where the source has none), so the rotary embedding equals the reference's exactly
 FLAGS = ("-O3", "-std=c++20", "-ffp-contract=off", "-fPIC", "-shared", "-fopenmp", "-Wall", "-Wno-unused-function")
+
+
+class UnsafeCache(WideError):
+    """The compile cache holds something another user could have written: nothing in it is loaded."""
 
 
 def find_compiler() -> str:
@@ -36,33 +56,150 @@ def cache_dir() -> Path:
     return Path(os.environ.get("WIDE_CPU_CACHE") or Path.home() / ".cache" / "wide-export" / "cpu")
 
 
-def library_path() -> Path:
-    """The compiled library, built now if this source / torch / compiler has none yet (tens of seconds)."""
+def _check(path: Path, st: os.stat_result, folder: bool) -> None:
+    """UnsafeCache unless `path` (its lstat / fstat `st`) is the user's own folder / regular file that only the
+    user can write."""
+    own = "set WIDE_CPU_CACHE to a folder of your own (default ~/.cache/wide-export/cpu)"
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symbolic link"
+    elif folder and not stat.S_ISDIR(st.st_mode):
+        why = "is not a folder"
+    elif not folder and not stat.S_ISREG(st.st_mode):
+        why = "is not a regular file"
+    elif st.st_uid != os.geteuid():
+        why = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    elif st.st_mode & 0o022:
+        why = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        own = f"remove it (rm -r {path}) and run again: it is rebuilt private; or {own}"
+    if why:
+        raise UnsafeCache(f"refusing to load the CPU kernels: {path} in their compile cache {why}, so another "
+                          f"user could have planted code there", hint=own)
+
+
+def _lstat(path: Path) -> Optional[os.stat_result]:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _private_dir(path: Path) -> None:
+    """`path` as a folder of the user's alone, created 0700 if missing (UnsafeCache if it is not)."""
+    if _lstat(path) is None:
+        try:
+            os.makedirs(path.parent, exist_ok=True)
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as err:
+            raise WideError(f"cannot create the compile cache of the CPU kernels {path}: {err.strerror}",
+                            hint="set WIDE_CPU_CACHE to a folder of your own") from None
+    _check(path, os.lstat(path), folder=True)
+
+
+def _read_own(path: Path) -> Optional[bytes]:
+    """The bytes of the user's own regular file `path` (None if missing), opened without following a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:  # ELOOP: a symbolic link
+        _check(path, os.lstat(path), folder=False)
+        raise WideError(f"cannot read {path} in the compile cache of the CPU kernels: {err.strerror}",
+                        hint="remove it and run again, or set WIDE_CPU_CACHE to a folder of your own") from None
+    with os.fdopen(fd, "rb") as fh:
+        _check(path, os.fstat(fd), folder=False)
+        return fh.read()
+
+
+def _sidecar(data: bytes) -> str:
+    return json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+
+
+def _whole(lib: Path) -> bool:
+    """Whether `lib` is there and matches its sidecar (both the user's own, else UnsafeCache)."""
+    data = _read_own(lib)
+    side = _read_own(lib.with_name(SIDECAR))
+    if data is None or side is None:
+        return False
+    try:
+        return json.loads(side) == json.loads(_sidecar(data))
+    except ValueError:
+        return False
+
+
+def library_path(rebuild: bool = False) -> Path:
+    """The compiled library, built now (tens of seconds) if this source / torch / compiler has none yet, or
+    the one there does not match its sidecar, or `rebuild`."""
     import torch
-    from torch.utils import cpp_extension
 
     cxx = find_compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd_flags = [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=wide_cpu"]
     key = hashlib.sha256("\0".join([SOURCE.read_text(), torch.__version__, version, *cmd_flags]).encode())
-    lib = cache_dir() / key.hexdigest()[:16] / "wide_cpu.so"
-    if lib.is_file():
-        return lib
-    lib.parent.mkdir(parents=True, exist_ok=True)
+    root = cache_dir()
+    folder = root / key.hexdigest()[:16]
+    _private_dir(root)
+    _private_dir(folder)
+    lib = folder / LIBRARY
+    if not _whole(lib) or rebuild:
+        _compile(cxx, cmd_flags, folder)
+    return lib
+
+
+def _compile(cxx: str, cmd_flags: list, folder: Path) -> None:
+    """Compile into a private temp folder in `folder` (also the compiler's TMPDIR), rename the library and
+    its sidecar into place; the temp folder is removed on any exit, an interrupt stops the compiler's group."""
+    from torch.utils import cpp_extension
+
+    from wide_export import childproc
+    from wide_export.signals import signals_deferred
+
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     libdirs = cpp_extension.library_paths()
     links = [f"-L{p}" for p in libdirs] + [f"-Wl,-rpath,{p}" for p in libdirs] + ["-lc10", "-ltorch_cpu", "-ltorch"]
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-    os.close(fd)
+    for stale in folder.glob(".build-*"):  # left by a compile killed with SIGKILL (an hour is ample for a live one)
+        try:
+            if time.time() - os.lstat(stale).st_mtime > 3600:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
     try:
-        proc = subprocess.run([cxx, *cmd_flags, *includes, str(SOURCE), "-o", tmp, *links],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        out = work / LIBRARY
+        lines: list[str] = []
+        code = childproc.run_group([cxx, *cmd_flags, *includes, str(SOURCE), "-o", str(out), *links],
+                                   on_line=lines.append, env={**os.environ, "TMPDIR": str(work)})
+        if code != 0:
+            tail = "\n".join(lines[-15:])
             raise RuntimeError(f"compiling {SOURCE.name} with {cxx} failed:\n{tail}")
-        os.replace(tmp, lib)
+        os.chmod(out, 0o755)
+        (work / SIDECAR).write_text(_sidecar(out.read_bytes()))
+        with signals_deferred():  # both or neither (a reader seeing one of them new rebuilds, harmlessly)
+            os.replace(out, folder / LIBRARY)
+            os.replace(work / SIDECAR, folder / SIDECAR)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
+        with signals_deferred():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def load() -> None:
+    """Load the library into torch (built first if needed); one the loader refuses is rebuilt once, then
+    WideError."""
+    import torch
+
+    try:
+        torch.ops.load_library(str(library_path()))
+        return
+    except OSError:
+        pass
+    lib = library_path(rebuild=True)
+    try:
+        torch.ops.load_library(str(lib))
+    except OSError as err:
+        reason = (str(err).splitlines() or ["?"])[0]
+        raise WideError(f"the compiled CPU kernels {lib} do not load, even rebuilt ({reason})",
+                        hint=f"check the compiler ({find_compiler()}) builds for this torch; remove "
+                             f"{lib.parent} to start over") from None

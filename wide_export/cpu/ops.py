@@ -26,11 +26,14 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 @functools.lru_cache(maxsize=None)
 def _load() -> str:
     """Build (once per source / torch / compiler) and load the library; '' and one warning line when it
-    cannot be built. Raises nothing: a missing compiler must not stop generation, only slow it."""
-    from wide_export.cpu.build import library_path
+    cannot be built or loaded. Raises only build.UnsafeCache (a cache another user could write): a missing
+    compiler must not stop generation, only slow it."""
+    from wide_export.cpu.build import UnsafeCache, load
 
     try:
-        torch.ops.load_library(str(library_path()))
+        load()  # a library the loader refuses is rebuilt once
+    except UnsafeCache:
+        raise
     except WideError as err:
         print(f"warning: {err}; the masked projections run dense (torch GEMM + mask) on CPU, without WIDE's "
               f"speed-up", file=sys.stderr)
@@ -42,6 +45,26 @@ def _load() -> str:
 
 def _fake(*_args, **_kwargs) -> None:  # the ops write `out` in place and return nothing
     return None
+
+
+class KernelArgumentError(WideError, RuntimeError):
+    """Arguments a wide_cpu op refused: a WideError (the CLI prints one line with the hint) that is still the
+    RuntimeError the op raised, for callers that catch that."""
+
+
+def run_op(name: str, *args):
+    """torch.ops.wide_cpu.<name>(*args). An argument the op refuses (it checks every one before it reads or writes
+    memory; one RuntimeError line naming the op) is raised as a KernelArgumentError: one line with a hint, no
+    traceback."""
+    try:
+        return getattr(torch.ops.wide_cpu, name)(*args)
+    except RuntimeError as err:
+        lines = str(err).strip().splitlines()
+        if not lines or not lines[0].startswith("wide_cpu::"):
+            raise
+        raise KernelArgumentError(f"the CPU kernel refused its arguments: {lines[0]}",
+                                  hint="the tensors' shapes, dtypes or group sizes do not fit the kernel; check "
+                                       "the model's config.json and router file") from None
 
 
 def available() -> bool:
@@ -157,7 +180,7 @@ def dense_linear(x, w, bias=None) -> torch.Tensor:
         return F.linear(x, w, bias)
     PATHS["linear", "masked"] += 1
     y = x2.new_empty(M, N)
-    torch.ops.wide_cpu.gemm_n(x2.contiguous(), w.contiguous(), _ones(M), N, bias, y)
+    run_op("gemm_n", x2.contiguous(), w.contiguous(), _ones(M), N, bias, y)
     return y.reshape(*x.shape[:-1], N)
 
 
@@ -167,7 +190,7 @@ def masked_gemm_n(x, w, mask, group_size: int, bias=None, out=None, path: str | 
     if _masked("n", x2, w, m2, path):
         PATHS["n", "masked"] += 1
         y = out if out is not None else x2.new_empty(x2.shape[0], w.shape[0])
-        torch.ops.wide_cpu.gemm_n(x2, w.contiguous(), m2, group_size, bias, y)
+        run_op("gemm_n", x2, w.contiguous(), m2, group_size, bias, y)
     else:
         PATHS["n", "dense"] += 1
         y = _zero_skipped_(F.linear(x2, w, bias), m2)
@@ -180,7 +203,7 @@ def masked_gated_mlp(x, w_gate, w_up, mask, group_size: int, out=None, path: str
     if _masked("gated", x2, w_gate, m2, path):
         PATHS["gated", "masked"] += 1
         y = out if out is not None else x2.new_empty(x2.shape[0], w_gate.shape[0])
-        torch.ops.wide_cpu.gated(x2, w_gate.contiguous(), w_up.contiguous(), m2, group_size, y)
+        run_op("gated", x2, w_gate.contiguous(), w_up.contiguous(), m2, group_size, y)
     else:
         PATHS["gated", "dense"] += 1
         y = F.silu(F.linear(x2, w_gate), inplace=True).mul_(F.linear(x2, w_up))
@@ -223,7 +246,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, out=None, path: str | 
     if _masked("k", x2, kernel_w, m2, path):
         PATHS["k", "masked"] += 1
         y = out if out is not None else x2.new_empty(x2.shape[0], N)
-        torch.ops.wide_cpu.gemm_k(x2, kernel_w.contiguous(), m2, group_size, bias, y)
+        run_op("gemm_k", x2, kernel_w.contiguous(), m2, group_size, bias, y)
     elif w.dim() == 2:
         PATHS["k", "dense"] += 1
         y = F.linear(_zero_skipped_(x2.clone(), m2), w, bias)
@@ -264,7 +287,7 @@ def masked_gemm_kt(x, wt, mask, group_size: int, bias=None, out=None, path: str 
     if _masked("k", x2, wt, m2, path):
         PATHS["kt", "masked"] += 1
         y = out if out is not None else x2.new_empty(x2.shape[0], N)
-        torch.ops.wide_cpu.gemm_kt(x2, wt.contiguous(), m2, group_size, bias, y)
+        run_op("gemm_kt", x2, wt.contiguous(), m2, group_size, bias, y)
     else:
         PATHS["kt", "dense"] += 1
         y = F.linear(_zero_skipped_(x2.clone(), m2), wt.t(), bias)
@@ -286,7 +309,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
     if not _fusable(x, w):
         return None
     out = torch.empty_like(x)
-    return out if torch.ops.wide_cpu.rms_norm(x, w, eps, out) else None
+    return out if run_op("rms_norm", x, w, eps, out) else None
 
 
 def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
@@ -296,7 +319,7 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     if not (_fusable(q, k, cos, sin) and cos.shape[1] == 1 and cos.shape == sin.shape):
         return False
     c, s = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
-    return torch.ops.wide_cpu.rope(q, c, s) and torch.ops.wide_cpu.rope(k, c, s)  # both or (float16 on the
+    return run_op("rope", q, c, s) and run_op("rope", k, c, s)  # both or (float16 on the
     # scalar path) neither
 
 
@@ -313,7 +336,7 @@ def decode_attention(q, k, v, head_mask=None, group_heads: int = 1):
     q3 = q.reshape(B, Hq, D)
     m = None if head_mask is None else head_mask.reshape(B, -1).to(torch.int32).contiguous()
     out = torch.empty_like(q3)
-    ok = torch.ops.wide_cpu.decode_attention(q3, k, v, k.shape[2], m, group_heads, out)
+    ok = run_op("decode_attention", q3, k, v, k.shape[2], m, group_heads, out)
     return out.view(B, Hq, 1, D) if ok else None
 
 
@@ -325,6 +348,6 @@ def router(hidden, wc, bc, wr, br):
     if hidden.numel() <= ROUTER_MAX_M * hidden.shape[-1] and _fusable(hidden) \
             and all(t.dtype == torch.float32 and t.is_contiguous() for t in (wc, bc, wr, br)):
         mask = torch.empty(*hidden.shape[:-1], wr.shape[0] // 2, dtype=torch.int32)
-        torch.ops.wide_cpu.router(hidden, wc, bc, wr, br, mask)
+        run_op("router", hidden, wc, bc, wr, br, mask)
         return mask
     return wide_router(hidden, wc, bc, wr, br)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wide_export.cpu.ops import _DTYPES, PATHS, available, policy
+from wide_export.cpu.ops import _DTYPES, PATHS, available, policy, run_op
 
 MAX_ROWS = 16  # sequences a call takes at most (and at most what the policy gives the masked kernels a call)
 ROUTERS_FROM = 15  # layer_weights: the routers' float32 weights come last
@@ -121,9 +121,8 @@ def decode_step(model, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at
     for i, layer in enumerate(layers):
         geo[LAYER_GEO * i + FORCE] = int(layer.force_execute)
     logits = h.new_empty(B, 1, head.shape[0])
-    if not torch.ops.wide_cpu.decode_step(h, w, [p.k for p in pasts], [p.v for p in pasts], length,
-                                          cos.reshape(B, -1), sin.reshape(B, -1), plan.eps, geo, norm.weight, head,
-                                          logits):
+    if not run_op("decode_step", h, w, [p.k for p in pasts], [p.v for p in pasts], length, cos.reshape(B, -1),
+                  sin.reshape(B, -1), plan.eps, geo, norm.weight, head, logits):
         return None
     for p in pasts:
         p.length += 1

@@ -25,6 +25,7 @@
 // AVX-512 (16 lanes, bf16 and float16 widened on load), AVX2 + FMA + F16C (8 lanes, the same), else portable
 // scalar code.
 #include <ATen/Parallel.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -32,6 +33,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -45,6 +47,93 @@
 #define WIDE_UNROLL _Pragma("GCC unroll 16")
 
 namespace {
+
+// ---------------------------------------------------------------------------------------------------------
+// Argument checks, shared by every op and run before any of its data is read or written, so before the choice of
+// instruction set: every path (AVX-512, AVX2, scalar) sits behind them. A refused argument is one TORCH_CHECK line
+// (a RuntimeError in Python) that names the op and the argument; cpu/ops.py turns it into a WideError.
+constexpr at::ScalarType kAnyFloat = at::ScalarType::Undefined;  // check_tensor: float32, bfloat16 or float16
+
+// a * b of sizes, refused where either is negative or the product does not fit in 64 bits (a group count times a
+// group size of 2**62 wraps to a real width otherwise)
+int64_t mul_sizes(int64_t a, int64_t b, const char* op, const char* what) {
+  int64_t r = 0;
+  TORCH_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &r), op, ": ", what, " (", a, " x ", b,
+              ") is negative or does not fit in 64 bits");
+  return r;
+}
+
+// The product of t's sizes but its last `keep` (the rows of a [.., H] tensor), overflow-checked: a zero-sized
+// dim elsewhere makes numel() 0, so numel() / H is no row count (and a division by zero where H is 0)
+int64_t lead_rows(const at::Tensor& t, int64_t keep, const char* op) {
+  int64_t r = 1;
+  for (int64_t i = 0; i + keep < t.dim(); ++i) r = mul_sizes(r, t.size(i), op, "the rows of a tensor");
+  return r;
+}
+
+// t present, a dense strided CPU tensor of dtype `dt` (kAnyFloat: one the kernels compute in), contiguous unless
+// `rows_only` (then only its last dim is checked, by the caller)
+void check_tensor(const at::Tensor& t, const char* op, const char* name, at::ScalarType dt, bool rows_only = false) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " is missing");
+  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided, op, ": ", name, " must be a dense CPU tensor, got ",
+              t.device(), " ", t.layout());
+  TORCH_CHECK(!t.is_neg() && !t.is_conj(), op, ": ", name, " must not be a lazily negated / conjugated view");
+  TORCH_CHECK(rows_only || t.is_contiguous(), op, ": ", name, " must be contiguous");
+  if (dt == kAnyFloat) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
+                op, ": ", name, " must be float32, bfloat16 or float16, got ", t.scalar_type());
+  } else {
+    TORCH_CHECK(t.scalar_type() == dt, op, ": ", name, " must be ", dt, ", got ", t.scalar_type());
+  }
+}
+
+void check_shape(const at::Tensor& t, at::IntArrayRef shape, const char* op, const char* name) {
+  TORCH_CHECK(t.sizes().equals(shape), op, ": ", name, " must be ", shape, ", got ", t.sizes());
+}
+
+// The tensors of a call: every one it writes must share no byte with any other it reads or writes (an `out` that
+// is an input would be overwritten while still read). By the bytes each spans (torch's strides are >= 0): written
+// spans sorted, each read one looked up among them. An empty tensor spans nothing.
+class Apart {
+ public:
+  explicit Apart(const char* op) : op_(op) {}
+  void add(const at::Tensor& t, bool written, const char* name, int64_t index = -1) {
+    if (!t.defined() || t.numel() == 0) return;
+    int64_t last = 0;
+    for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+    const uintptr_t b = reinterpret_cast<uintptr_t>(t.data_ptr());
+    (written ? out_ : in_).push_back({b, b + static_cast<uintptr_t>(last + 1) * t.element_size(), name, index});
+  }
+  void read(const at::Tensor& t, const char* name, int64_t index = -1) { add(t, false, name, index); }
+  void write(const at::Tensor& t, const char* name, int64_t index = -1) { add(t, true, name, index); }
+  void check() {
+    std::sort(out_.begin(), out_.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < out_.size(); ++i)
+      if (out_[i].begin < out_[i - 1].end) fail(out_[i - 1], out_[i]);
+    for (const Span& r : in_) {  // the first written span that ends after r begins (written ends ascend too)
+      auto it = std::upper_bound(out_.begin(), out_.end(), r.begin,
+                                 [](uintptr_t v, const Span& s) { return v < s.end; });
+      if (it != out_.end() && it->begin < r.end) fail(*it, r);
+    }
+  }
+
+ private:
+  struct Span {
+    uintptr_t begin, end;
+    const char* name;
+    int64_t index;
+  };
+  static std::string label(const Span& s) {
+    return s.index < 0 ? std::string(s.name) : std::string(s.name) + "[" + std::to_string(s.index) + "]";
+  }
+  [[noreturn]] void fail(const Span& a, const Span& b) const {
+    TORCH_CHECK(false, op_, ": ", label(a), " and ", label(b),
+                " overlap in memory (an output must not share memory with another argument)");
+    __builtin_unreachable();
+  }
+  const char* op_;
+  std::vector<Span> out_, in_;
+};
 
 constexpr int NR = 4;   // output channels per micro-kernel call
 constexpr int MR = 4;   // activation rows a gemm_k block sums at once
@@ -862,30 +951,42 @@ void gemm_kt_impl(const T* x, const T* wt, const int32_t* mask, const T* bias, T
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// wN x wK: the weight's [N, K] (a packed w's too: its layout is checked by gemm_k)
+// wN x wK: the weight's [N, K] (a packed w's too: its layout is checked by gemm_k). The tensors are listed in `io`
+// (out written, the others read); the caller adds its own and checks them apart.
 Geometry check(const at::Tensor& x, const at::Tensor& w, int64_t wN, int64_t wK, const at::Tensor& mask,
-               int64_t group_size, const at::Tensor& out, bool k_pruned, const char* op) {
-  TORCH_CHECK(x.dim() == 2 && mask.dim() == 2 && out.dim() == 2, op, ": x, mask, out must be 2-D");
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && mask.is_contiguous() && out.is_contiguous(), op,
-              ": tensors must be contiguous");
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), op, ": CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == w.scalar_type() && out.scalar_type() == x.scalar_type(), op,
-              ": x, w and out must share a dtype");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
-              ": float32, bfloat16 or float16 only");
-  TORCH_CHECK(mask.scalar_type() == at::kInt, op, ": mask must be int32");
+               int64_t group_size, const at::Tensor& out, bool k_pruned, const char* op, Apart& io) {
+  check_tensor(x, op, "x", kAnyFloat);
+  TORCH_CHECK(w.scalar_type() == x.scalar_type() && out.scalar_type() == x.scalar_type(), op,
+              ": x, w and out must share a dtype, got ", x.scalar_type(), ", ", w.scalar_type(), ", ",
+              out.scalar_type());
+  check_tensor(w, op, "w", x.scalar_type());
+  check_tensor(mask, op, "mask", at::kInt);
+  check_tensor(out, op, "out", x.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && mask.dim() == 2 && out.dim() == 2, op, ": x, mask and out must be 2-D");
   Geometry d{x.size(0), wN, x.size(1), mask.size(1), group_size};
-  TORCH_CHECK(wK == d.K, op, ": w is [N, K] with K = x.size(1)");
-  TORCH_CHECK(mask.size(0) == d.M && group_size > 0 && d.G * group_size == (k_pruned ? d.K : d.N), op,
-              ": mask must be [M, G] with G * group_size = ", k_pruned ? "K" : "N");
-  TORCH_CHECK(out.size(0) == d.M && out.size(1) == d.N, op, ": out must be [M, N]");
+  TORCH_CHECK(d.M <= INT32_MAX, op, ": at most ", INT32_MAX, " rows, got ", d.M);
+  TORCH_CHECK(wK == d.K, op, ": w is [N, K] with K = x.size(1) = ", d.K, ", got K = ", wK);
+  TORCH_CHECK(group_size > 0, op, ": group_size must be positive, got ", group_size);
+  TORCH_CHECK(mask.size(0) == d.M &&
+                  mul_sizes(d.G, group_size, op, "the mask's groups x group_size") == (k_pruned ? d.K : d.N),
+              op, ": mask must be [M, G] with G * group_size = ", k_pruned ? "K = " : "N = ", k_pruned ? d.K : d.N,
+              ", got mask ", mask.sizes(), " and group_size ", group_size);
+  check_shape(out, {d.M, d.N}, op, "out");
+  io.read(x, "x"), io.read(w, "w"), io.read(mask, "mask"), io.write(out, "out");
   return d;
 }
 
 Geometry check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, int64_t group_size,
-               const at::Tensor& out, bool k_pruned, const char* op) {
-  TORCH_CHECK(w.dim() == 2, op, ": w must be 2-D");
-  return check(x, w, w.size(0), w.size(1), mask, group_size, out, k_pruned, op);
+               const at::Tensor& out, bool k_pruned, const char* op, Apart& io) {
+  TORCH_CHECK(w.dim() == 2, op, ": w must be 2-D, got ", w.sizes());
+  return check(x, w, w.size(0), w.size(1), mask, group_size, out, k_pruned, op, io);
+}
+
+void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int64_t N, const char* op, Apart& io) {
+  if (!bias || !bias->defined()) return;
+  check_tensor(*bias, op, "bias", x.scalar_type());
+  TORCH_CHECK(bias->numel() == N, op, ": bias must be [N] = [", N, "], got ", bias->sizes());
+  io.read(*bias, "bias");
 }
 
 template <typename F>
@@ -898,23 +999,33 @@ void by_dtype(const at::Tensor& x, F&& f) {
 template <typename T>
 const T* ptr(const at::Tensor& t) { return static_cast<const T*>(t.data_ptr()); }
 
+template <typename T>
+const T* ptr(const std::optional<at::Tensor>& t) { return t && t->defined() ? ptr<T>(*t) : nullptr; }
+
 void gemm_n(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, int64_t group_size,
             const std::optional<at::Tensor>& bias, at::Tensor& out) {
-  Geometry d = check(x, w, mask, group_size, out, false, "wide_cpu::gemm_n");
-  TORCH_CHECK(!bias || (bias->numel() == d.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous()),
-              "wide_cpu::gemm_n: bias must be [N] of x's dtype");
+  const char* op = "wide_cpu::gemm_n";
+  Apart io(op);
+  Geometry d = check(x, w, mask, group_size, out, false, op, io);
+  check_bias(bias, x, d.N, op, io);
+  io.check();
+  if (out.numel() == 0) return;
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    gemm_n_impl<T>(ptr<T>(x), ptr<T>(w), mask.data_ptr<int32_t>(), bias ? ptr<T>(*bias) : nullptr,
-                   static_cast<T*>(out.data_ptr()), d);
+    gemm_n_impl<T>(ptr<T>(x), ptr<T>(w), mask.data_ptr<int32_t>(), ptr<T>(bias), static_cast<T*>(out.data_ptr()), d);
   });
 }
 
 void gated(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& mask,
            int64_t group_size, at::Tensor& out) {
-  Geometry d = check(x, w_gate, mask, group_size, out, false, "wide_cpu::gated");
-  TORCH_CHECK(w_up.sizes() == w_gate.sizes() && w_up.scalar_type() == w_gate.scalar_type() && w_up.is_contiguous(),
-              "wide_cpu::gated: w_up must match w_gate");
+  const char* op = "wide_cpu::gated";
+  Apart io(op);
+  Geometry d = check(x, w_gate, mask, group_size, out, false, op, io);
+  check_tensor(w_up, op, "w_up", x.scalar_type());
+  check_shape(w_up, w_gate.sizes(), op, "w_up (w_gate's shape)");
+  io.read(w_up, "w_up");
+  io.check();
+  if (out.numel() == 0) return;
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     gemm_n_impl<T>(ptr<T>(x), ptr<T>(w_gate), mask.data_ptr<int32_t>(), nullptr, static_cast<T*>(out.data_ptr()),
@@ -924,19 +1035,22 @@ void gated(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up
 
 void gemm_k(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, int64_t group_size,
             const std::optional<at::Tensor>& bias, at::Tensor& out) {
+  const char* op = "wide_cpu::gemm_k";
   const bool packed = w.dim() == 4;  // [G, N / KB, group_size, KB] from pack_k
-  TORCH_CHECK(!packed || (w.size(0) == mask.size(-1) && w.size(2) == group_size && w.size(3) == KB),
-              "wide_cpu::gemm_k: a packed w is [G, N / ", KB, ", group_size, ", KB, "] (pack_k)");
-  TORCH_CHECK(packed || w.dim() == 2, "wide_cpu::gemm_k: w must be [N, K] or packed");
-  Geometry d = packed ? check(x, w, w.size(1) * KB, w.size(0) * w.size(2), mask, group_size, out, true,
-                              "wide_cpu::gemm_k")
-                      : check(x, w, mask, group_size, out, true, "wide_cpu::gemm_k");
-  TORCH_CHECK(!bias || (bias->numel() == d.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous()),
-              "wide_cpu::gemm_k: bias must be [N] of x's dtype");
-  TORCH_CHECK(!packed || (w.is_contiguous() && w.scalar_type() == x.scalar_type()), "wide_cpu::gemm_k: bad packed w");
+  TORCH_CHECK(packed || w.dim() == 2, op, ": w must be [N, K] or packed [G, N / ", KB, ", group_size, ", KB,
+              "], got ", w.sizes());
+  Apart io(op);
+  Geometry d = packed ? check(x, w, mul_sizes(w.size(1), KB, op, "a packed w's N"),
+                              mul_sizes(w.size(0), w.size(2), op, "a packed w's K"), mask, group_size, out, true, op, io)
+                      : check(x, w, mask, group_size, out, true, op, io);
+  TORCH_CHECK(!packed || (w.size(0) == d.G && w.size(2) == group_size && w.size(3) == KB),
+              op, ": a packed w is [G, N / ", KB, ", group_size, ", KB, "] (pack_k), got ", w.sizes());
+  check_bias(bias, x, d.N, op, io);
+  io.check();
+  if (out.numel() == 0) return;
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const T* b = bias ? ptr<T>(*bias) : nullptr;
+    const T* b = ptr<T>(bias);
     if (packed)
       gemm_k_packed_impl<T>(ptr<T>(x), ptr<T>(w), mask.data_ptr<int32_t>(), b, static_cast<T*>(out.data_ptr()), d);
     else
@@ -946,14 +1060,17 @@ void gemm_k(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mask, in
 
 void gemm_kt(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& mask, int64_t group_size,
              const std::optional<at::Tensor>& bias, at::Tensor& out) {
-  TORCH_CHECK(wt.dim() == 2, "wide_cpu::gemm_kt: wt must be [K, N]");
-  Geometry d = check(x, wt, wt.size(1), wt.size(0), mask, group_size, out, true, "wide_cpu::gemm_kt");
-  TORCH_CHECK(!bias || (bias->numel() == d.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous()),
-              "wide_cpu::gemm_kt: bias must be [N] of x's dtype");
+  const char* op = "wide_cpu::gemm_kt";
+  TORCH_CHECK(wt.dim() == 2, op, ": wt must be [K, N], got ", wt.sizes());
+  Apart io(op);
+  Geometry d = check(x, wt, wt.size(1), wt.size(0), mask, group_size, out, true, op, io);
+  check_bias(bias, x, d.N, op, io);
+  io.check();
+  if (out.numel() == 0) return;
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    gemm_kt_impl<T>(ptr<T>(x), ptr<T>(wt), mask.data_ptr<int32_t>(), bias ? ptr<T>(*bias) : nullptr,
-                    static_cast<T*>(out.data_ptr()), d);
+    gemm_kt_impl<T>(ptr<T>(x), ptr<T>(wt), mask.data_ptr<int32_t>(), ptr<T>(bias), static_cast<T*>(out.data_ptr()),
+                    d);
   });
 }
 
@@ -1016,25 +1133,29 @@ WIDE_AVX2 inline void store8(uint16_t* p, __m256 v) {
 inline __mmask16 tail16(int64_t left) { return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1); }
 
 // exp(x) for x <= 0 (softmax after the max is taken): 2^n * p(f), n = round(x log2 e), f = x - n ln 2 in two
-// steps, p degree 6 (relative error ~2e-7, Horner from kExpPoly[0]); below -87 the result is 0. 16 and 8 lanes.
+// steps, p degree 6 (relative error ~2e-7, Horner from kExpPoly[0]); below -87 (-inf too) the result is 0, and a NaN
+// stays NaN, as torch.softmax propagates it (a NaN score, or inf - inf where a score is +inf): the clamp is a max
+// whose second operand is x, the one a NaN comparison returns. 16 and 8 lanes.
 constexpr float kExpPoly[] = {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
 constexpr float kLog2e = 1.44269504f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 WIDE_AVX512 inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_NLT_UQ);  // x >= -87, or NaN
+  x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT);
   const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
   __m512 p = _mm512_set1_ps(kExpPoly[0]);
   for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExpPoly[i]));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
 }
 WIDE_AVX2 inline __m256 exp8(__m256 x) {  // 2^n through the exponent bits (n >= -126 here)
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_NLT_UQ);  // x >= -87, or NaN
+  x = _mm256_max_ps(_mm256_set1_ps(-87.f), x);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), kHalfRound);
   const __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x));
   __m256 p = _mm256_set1_ps(kExpPoly[0]);
   for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExpPoly[i]));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 // RMSNorm (model/modeling.py): out = w * T(x * rsqrt(mean(x^2) + eps)), the mean in float32 as the reference's
@@ -1189,7 +1310,8 @@ WIDE_AVX512 void attend_kv_head(const T* q, const T* k, const T* v, T* out, cons
       s[j] = _mm512_reduce_add_ps(acc);
     }
     __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < a.L; j += 16) mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(tail16(a.L - j), s + j));
+    for (int64_t j = 0; j < a.L; j += 16)  // past the end: -inf (a 0 there could exceed every score)
+      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail16(a.L - j), s + j));
     const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < a.L; j += 16) {
@@ -1290,43 +1412,58 @@ void router_impl(const float* h, int64_t M, int64_t H, const float* wc, const fl
   for (int64_t i = 0; i < M * G; ++i) mask[i] = logits[2 * i] >= logits[2 * i + 1];
 }
 
-void check_act(const at::Tensor& x, const char* op) {
-  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), op, ": contiguous CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
-              ": float32, bfloat16 or float16 only");
+// An activation [.., H]: a contiguous float CPU tensor of at least one dim
+void check_act(const at::Tensor& x, const char* op, const char* name) {
+  check_tensor(x, op, name, kAnyFloat);
+  TORCH_CHECK(x.dim() >= 1, op, ": ", name, " must have at least one dim");
 }
 
 bool rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& out) {
-  check_act(x, "wide_cpu::rms_norm");
-  const int64_t H = x.size(-1);
-  TORCH_CHECK(w.numel() == H && w.scalar_type() == x.scalar_type() && w.is_contiguous(),
-              "wide_cpu::rms_norm: w must be [H] of x's dtype");
-  TORCH_CHECK(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
-              "wide_cpu::rms_norm: out must be like x");
+  const char* op = "wide_cpu::rms_norm";
+  check_act(x, op, "x");
+  const int64_t H = x.size(-1), M = lead_rows(x, 1, op);
+  check_tensor(w, op, "w", x.scalar_type());
+  TORCH_CHECK(w.numel() == H, op, ": w must be [H] = [", H, "], got ", w.sizes());
+  check_tensor(out, op, "out", x.scalar_type());
+  check_shape(out, x.sizes(), op, "out (x's shape)");
+  Apart io(op);
+  io.read(x, "x"), io.read(w, "w"), io.write(out, "out");
+  io.check();
   const int isa = g_isa.load();
   if (isa == kScalar && x.scalar_type() == at::kHalf) return false;
+  if (out.numel() == 0) return true;
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *xp = ptr<T>(x), *wp = ptr<T>(w);
-    T* op = static_cast<T*>(out.data_ptr());
+    T* dst = static_cast<T*>(out.data_ptr());
     const auto row = rms_norm_row_for<T>(isa);
-    at::parallel_for(0, x.numel() / H, 8, [&](int64_t b, int64_t e) {
-      for (int64_t m = b; m < e; ++m) row(xp + m * H, wp, op + m * H, H, static_cast<float>(eps));
+    at::parallel_for(0, M, 8, [&](int64_t b, int64_t e) {
+      for (int64_t m = b; m < e; ++m) row(xp + m * H, wp, dst + m * H, H, static_cast<float>(eps));
     });
   });
   return true;
 }
 
 bool rope(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  check_act(x, "wide_cpu::rope");
-  TORCH_CHECK(x.dim() >= 2, "wide_cpu::rope: x must be [.., H, D]");
-  const int64_t D = x.size(-1), H = x.size(-2), M = x.numel() / (H * D);
-  TORCH_CHECK(D % 2 == 0 && D <= ROPE_MAX_D, "wide_cpu::rope: head size must be even and <= ", ROPE_MAX_D);
-  for (const at::Tensor* t : {&cos, &sin})
-    TORCH_CHECK(t->numel() == M * D && t->size(-1) == D && t->scalar_type() == x.scalar_type() && t->is_contiguous(),
-                "wide_cpu::rope: cos and sin must be [M, D] of x's dtype");
+  const char* op = "wide_cpu::rope";
+  check_act(x, op, "x");
+  TORCH_CHECK(x.dim() >= 2, op, ": x must be [.., H, D], got ", x.sizes());
+  const int64_t D = x.size(-1), H = x.size(-2), M = lead_rows(x, 2, op);
+  TORCH_CHECK(D % 2 == 0 && D <= ROPE_MAX_D, op, ": head size must be even and <= ", ROPE_MAX_D, ", got ", D);
+  Apart io(op);
+  io.write(x, "x");
+  const char* names[] = {"cos", "sin"};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& t = i ? sin : cos;
+    check_tensor(t, op, names[i], x.scalar_type());
+    TORCH_CHECK(t.dim() >= 1 && t.size(-1) == D && t.numel() == mul_sizes(M, D, op, "the rows x D"), op,
+                ": cos and sin must be [M, D] = [", M, ", ", D, "] of x's dtype, got ", names[i], " ", t.sizes());
+    io.read(t, names[i]);
+  }
+  io.check();
   const int isa = g_isa.load();
   if (isa == kScalar && x.scalar_type() == at::kHalf) return false;
+  if (x.numel() == 0) return true;
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* xp = static_cast<T*>(x.data_ptr());
@@ -1339,42 +1476,69 @@ bool rope(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
 
 bool decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
                       const std::optional<at::Tensor>& head_mask, int64_t group_heads, at::Tensor& out) {
-  check_act(q, "wide_cpu::decode_attention");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4 && out.sizes() == q.sizes() && out.is_contiguous() &&
-                  out.scalar_type() == q.scalar_type(),
-              "wide_cpu::decode_attention: q and out [B, Hq, D], k and v [B, Hk, L, D]");
+  const char* op = "wide_cpu::decode_attention";
+  check_act(q, op, "q");
+  check_tensor(out, op, "out", q.scalar_type());
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, op, ": q and out [B, Hq, D], k and v [B, Hk, L, D]");
+  check_shape(out, q.sizes(), op, "out (q's shape)");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hk = k.size(1);
-  for (const at::Tensor* t : {&k, &v})
-    TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->size(0) == B && t->size(1) == Hk && t->size(3) == D &&
-                    t->size(2) >= length && t->stride(3) == 1 && t->stride(2) == D,
-                "wide_cpu::decode_attention: k / v must be [B, Hk, >= length, D] of q's dtype, rows contiguous");
-  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && length > 0 && D <= 512, "wide_cpu::decode_attention: bad heads or length");
-  TORCH_CHECK(!head_mask || (head_mask->scalar_type() == at::kInt && head_mask->is_contiguous() && group_heads > 0 &&
-                             Hq % group_heads == 0 && head_mask->numel() == B * (Hq / group_heads)),
-              "wide_cpu::decode_attention: head_mask must be int32 [B, Hq / group_heads]");
+  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && length > 0 && D <= 512, op, ": bad heads, length or head size (Hq ", Hq,
+              ", Hk ", Hk, ", length ", length, ", D ", D, ")");
+  Apart io(op);
+  io.read(q, "q"), io.write(out, "out");
+  const char* names[] = {"k", "v"};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& t = i ? v : k;
+    check_tensor(t, op, names[i], q.scalar_type(), true);
+    TORCH_CHECK(t.size(0) == B && t.size(1) == Hk && t.size(3) == D && t.size(2) >= length &&
+                    (t.stride(3) == 1 || D <= 1) && (t.stride(2) == D || t.size(2) <= 1 || D == 0),
+                op, ": k / v must be [B, Hk, >= length, D] of q's dtype, rows contiguous, got ", names[i], " ",
+                t.sizes(), " strides ", t.strides());
+    io.read(t, names[i]);
+  }
+  if (head_mask && head_mask->defined()) {
+    check_tensor(*head_mask, op, "head_mask", at::kInt);
+    TORCH_CHECK(group_heads > 0 && Hq % group_heads == 0 &&
+                    head_mask->numel() == mul_sizes(B, Hq / group_heads, op, "the rows x head groups"), op,
+                ": head_mask must be int32 [B, Hq / group_heads], got ", head_mask->sizes(), " and group_heads ",
+                group_heads);
+    io.read(*head_mask, "head_mask");
+  }
+  io.check();
   if (!attention_runs(D)) return false;
+  if (out.numel() == 0) return true;
   const AttnShape a{B, Hq, Hk, length, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                     static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
   by_dtype(q, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     decode_attention_impl<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), static_cast<T*>(out.data_ptr()), a,
-                             head_mask ? head_mask->data_ptr<int32_t>() : nullptr, group_heads);
+                             head_mask && head_mask->defined() ? head_mask->data_ptr<int32_t>() : nullptr,
+                             group_heads);
   });
   return true;
 }
 
 void router(const at::Tensor& h, const at::Tensor& wc, const at::Tensor& bc, const at::Tensor& wr,
             const at::Tensor& br, at::Tensor& mask) {
-  check_act(h, "wide_cpu::router");
-  const int64_t H = h.size(-1), M = h.numel() / H, R = wc.size(0), G = wr.size(0) / 2;
-  for (const at::Tensor* t : {&wc, &bc, &wr, &br})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device().is_cpu(),
-                "wide_cpu::router: the router's weights must be contiguous float32");
-  TORCH_CHECK(wc.dim() == 2 && wc.size(1) == H && bc.numel() == R && wr.dim() == 2 && wr.size(1) == R &&
-                  wr.size(0) == 2 * G && br.numel() == 2 * G,
-              "wide_cpu::router: wc [R, H], bc [R], wr [2G, R], br [2G]");
-  TORCH_CHECK(mask.scalar_type() == at::kInt && mask.is_contiguous() && mask.numel() == M * G,
-              "wide_cpu::router: mask must be int32 [M, G]");
+  const char* op = "wide_cpu::router";
+  check_act(h, op, "h");
+  const int64_t H = h.size(-1), M = lead_rows(h, 1, op);
+  Apart io(op);
+  io.read(h, "h");
+  const char* names[] = {"wc", "bc", "wr", "br"};
+  const at::Tensor* ts[] = {&wc, &bc, &wr, &br};
+  for (int i = 0; i < 4; ++i) check_tensor(*ts[i], op, names[i], at::kFloat), io.read(*ts[i], names[i]);
+  TORCH_CHECK(wc.dim() == 2 && wr.dim() == 2, op, ": wc [R, H], bc [R], wr [2G, R], br [2G]");
+  const int64_t R = wc.size(0), G = wr.size(0) / 2;
+  TORCH_CHECK(wc.size(1) == H && bc.numel() == R && wr.size(1) == R && wr.size(0) == 2 * G && br.numel() == 2 * G,
+              op, ": wc [R, H], bc [R], wr [2G, R], br [2G] with H = ", H, ", got ", wc.sizes(), ", ", bc.sizes(), ", ",
+              wr.sizes(), ", ", br.sizes());
+  check_tensor(mask, op, "mask", at::kInt);
+  TORCH_CHECK(mask.numel() == mul_sizes(M, G, op, "the rows x groups"), op, ": mask must be int32 [M, G] = [", M,
+              ", ", G, "], got ", mask.sizes());
+  io.write(mask, "mask");
+  io.check();
+  if (mask.numel() == 0) return;
   const at::Tensor hf = h.scalar_type() == at::kFloat ? h : h.to(at::kFloat);
   router_impl(ptr<float>(hf), M, H, ptr<float>(wc), ptr<float>(bc), R, ptr<float>(wr), ptr<float>(br), G,
               mask.data_ptr<int32_t>());
@@ -1506,12 +1670,13 @@ void decode_layer_impl(const T* h, T* out, const std::vector<const at::Tensor*>&
 }
 
 // One layer's weights (23 from `weights`' entry `base` on, some absent) and caches checked against h and geo; its
-// shape. held / w: the tensors and pointers to them (absent: null), w[RA .. RA + 3] adjacent in held.
+// shape. held / w: the tensors and pointers to them (absent: null), w[RA .. RA + 3] adjacent in held. Every tensor
+// is listed in io (the caches written).
 LayerShape check_layer(const at::Tensor& h, const c10::List<std::optional<at::Tensor>>& weights, int64_t base,
                        const at::Tensor& ck, const at::Tensor& cv, int64_t length, const int64_t* geo,
-                       std::vector<at::Tensor>& held, std::vector<const at::Tensor*>& w) {
+                       std::vector<at::Tensor>& held, std::vector<const at::Tensor*>& w, Apart& io, int64_t layer) {
   const char* op = "wide_cpu::decode_step";
-  const int64_t B = h.numel() / h.size(-1), H = h.size(-1);
+  const int64_t H = h.size(-1), B = h.numel() / H;  // H > 0: decode_step
   const int64_t Hq = geo[0], Hk = geo[1], D = geo[2], gh = geo[3], gs = geo[4];
   held.assign(LAYER_WEIGHTS, at::Tensor());
   w.assign(LAYER_WEIGHTS, nullptr);
@@ -1522,14 +1687,15 @@ LayerShape check_layer(const at::Tensor& h, const c10::List<std::optional<at::Te
   const auto want = [&](int i, std::initializer_list<int64_t> shape, bool router = false) {
     TORCH_CHECK(w[i], op, ": weight ", i, " of a layer is required");
     const at::Tensor& t = *w[i];
-    TORCH_CHECK(t.is_contiguous() && t.device().is_cpu() &&
-                    t.scalar_type() == (router ? at::kFloat : h.scalar_type()) && t.sizes().equals(shape),
-                op, ": weight ", i, " of a layer must be contiguous ", router ? "float32" : "of h's dtype", " ",
-                at::IntArrayRef(shape));
+    check_tensor(t, op, "a layer's weight", router ? at::kFloat : h.scalar_type());
+    TORCH_CHECK(t.sizes().equals(shape), op, ": weight ", i, " of a layer must be contiguous ",
+                router ? "float32" : "of h's dtype", " ", at::IntArrayRef(shape), ", got ", t.sizes());
   };
-  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && D > 0 && D % 2 == 0 && D <= 512, op, ": bad heads or head size");
+  TORCH_CHECK(Hq > 0 && Hk > 0 && Hq % Hk == 0 && D > 0 && D % 2 == 0 && D <= 512 && gh >= 0 && gs >= 0, op,
+              ": bad heads, head size or group sizes (geo ", at::IntArrayRef(geo, LAYER_GEO), ")");
   TORCH_CHECK(w[12] && w[12]->dim() == 2, op, ": a layer's gate weight is missing");
-  const int64_t NQ = Hq * D, NK = Hk * D, F = w[12]->size(0);
+  const int64_t NQ = mul_sizes(Hq, D, op, "heads x head size"), NK = mul_sizes(Hk, D, op, "KV heads x head size");
+  const int64_t F = w[12]->size(0);
   TORCH_CHECK(!gh || Hq % gh == 0, op, ": the attention group heads must divide the heads");
   TORCH_CHECK(!gs || F % gs == 0, op, ": the FFN group size must divide the FFN size");
   want(0, {H}), want(1, {NQ, H}), want(3, {NK, H}), want(5, {NK, H}), want(11, {H}), want(12, {F, H}), want(13, {F, H});
@@ -1547,11 +1713,24 @@ LayerShape check_layer(const at::Tensor& h, const c10::List<std::optional<at::Te
     const int64_t R = w[r]->size(0);
     want(r, {R, H}, true), want(r + 1, {R}, true), want(r + 2, {2 * G, R}, true), want(r + 3, {2 * G}, true);
   }
-  for (const at::Tensor* t : {&ck, &cv})
+  // the layer's scratch (decode_layer_impl: Arena), in 64 bits
+  const int64_t ga = gh ? Hq / gh : 1, gf = gs ? F / gs : 1;
+  mul_sizes(B, 4 * H + 2 * NQ + 2 * NK + F + 1 + ga + gf, op, "the rows x a layer's scratch");
+  for (const at::Tensor* t : {&ck, &cv}) {
+    const char* name = t == &ck ? "cache_k" : "cache_v";
+    check_tensor(*t, op, name, h.scalar_type(), true);
     TORCH_CHECK(t->dim() == 4 && t->size(0) == B && t->size(1) == Hk && t->size(3) == D && t->stride(3) == 1 &&
-                    t->stride(2) == D && t->scalar_type() == h.scalar_type() && t->strides().equals(ck.strides()),
-                op, ": caches must be [B, Hk, capacity, D] of h's dtype, rows contiguous, k and v alike");
-  TORCH_CHECK(length >= 0 && length < ck.size(2), op, ": the cache is full (", length, " positions)");
+                    t->stride(2) == D && t->strides().equals(ck.strides()),
+                op, ": caches must be [B, Hk, capacity, D] of h's dtype, rows contiguous, k and v alike, got ", name,
+                " ", t->sizes(), " strides ", t->strides());
+    TORCH_CHECK(length >= 0 && length < t->size(2), op, ": ", name, " is full (", length, " positions of ",
+                t->size(2), ")");
+    TORCH_CHECK(at::has_internal_overlap(*t) != at::MemOverlap::Yes, op, ": ", name,
+                " has positions that share memory (an expanded tensor)");
+    io.write(*t, name, layer);
+  }
+  for (int i = 0; i < LAYER_WEIGHTS; ++i)
+    if (w[i]) io.read(*w[i], "weights", base + i);
   return LayerShape{B, H, Hq, Hk, D, F, gh, gs};
 }
 
@@ -1560,28 +1739,41 @@ bool decode_step(const at::Tensor& h, const c10::List<std::optional<at::Tensor>>
                  const at::Tensor& sin, double eps, at::IntArrayRef geo, const at::Tensor& norm_w,
                  const at::Tensor& head_w, at::Tensor& out) {
   const char* op = "wide_cpu::decode_step";
-  check_act(h, op);
-  const int64_t L = static_cast<int64_t>(cache_k.size()), B = h.numel() / h.size(-1);
+  check_act(h, op, "h");
+  const int64_t H = h.size(-1), B = lead_rows(h, 1, op);
+  TORCH_CHECK(H > 0 && B > 0 && B <= INT32_MAX, op, ": h must be [B, 1, H] with B, H > 0, got ", h.sizes());
+  const int64_t L = static_cast<int64_t>(cache_k.size());
   TORCH_CHECK(L > 0 && static_cast<int64_t>(cache_v.size()) == L && static_cast<int64_t>(weights.size()) ==
                   LAYER_WEIGHTS * L && static_cast<int64_t>(geo.size()) == LAYER_GEO * L,
               op, ": per layer ", LAYER_WEIGHTS, " weights (some absent), ", LAYER_GEO, " geometry ints, two caches");
   for (int l = 0; l < L; ++l) TORCH_CHECK(geo[LAYER_GEO * l + 2] == geo[2], op, ": one head size for all layers");
-  for (const at::Tensor* t : {&cos, &sin})
-    TORCH_CHECK(t->numel() == B * geo[2] && t->scalar_type() == h.scalar_type() && t->is_contiguous(), op,
-                ": cos and sin must be [B, D] of h's dtype");
-  const int64_t H = h.size(-1), V = head_w.size(0);
-  TORCH_CHECK(norm_w.numel() == H && norm_w.scalar_type() == h.scalar_type() && norm_w.is_contiguous() &&
-                  head_w.dim() == 2 && head_w.size(1) == H && head_w.scalar_type() == h.scalar_type() &&
-                  head_w.is_contiguous(),
-              op, ": the final norm [H] and the LM head [V, H] must be contiguous, of h's dtype");
-  TORCH_CHECK(out.numel() == B * V && out.scalar_type() == h.scalar_type() && out.is_contiguous(), op,
-              ": out must be [B, V] of h's dtype");
+  Apart io(op);
+  io.read(h, "h");
+  const char* names[] = {"cos", "sin"};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& t = i ? sin : cos;
+    check_tensor(t, op, names[i], h.scalar_type());
+    TORCH_CHECK(geo[2] > 0 && t.numel() == mul_sizes(B, geo[2], op, "the rows x head size"), op, ": ", names[i],
+                " must be [B, D] of h's dtype, got ", t.sizes());
+    io.read(t, names[i]);
+  }
+  check_tensor(norm_w, op, "norm_w", h.scalar_type());
+  check_tensor(head_w, op, "head_w", h.scalar_type());
+  TORCH_CHECK(norm_w.numel() == H && head_w.dim() == 2 && head_w.size(1) == H, op,
+              ": the final norm [H] and the LM head [V, H] must be contiguous, of h's dtype, got ", norm_w.sizes(),
+              " and ", head_w.sizes());
+  const int64_t V = head_w.size(0);
+  check_tensor(out, op, "out", h.scalar_type());
+  TORCH_CHECK(out.numel() == mul_sizes(B, V, op, "the rows x vocabulary"), op, ": out must be [B, V] = [", B, ", ",
+              V, "] of h's dtype, got ", out.sizes());
+  io.read(norm_w, "norm_w"), io.read(head_w, "head_w"), io.write(out, "out");
   std::vector<std::vector<at::Tensor>> held(L);
   std::vector<std::vector<const at::Tensor*>> w(L);
   std::vector<LayerShape> shape(L);
   for (int64_t l = 0; l < L; ++l)
     shape[l] = check_layer(h, weights, LAYER_WEIGHTS * l, cache_k[l], cache_v[l], length, geo.data() + LAYER_GEO * l,
-                           held[l], w[l]);
+                           held[l], w[l], io, l);
+  io.check();
   if (!attention_runs(geo[2])) return false;
   by_dtype(h, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
