@@ -308,9 +308,12 @@ class Scheduler:
         self._stopping = False
         self.steps = 0  # graph calls so far (prefill + decode)
         self.max_rows_seen = 0
-        self._thread = threading.Thread(target=self._loop, name="wide-inflight", daemon=True)
+        # made in start(): a Thread whose target is this scheduler's bound method is a reference cycle, which kept a
+        # drained scheduler's batch (its step, its KV cache) alive until the cyclic collector's next full pass
+        self._thread: Optional[threading.Thread] = None
 
     def start(self) -> "Scheduler":
+        self._thread = threading.Thread(target=self._loop, name="wide-inflight", daemon=True)
         self._thread.start()
         return self
 
@@ -327,7 +330,7 @@ class Scheduler:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
         for job in list(self._running) + list(self._waiting):
             job.finish("the model is shutting down")

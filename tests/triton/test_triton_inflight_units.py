@@ -137,7 +137,7 @@ def test_the_scheduler_thread_and_its_observer(gm, inflight, tiny_repo, rng):
     sched = inflight.Scheduler(inflight.Batch(step, settings, gm.choose_tokens, max_rows=2),
                                observe=lambda running, waiting: seen.append((running, waiting)))
     assert sched.steps == 0 and sched.max_rows_seen == 0 and sched.waiting_rows == 0
-    assert sched._thread.daemon and sched._thread.name == "wide-inflight"
+    assert sched._thread is None  # no thread (and no reference cycle through one) before start()
     done = threading.Event()
     finals = []
     job = inflight.Job(rows=[gm.Row(rng.integers(0, 50, size=3), 3)], emit=lambda fresh: True,
@@ -145,6 +145,7 @@ def test_the_scheduler_thread_and_its_observer(gm, inflight, tiny_repo, rng):
     sched.submit(job)
     assert sched.waiting_rows == 1
     sched.start()
+    assert sched._thread.daemon and sched._thread.name == "wide-inflight"
     try:
         assert done.wait(WAIT_S)
     finally:
@@ -290,7 +291,7 @@ def test_drain_runs_the_submitted_jobs_to_their_end_in_the_callers_thread(gm, in
     for job in jobs:
         sched.submit(job)
     sched.drain()
-    assert not sched._thread.is_alive() and threads == {threading.current_thread().name}
+    assert sched._thread is None and threads == {threading.current_thread().name}
     assert finals == [None, None] and sched.batch.rows == [] and sched.waiting_rows == 0
     for out, row in zip(jobs[0].outputs + jobs[1].outputs, rows):
         assert out.tokens == list(tiny_llm.reference_greedy(tiny[1], row.prompt, row.max_new_tokens))
