@@ -221,6 +221,23 @@ def test_a_library_that_never_loads_is_rebuilt_once_then_one_line(built, tmp_pat
     assert res.stdout.strip() == "" and _compiles(log) == 2
 
 
+def test_a_compile_that_fails_is_one_warning_line_naming_the_error_and_the_log(built, tmp_path):
+    """A compiler that exits non-zero: one warning line with its first error and where its whole output is kept,
+    then the dense path (no traceback, nothing half-written in the cache)."""
+    cxx, log = _fake_compiler(tmp_path, built, 'echo "wide_cpu.cpp:1:1: note: in here"; '
+                                               'echo "wide_cpu.cpp:7:3: error: planted failure" >&2; exit 1')
+    cache = tmp_path / "cache"
+    res = subprocess.run([sys.executable, "-c", LOAD, str(built[2])], capture_output=True, text=True,
+                         env=_env(cache, CXX=str(cxx)), timeout=300)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "run dense" in lines[0], lines
+    assert "error: planted failure" in lines[0] and "compile.log" in lines[0], lines
+    (folder,) = cache.iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == ["compile.log"]
+    assert "planted failure" in (folder / "compile.log").read_text()
+
+
 # --- 5. SIGTERM during the compile ----------------------------------------------------------------------------
 
 

@@ -172,9 +172,13 @@ def _compile(cxx: str, cmd_flags: list, folder: Path) -> None:
         lines: list[str] = []
         code = childproc.run_group([cxx, *cmd_flags, *includes, str(SOURCE), "-o", str(out), *links],
                                    on_line=lines.append, env={**os.environ, "TMPDIR": str(work)})
-        if code != 0:
-            tail = "\n".join(lines[-15:])
-            raise RuntimeError(f"compiling {SOURCE.name} with {cxx} failed:\n{tail}")
+        if code != 0:  # one line (the first error the compiler names), the whole log kept for the hint
+            first = next((ln.strip() for ln in lines if "error" in ln), (lines or [f"exit status {code}"])[-1])
+            log = folder / "compile.log"
+            log.write_text("\n".join(lines) + "\n")
+            raise WideError(f"compiling {SOURCE.name} with {cxx} failed: {first}",
+                            hint=f"the compiler's whole output is in {log}; check that {cxx} builds C++20 "
+                                 "with OpenMP for this torch, or set CXX to one that does")
         os.chmod(out, 0o755)
         (work / SIDECAR).write_text(_sidecar(out.read_bytes()))
         with signals_deferred():  # both or neither (a reader seeing one of them new rebuilds, harmlessly)
