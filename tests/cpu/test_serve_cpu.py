@@ -91,6 +91,15 @@ def test_sampling_follows_the_seed(engine):
     assert tokens[0] == tokens[1] and tokens[0] != tokens[2]
 
 
+@pytest.mark.parametrize("fields", [dict(temperature=1e-45), dict(temperature=1.0, top_p=1e-300),
+                                    dict(temperature=1e-30, top_p=1e-300)])
+def test_a_tiny_temperature_is_greedy_and_a_tiny_top_p_keeps_the_most_likely_token(engine, ckpt, fields):
+    """Below 1e-5 the temperature is greedy and top_p keeps at least the most likely token (as vLLM): the
+    tokens of transformers' greedy decoding, where the sampler raised before (inf / no token left)."""
+    chunks = _collect(engine, prompt_ids=PROMPT, max_tokens=4, seed=3, **fields)
+    assert [t for c in chunks for t in c.token_ids] == _hf_greedy(ckpt, [PROMPT], 4)[0]
+
+
 @pytest.fixture(scope="module")
 def text_engine(text_ckpt):
     from wide_export.cpu.engine import CpuEngine
@@ -136,6 +145,42 @@ def test_a_stop_string_and_what_follows_are_never_sent(text_engine, text_ckpt):
     assert len([t for c in chunks for t in c.token_ids]) < len(tokens)
 
 
+def test_chat_prompts_hold_the_templates_one_bos_and_completions_get_theirs(text_engine, text_ckpt, monkeypatch):
+    """/v1/chat/completions through the app on a CpuEngine: the template already writes BOS, so the prompt
+    is its text encoded without special tokens (as Triton and vLLM: one BOS, not two), computed here with the
+    tokenizers library on the folder's tokenizer.json; usage counts those tokens. /v1/completions text still
+    gets the BOS the tokenizer adds."""
+    from fastapi.testclient import TestClient
+    from tokenizers import Tokenizer
+
+    from tests.text_checkpoint import MESSAGES
+    from wide_export.cpu.engine import CpuEngine
+    from wide_export.frontend.app import create_app
+    from wide_export.frontend.models import ServedModel
+
+    tok = Tokenizer.from_file(str(text_ckpt.folder / "tokenizer.json"))
+    bos = text_ckpt.tokenizer.bos_token_id
+    rendered = text_ckpt.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    want_chat = tok.encode(rendered, add_special_tokens=False).ids
+    want_text = tok.encode("Once upon", add_special_tokens=True).ids
+    assert want_chat[0] == bos != want_chat[1] and want_chat == text_ckpt.chat_ids.tolist()
+    assert want_text[0] == bos != want_text[1]
+    generator, seen = text_engine.generator, []
+    stream = generator.stream
+    monkeypatch.setattr(generator, "stream", lambda prompt, *a, **k: seen.append(list(prompt)) or stream(prompt, *a,
+                                                                                                        **k))
+    served = ServedModel(name="wide", triton_name="wide", folder=text_ckpt.folder,
+                         max_model_len=int(generator.model.config.max_position_embeddings))
+    served.load_text()
+    with TestClient(create_app(CpuEngine(generator, "wide"), [served])) as client:
+        chat = client.post("/v1/chat/completions", json={"model": "wide", "messages": MESSAGES, "max_tokens": 1})
+        plain = client.post("/v1/completions", json={"model": "wide", "prompt": "Once upon", "max_tokens": 1})
+    assert chat.status_code == plain.status_code == 200, (chat.text, plain.text)
+    assert seen == [want_chat, want_text]
+    assert chat.json()["usage"]["prompt_tokens"] == len(want_chat)
+    assert plain.json()["usage"]["prompt_tokens"] == len(want_text)
+
+
 @pytest.mark.parametrize("fields,fragment", [
     (dict(prompt_ids=PROMPT, max_tokens=10**6), "max_tokens"),
     (dict(prompt_ids=[10**6]), "outside the vocabulary"),
@@ -156,10 +201,11 @@ def _cli(*args, **kw):
 
 @pytest.mark.parametrize("args,fragment", [
     (("--openai-port", "0"), "give exactly one"),
-    (("--repository", "r", "--model", "m"), "give exactly one"),
+    (("--repository", "r", "--model", "MODEL"), "give exactly one"),
     (("--model", "MODEL"), "--openai-port"),
     (("--model", "MODEL", "--openai-port", "0", "--grpc-port", "8001"), "--grpc-port"),
-    (("--model", "nowhere", "--openai-port", "0"), "config.json"),
+    (("--model", "nowhere", "--openai-port", "0"), "model folder not found"),
+    (("--model", "/", "--openai-port", "0"), "config.json"),
     (("--model", "MODEL", "--openai-port", "0", "--log-verbose", "1"), "--log-verbose"),
     (("--repository", "r", "--dtype", "float16"), "--dtype is for --model"),
 ])
@@ -197,6 +243,8 @@ def test_serve_model_answers_completions_plain_and_streamed_then_stops_on_sigter
         assert events[-1] == b"[DONE]"
         streamed = [t for e in events[:-1] for t in json.loads(e)["choices"][0].get("token_ids", [])]
         assert streamed == want
+        tiny = json.loads(_post(f"{url}/completions", {**body, "temperature": 1e-45, "top_p": 1e-300}))
+        assert tiny["choices"][0]["token_ids"] == want  # greedy, not an HTTP 500
         models = json.loads(urllib.request.urlopen(f"{url}/models", timeout=30).read())
         assert [m["id"] for m in models["data"]] == ["wide"]
     finally:

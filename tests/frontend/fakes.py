@@ -82,3 +82,42 @@ class FakeTokenizer:
 def served(name: str = MODEL, text: Optional[ModelText] = None, max_model_len: int = 64) -> ServedModel:
     return ServedModel(name=name, triton_name=name, folder=None, max_model_len=max_model_len,
                        text=text if text is not None else ModelText(FakeTokenizer()))
+
+
+class SlowCodecGenerator:
+    """What CpuEngine (cpu/engine.py) uses of cpu.generation.CpuGenerator, with a tokenizer that holds its
+    thread: encode sleeps `encode_s` (then gives one token per 4 characters), decode sleeps `decode_s`;
+    `encoding` / `decoding` are set when one starts. The model answers `tokens`."""
+
+    def __init__(self, encode_s: float = 0.0, decode_s: float = 0.0, tokens: Sequence[int] = (5, 6, 7),
+                 max_model_len: int = 64, vocab: int = 100):
+        from types import SimpleNamespace
+
+        self.encode_s, self.decode_s, self.tokens = encode_s, decode_s, list(tokens)
+        self.model = SimpleNamespace(config=SimpleNamespace(vocab_size=vocab, max_position_embeddings=max_model_len))
+        self.eos: set[int] = set()
+        self.encoding, self.decoding = threading.Event(), threading.Event()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        import time
+
+        self.encoding.set()
+        time.sleep(self.encode_s)  # a long prompt's tokenizing, which holds its thread
+        return [1] * max(1, len(text) // 4)
+
+    def decode(self, ids) -> str:
+        import time
+
+        self.decoding.set()
+        time.sleep(self.decode_s)
+        return "".join(chr(ord("a") + int(i) % 26) for i in ids)
+
+    def stream(self, prompt, max_new_tokens, sampling=None, on_token=None, stop=None) -> list[int]:
+        out = []
+        for token in self.tokens[:max_new_tokens]:
+            out.append(token)
+            if on_token is not None:
+                on_token(token)
+            if stop is not None and stop(token):
+                break
+        return out

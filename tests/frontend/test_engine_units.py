@@ -213,6 +213,24 @@ def test_top_p_of_one_and_greedy_temperature_need_no_input():
     assert sent == ["input_ids", "temperature", "top_p"]  # the model takes them: sent as asked
 
 
+def test_a_tiny_top_p_reaches_the_model_positive_and_keeps_the_most_likely_token():
+    """top_p 1e-300 (the API takes any top_p > 0) was 0 in the FP32 tensor, which the model refuses as outside
+    (0, 1]: it goes as the smallest positive float32, and the repository's rows.py keeps the argmax alone."""
+    from types import SimpleNamespace
+
+    from wide_export.triton import rows
+
+    info = model_info("m", {"input": [{"name": n, "dims": [1]} for n in ("input_ids", "temperature", "top_p")]})
+    for top_p in (1e-300, 1e-46):
+        sent = dict((n, a) for n, a, _ in request_tensors(GenerationRequest(model="m", prompt_ids=[1], temperature=1.0,
+                                                                            top_p=top_p), info))
+        assert sent["top_p"].dtype == np.float32 and 0 < float(sent["top_p"][0]) < 1e-44
+        row = rows.Row(np.array([1]), 1, temperature=float(sent["temperature"][0]), top_p=float(sent["top_p"][0]))
+        rows.validate_row(row, SimpleNamespace(max_total_tokens=8, max_prompt_tokens=0, vocab_size=4))
+        logits = np.array([[0.1, 2.0, 1.9, -1.0]], np.float32)
+        assert {int(rows.choose_tokens(logits, [row], [np.random.default_rng(s)])[0]) for s in range(30)} == {1}
+
+
 def test_model_info_defaults():
     bare = model_info("m", {"input": [{"name": "x"}], "output": [{"name": "y"}]})
     assert (bare.decoupled, bare.batched, bare.inputs, bare.outputs) == (False, False, {"x": []}, {"y"})

@@ -622,6 +622,30 @@ def test_choose_tokens_top_p_keeps_the_smallest_set_and_ties_go_to_the_lower_id(
     assert picks == {0, 1}  # e^0 : e^-1; the third is never drawn
 
 
+def test_choose_tokens_below_the_greedy_temperature_is_argmax_and_a_tiny_top_p_keeps_the_top(gm):
+    """The torch sampler's rule (model/generate.Sampling) in the repository's rows.py: a temperature below
+    1e-5 is greedy (1e-310 overflowed logits / T to inf, nan probabilities, before; 5e-6 on two logits 1e-6 apart drew the second
+    about half the time), a top_p below every probability keeps the most likely token alone, the argmax
+    taken here by numpy; at 2e-5 it samples both."""
+    rows_py = gm.load_sibling("rows")
+    from wide_export.model import generate
+
+    assert rows_py.GREEDY_TEMPERATURE == generate.GREEDY_TEMPERATURE == 1e-5
+    logits = np.random.default_rng(0).normal(size=(3, 50)).astype(np.float32) * 8
+    logits[2, :2] = [1.0, 1.0 - 1e-6]
+    logits[2, 2:] = -5.0
+    want = np.argmax(logits, axis=-1).tolist()
+    assert want[2] == 0
+    prompt = np.ones(1, np.int64)
+    for t, p in ((1e-310, 1.0), (np.float32(1e-45), 1.0), (5e-6, 1.0), (5e-6, 0.5), (1.0, 1e-300), (1.0, 1e-45)):
+        rows = [gm.Row(prompt, 1, temperature=t, top_p=p) for _ in range(3)]
+        got = [gm.choose_tokens(logits, rows, [np.random.default_rng(s + b) for b in range(3)]).tolist()
+               for s in range(30)]
+        assert got == [want] * 30, (t, p)
+    hot = gm.Row(prompt, 1, temperature=2e-5)
+    assert {int(gm.choose_tokens(logits[2:], [hot], [np.random.default_rng(s)])[0]) for s in range(40)} == {0, 1}
+
+
 def test_generate_tells_on_step_the_step_index_and_returns_when_told_to_stop(gm, runner, tiny):
     settings, step = runner
     seen = []

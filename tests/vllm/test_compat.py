@@ -75,3 +75,50 @@ def test_the_kernel_mode_is_part_of_vllms_compile_cache_key(monkeypatch, extra, 
 
     hashes = {VllmConfig(additional_config={"wide_kernels": m}).compute_hash() for m in ("native", "triton", "cpu")}
     assert len(hashes) == 3
+
+
+# ---- the folder's dtype: vLLM's --dtype auto casts a float32 model down; wide-vllm serve keeps it ---------------
+def _folder(tmp_path, **config):
+    import json
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "wide": {"format": "wide"}, **config}))
+    return folder
+
+
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
+def test_wide_vllm_serve_keeps_a_float32_folder_in_float32_and_says_so(tmp_path, key):
+    from wide_export.vllm.compat import folder_dtype, serve_defaults
+
+    folder = _folder(tmp_path, **{key: "float32"})
+    assert folder_dtype(folder) == "float32"
+    args, notes = serve_defaults(["serve", str(folder)], cpu=True, total=32 << 30, available=30 << 30, weights=0,
+                                 environ={}, dtype=folder_dtype(folder))
+    assert args[args.index("--dtype") + 1] == "float32"
+    said = [n for n in notes if "float32" in n]
+    assert len(said) == 1 and "bfloat16" in said[0] and "--dtype" in said[0], notes
+
+
+def test_a_dtype_given_or_a_half_precision_folder_is_left_to_vllm(tmp_path):
+    from wide_export.vllm.compat import folder_dtype, serve_defaults
+
+    for given in (["--dtype", "bfloat16"], ["--dtype=float16"]):
+        args, notes = serve_defaults(["serve", "OUT", *given], cpu=True, total=32 << 30, available=30 << 30,
+                                     weights=0, environ={}, dtype="float32")
+        assert sum(a.startswith("--dtype") for a in args) == 1 and not any("float32" in n for n in notes)
+    folder = _folder(tmp_path, dtype="bfloat16")
+    assert folder_dtype(folder) == "bfloat16"
+    args, _ = serve_defaults(["serve", str(folder)], cpu=False, total=0, available=0, weights=0, environ={},
+                             dtype="bfloat16")
+    assert "--dtype" not in args  # vLLM's auto keeps bfloat16 as it is
+    assert folder_dtype(tmp_path / "missing") is None
+
+
+@pytest.mark.vllm
+def test_vllm_auto_dtype_does_cast_a_float32_model_down_on_this_cpu():
+    """What the note above says, from vLLM itself: --dtype auto on a float32 config is not float32 here."""
+    import torch
+    from vllm.config.model import _resolve_auto_dtype
+
+    assert _resolve_auto_dtype("llama", torch.float32, is_pooling_model=False) in (torch.bfloat16, torch.float16)

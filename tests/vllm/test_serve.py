@@ -22,6 +22,7 @@ from tests.vllm.support import KV_CACHE_BYTES, PROMPTS, SHM, checkpoint, engine_
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 NEW = 12
+KEY = "wide-test-key"  # WIDE_API_KEY of the served fixture: wide-vllm guards every route but /health with it
 EOS = 2  # the demo tokenizer's </s>: generation stops there, as in the reference below
 
 
@@ -63,7 +64,7 @@ def served(tmp_path_factory):
         [sys.executable, "-c", "from wide_export.vllm.compat import main; main()", "serve", str(out),
          "--port", str(port), "--served-model-name", "wide", "--dtype", "float32",  # wide-vllm's default host
          "--max-model-len", "256", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--enforce-eager"],
-        stdout=log, stderr=subprocess.STDOUT, env=engine_env(), start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, env={**engine_env(), "WIDE_API_KEY": KEY}, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -91,7 +92,7 @@ def served(tmp_path_factory):
 def _client(port: int):
     import openai
 
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120)
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, timeout=120)
 
 
 def test_completion_text_equals_the_reference(served):
@@ -128,3 +129,31 @@ def test_listens_on_loopback_only_by_default(served):
     port = served[0]
     addresses = [a for a in listening_tcp().values() if int(a.rsplit(":", 1)[1], 16) == port]
     assert addresses and all(a == f"0100007F:{port:04X}" for a in addresses), addresses
+
+
+def test_the_api_key_guards_every_route_but_health(served):
+    """WIDE_API_KEY set: vLLM's own guard covers /v1; wide-vllm's (vllm/auth.GuardAll) the rest, /invocations
+    (generation too), /tokenize and /metrics included. /health stays open."""
+    import json
+    import urllib.error
+
+    port, prompts, _, _ = served
+
+    def status(path: str, key=None, body=None) -> int:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers,
+                                     data=None if body is None else json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    completion = {"model": "wide", "prompt": prompts[0], "max_tokens": 2}
+    tokenize = {"model": "wide", "prompt": "abc"}
+    for path, body in (("/v1/models", None), ("/v1/completions", completion), ("/invocations", completion),
+                       ("/tokenize", tokenize), ("/metrics", None)):
+        assert status(path, body=body) == 401, path
+        assert status(path, "wrong", body) == 401, path
+        assert status(path, KEY, body) == 200, path
+    assert status("/health") == 200

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from wide_export.cli.common import user_errors
+from wide_export.cli.common import model_folder_callback, user_errors
 
 
 def _port_option(flag: str, what: str):
@@ -93,7 +93,7 @@ def serve(
     model: Annotated[Optional[Path], typer.Option(
         "--model", help="Instead of a repository: a WIDE checkpoint folder served on CPU by the compiled CPU kernels "
                         "(`wide-export generate`'s path), OpenAI API only (--openai-port), no tritonserver.",
-        show_default=False)] = None,
+        show_default=False, callback=model_folder_callback)] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="With --model: float32, bfloat16 or float16 weights.")]
     = "float32",
     threads: Annotated[Optional[int], typer.Option("--threads", help="With --model: CPU threads (default: "
@@ -135,6 +135,11 @@ def serve(
         "--max-waiting", help="OpenAI API: requests waiting per model, at most half of them one client's; "
                               "one more is a 503 (a 429 for that client) at once (default: 256).",
         show_default=False)] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", help="OpenAI API: every route but /health needs the header `Authorization: Bearer KEY` "
+                          "(else a 401). Default: the WIDE_API_KEY environment variable, which other local users "
+                          "cannot read in the process list as they can this flag; neither: no key.",
+        show_default=False)] = None,
 ) -> None:
     """Start a real tritonserver on the repository, wait until ready, stop on Ctrl-C; or, with --model, the
     OpenAI API alone on the CPU generation path (no tritonserver).
@@ -168,10 +173,11 @@ def serve(
                            "--address": None if address == "127.0.0.1" else address,
                            "--log-verbose": log_verbose or None},
                           frontend_limits(max_connections, max_body_bytes),
-                          request_policy(max_tokens, max_running_per_client, max_waiting))
+                          request_policy(max_tokens, max_running_per_client, max_waiting), api_key)
     openai_only = {"--served-model-name": served_model_name, "--max-connections": max_connections,
                    "--max-body-bytes": max_body_bytes, "--max-tokens": max_tokens,
-                   "--max-running-per-client": max_running_per_client, "--max-waiting": max_waiting}
+                   "--max-running-per-client": max_running_per_client, "--max-waiting": max_waiting,
+                   "--api-key": api_key}
     given = [flag for flag, value in openai_only.items() if value is not None]
     if openai_port is None and given:
         from wide_export.errors import WideError
@@ -185,10 +191,14 @@ def serve(
     if openai_port is not None:
         opts.limits = frontend_limits(max_connections, max_body_bytes)
         opts.policy = request_policy(max_tokens, max_running_per_client, max_waiting)
+        from wide_export.frontend.auth import api_key_from
+
+        opts.api_key = api_key_from(api_key)
     with interrupt_on_signals():  # SIGTERM while loading stops the server as Ctrl-C does (its own session)
         serving = start_serving(opts, stage=lambda message: console.status(message))
     server, frontend = serving.server, serving.frontend
     ends = serving.endpoints
+    _warn_exposed(frontend, address)
     console.print(f"[green]ready[/]  HTTP {ends.http if server.http else 'off'}  gRPC {ends.grpc}"
                   + (f"  metrics {ends.metrics}" if ends.metrics else "")
                   + (f"  OpenAI {frontend.url}" if frontend is not None else ""), soft_wrap=True)
@@ -203,7 +213,8 @@ def serve(
 
 
 def _serve_cpu(console, model: Path, dtype: str, threads: Optional[int], openai_port: Optional[int],
-               openai_address: str, served_model_name: Optional[str], triton_flags: dict, limits, policy) -> None:
+               openai_address: str, served_model_name: Optional[str], triton_flags: dict, limits, policy,
+               api_key: Optional[str]) -> None:
     """serve --model: the OpenAI API on the CPU generation path until SIGINT / SIGTERM."""
     import signal as signals
 
@@ -216,10 +227,13 @@ def _serve_cpu(console, model: Path, dtype: str, threads: Optional[int], openai_
         raise WideError(f"{given[0]} is tritonserver's, and --model serves without it", hint="drop " + given[0])
     if openai_port is None:
         raise WideError("--model serves the OpenAI API only", hint="add --openai-port PORT")
+    from wide_export.frontend.auth import api_key_from
+
+    api_key = api_key_from(api_key)
     with interrupt_on_signals():
         with console.status(f"loading {model} for the CPU kernels ..."):
             frontend, gen = prepare(model, openai_address, openai_port, served_model_name, dtype=dtype,
-                                    threads=threads, limits=limits, policy=policy)
+                                    threads=threads, limits=limits, policy=policy, api_key=api_key)
         try:
             with console.status("starting the OpenAI API ..."):
                 frontend.start()
@@ -227,12 +241,32 @@ def _serve_cpu(console, model: Path, dtype: str, threads: Optional[int], openai_
             frontend.stop()
             raise
     kernels = f"CPU kernels {gen.kernels}" if gen.kernels else "no CPU kernels (dense path)"
+    _warn_exposed(frontend, None)
     console.print(f"[green]ready[/]  OpenAI {frontend.url}  ({kernels}, {dtype})", soft_wrap=True)
     console.print(f"models: {', '.join(m.name for m in frontend.models)}", markup=False)
     console.print("Ctrl-C to stop")
     signum = serve_until_signal(frontend)
     console.print(f"stopped ({signals.Signals(signum).name})")
     raise typer.Exit(128 + signum)
+
+
+def _warn_exposed(frontend, triton_address: Optional[str]) -> None:
+    """One warning line on stderr for each API listening beyond loopback without a key: the OpenAI API without
+    --api-key, tritonserver's own endpoints (which take none) on a non-loopback --address."""
+    import sys
+
+    from wide_export.frontend.auth import exposure_warning, is_loopback
+
+    lines = []
+    if frontend is not None:
+        lines.append(exposure_warning(frontend.host, frontend.api_key))
+    if triton_address is not None and not is_loopback(triton_address):
+        lines.append(f"warning: tritonserver's endpoints listen on {triton_address} and take no API key: anyone "
+                     "who reaches them can use the models (leave --address on 127.0.0.1 and serve others through "
+                     "--openai-port with --api-key)")
+    for line in lines:
+        if line:
+            print(line, file=sys.stderr, flush=True)
 
 
 def frontend_limits(max_connections: Optional[int], max_body_bytes: Optional[int]):

@@ -98,8 +98,12 @@ def _export(output, sources, dtype, force) -> None:
     cfg = loaded.config
     stages.note(f"wrote {output}: {', '.join(summary['weights'])} ({dtype}, {summary['routers']} router tensors, "
                 f"LoRA pairs merged: {loaded.lora_pairs}), {len(summary['text'])} tokenizer file(s)")
-    stages.note(f"serve it: vllm serve {output}   (with the CPU wheel: wide-vllm serve {output}; "
+    keep = " --dtype float32" if dtype == "float32" else ""  # vLLM's --dtype auto casts float32 down
+    stages.note(f"serve it: vllm serve {output}{keep}   (with the CPU wheel: wide-vllm serve {output}; "
                 f"tensor_parallel_size: {', '.join(map(str, tp_sizes(cfg)))})")
+    if keep:
+        stages.note("note: without --dtype float32, vLLM's --dtype auto casts this float32 folder to bfloat16 or "
+                    "float16; wide-vllm serve keeps float32 unless given --dtype")
     from wide_export.vllm.compat import cpu_head_dim_note
 
     note = cpu_head_dim_note(cfg.head_dim)

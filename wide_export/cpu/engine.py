@@ -56,7 +56,8 @@ class CpuEngine:
             if self.generator.encode is None:
                 raise EngineError("invalid", "this model has no tokenizer: send the prompt as token ids",
                                   "prompt")
-            ids = list(self.generator.encode(request.prompt or ""))
+            # a chat template's text already holds its BOS: sent with add_special_tokens false (as to Triton)
+            ids = list(self.generator.encode(request.prompt or "", add_special_tokens=request.add_special_tokens))
         vocab = self.generator.model.config.vocab_size
         if not ids:
             raise EngineError("invalid", "the prompt is empty", "prompt")
@@ -81,7 +82,9 @@ class CpuEngine:
 
         if request.model != self.name:
             raise EngineError("invalid", f"unknown model {request.model!r}", "model")
-        prompt = self._prompt(request)
+        # tokenizing (and the decoding below) on worker threads: an 850k-character prompt took 1.2 s to encode,
+        # which on the event loop held /health and every stream (vLLM keeps them off its loop too)
+        prompt = await asyncio.to_thread(self._prompt, request)
         budget = self._budget(request, len(prompt))
         seed = request.seed if request.seed is not None else random.randrange(2**63)  # no seed: a fresh draw
         sampling = Sampling(temperature=request.temperature or 0.0, top_p=1.0 if request.top_p is None
@@ -94,20 +97,25 @@ class CpuEngine:
         def put(item) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        row = RowOutput(np.asarray(prompt), budget, stop_ids=ends, stop_strings=tuple(request.stop),
+                        codec=_Codec(self.generator.decode) if self.generator.decode is not None else None)
+
+        def token(tok: int) -> None:  # on the worker thread: the row's stops and text (detokenizing) too
+            row.add(tok)
+            put(GenerationChunk(text=row.take_text(), token_ids=(tok,), finish_reason=row.finish_reason,
+                                prompt_tokens=len(prompt), completion_tokens=len(row.tokens)))
+
         def work() -> None:
             try:
-                self.generator.stream(prompt, budget, sampling, lambda tok: put(tok),
-                                      lambda tok: halt.is_set() or tok in ends)
+                self.generator.stream(prompt, budget, sampling, token, lambda tok: halt.is_set() or row.done)
             except BaseException as err:  # noqa: BLE001 - handed to the consumer
                 put(err)
             finally:
                 put(_DONE)
 
         done = loop.run_in_executor(self._pool, work)
-        row = RowOutput(np.asarray(prompt), budget, stop_ids=ends, stop_strings=tuple(request.stop),
-                        codec=_Codec(self.generator.decode) if self.generator.decode is not None else None)
         try:
-            while not row.done:
+            while True:
                 item = await queue.get()
                 if item is _DONE:  # the worker ended without a last token (cannot happen with budget >= 1)
                     yield GenerationChunk(finish_reason=LENGTH, prompt_tokens=len(prompt),
@@ -115,9 +123,9 @@ class CpuEngine:
                     break
                 if isinstance(item, BaseException):
                     raise EngineError("internal", f"generation failed: {item}")
-                row.add(item)
-                yield GenerationChunk(text=row.take_text(), token_ids=(item,), finish_reason=row.finish_reason,
-                                      prompt_tokens=len(prompt), completion_tokens=len(row.tokens))
+                yield item
+                if item.finish_reason:
+                    break
         finally:
             halt.set()
             await asyncio.shield(done)

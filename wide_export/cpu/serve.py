@@ -12,7 +12,8 @@ from wide_export.errors import WideError
 
 def prepare(model_dir: Path, host: str, port: int, served_model_name: Optional[str] = None, *,
             dtype: str = "float32", threads: Optional[int] = None, limits=None, policy=None,
-            router: Optional[Path] = None, lora: Optional[Path] = None, lora_scale: float = 2.0):
+            router: Optional[Path] = None, lora: Optional[Path] = None, lora_scale: float = 2.0,
+            api_key: Optional[str] = None):
     """The frontend (not yet started) over a CpuEngine of the checkpoint: port reserved, model loaded."""
     from wide_export.cpu.engine import CpuEngine
     from wide_export.cpu.generation import CpuGenerator
@@ -38,7 +39,8 @@ def prepare(model_dir: Path, host: str, port: int, served_model_name: Optional[s
     except BaseException:
         sock.close()
         raise
-    return Frontend([served], sock, engine=CpuEngine(gen, name), limits=limits, policy=policy), gen
+    return Frontend([served], sock, engine=CpuEngine(gen, name), limits=limits, policy=policy,
+                    api_key=api_key), gen
 
 
 def serve_until_signal(frontend, poll: float = 0.5) -> int:

@@ -121,6 +121,9 @@ def model_info(name: str, config: Mapping) -> ModelInfo:
     )
 
 
+_FP32_TINY = 1e-45  # rounds to the smallest positive float32 (a subnormal, 1.4e-45)
+
+
 def request_tensors(req: GenerationRequest, info: ModelInfo) -> list[tuple[str, "np.ndarray", str]]:
     """(name, array, triton dtype) of the inputs for `req`, shaped for `info` (batch dim of 1 when batched).
 
@@ -153,7 +156,9 @@ def request_tensors(req: GenerationRequest, info: ModelInfo) -> list[tuple[str, 
     if req.temperature is not None and (req.temperature > 0 or C.TEMPERATURE in info.inputs):
         add(C.TEMPERATURE, [float(req.temperature)], "temperature")
     if req.top_p is not None and (req.top_p < 1 or C.TOP_P in info.inputs):
-        add(C.TOP_P, [float(req.top_p)], "top_p")
+        # a positive top_p stays positive in FP32 (1e-300 would round to 0, which the model refuses): raised to
+        # the smallest float32 it keeps the most likely token alone, as it would have
+        add(C.TOP_P, [max(float(req.top_p), _FP32_TINY) if req.top_p > 0 else float(req.top_p)], "top_p")
     if req.seed is not None:
         add(C.SEED, [int(req.seed)], "seed")
     if req.stop:

@@ -66,8 +66,9 @@ class Frontend:
     """The OpenAI frontend of one repository, served by uvicorn in a daemon thread."""
 
     def __init__(self, models: Sequence[ServedModel], sock: socket.socket, engine=None,
-                 limits: Optional[Limits] = None, policy=None):
+                 limits: Optional[Limits] = None, policy=None, api_key: Optional[str] = None):
         self.models = list(models)
+        self.api_key = api_key  # with one, every route but /health needs it (auth.ApiKey)
         self.limits = limits or Limits.for_this_process()
         self.policy = policy  # admission.RequestPolicy (None: its defaults)
         self._sock: Optional[socket.socket] = sock
@@ -100,7 +101,12 @@ class Frontend:
             self.engine = TritonEngine(grpc_url, {m.name: m.triton_name for m in self.models})
         self.app = create_app(self.engine, self.models, self.policy)
         limits = self.limits
-        config = uvicorn.Config(BodyLimit(self.app, limits.max_body_bytes), log_config=None, log_level="warning",
+        asgi = BodyLimit(self.app, limits.max_body_bytes)
+        if self.api_key:
+            from wide_export.frontend.auth import ApiKey
+
+            asgi = ApiKey(asgi, self.api_key)  # before the body is read: a stranger's body costs nothing
+        config = uvicorn.Config(asgi, log_config=None, log_level="warning",
                                 access_log=False, loop="asyncio", lifespan="on", http=guarded_protocol(limits),
                                 timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=limits.keep_alive_s)
         self._server = uvicorn.Server(config)
@@ -157,7 +163,7 @@ class Frontend:
 
 def prepare_frontend(repository: Path, host: str = LOOPBACK, port: int = 0,
                      served_model_name: Optional[str] = None, limits: Optional[Limits] = None,
-                     policy=None) -> Frontend:
+                     policy=None, api_key: Optional[str] = None) -> Frontend:
     """Models found, port reserved, tokenizers loaded: ready to start once tritonserver is."""
     check_installed()
     models = discover(repository, served_model_name)
@@ -168,5 +174,5 @@ def prepare_frontend(repository: Path, host: str = LOOPBACK, port: int = 0,
     except BaseException:
         sock.close()
         raise
-    return Frontend(models, sock, limits=limits, policy=policy)
+    return Frontend(models, sock, limits=limits, policy=policy, api_key=api_key)
 

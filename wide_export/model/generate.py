@@ -18,6 +18,11 @@ import torch
 
 from wide_export.decoding import decode_loop
 
+# A temperature below this samples greedily (argmax), as vLLM's _SAMPLING_EPS. The Triton model's numpy sampler
+# (triton/rows.py, copied self-contained into repositories, so it cannot import this) holds the same value;
+# tests/triton/test_generation_model_units.py pins the two equal.
+GREEDY_TEMPERATURE = 1e-5
+
 
 class TorchStep:
     """The PyTorch model (modeling.WideForCausalLM) as the loop's step: its KV cache kept here (`past`: the
@@ -46,8 +51,9 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
 @dataclass
 class Sampling:
-    """temperature 0: greedy (argmax). Otherwise softmax(logits / temperature), cut to the top_k most likely
-    (0: all) and to the smallest set whose probability reaches top_p, drawn with a seeded generator."""
+    """temperature below GREEDY_TEMPERATURE (0 included): greedy (argmax). Otherwise softmax(logits /
+    temperature), cut to the top_k most likely (0: all) and to the smallest set whose probability reaches top_p
+    (the most likely token kept whatever top_p is), drawn with a seeded generator."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -59,7 +65,7 @@ class Sampling:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """[B, V] float32 -> [B] token ids."""
-        if self.temperature <= 0:
+        if self.temperature < GREEDY_TEMPERATURE:
             return logits.argmax(-1)
         logits = logits / self.temperature
         if 0 < self.top_k < logits.shape[-1]:
@@ -68,7 +74,8 @@ class Sampling:
         probs = torch.softmax(logits, dim=-1)
         if self.top_p < 1.0:
             sorted_p, order = probs.sort(dim=-1, descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p >= self.top_p  # keep the first token whatever top_p is
+            drop = sorted_p.cumsum(-1) - sorted_p >= self.top_p
+            drop[:, 0] = False  # the most likely token stays whatever top_p is (1e-300 is 0 in float32)
             probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
         return torch.multinomial(probs, 1, generator=self._gen)[:, 0]
 

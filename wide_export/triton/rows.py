@@ -11,6 +11,12 @@ from typing import Optional
 import numpy as np
 
 
+# A temperature below this samples greedily (argmax), as vLLM's _SAMPLING_EPS: logits / a tiny temperature
+# overflow to inf (no distribution left to draw from). model/generate.py's Sampling (torch) holds the same value
+# (this file stays self-contained); tests/triton/test_generation_model_units.py pins the two equal.
+GREEDY_TEMPERATURE = 1e-5
+
+
 class RequestError(ValueError):
     """A malformed request: answered with an error, the model keeps serving."""
 
@@ -59,17 +65,18 @@ def validate_row(row: Row, settings) -> None:
 
 
 def choose_tokens(logits: np.ndarray, rows: list[Row], rngs: list[np.random.Generator]) -> np.ndarray:
-    """Next token per row: argmax when temperature is 0, else temperature/top-p sampling."""
+    """Next token per row: argmax when temperature is below GREEDY_TEMPERATURE (0 included), else
+    temperature/top-p sampling; top_p keeps the most likely token whatever its value."""
     out = np.argmax(logits, axis=-1).astype(np.int64)
     for b, row in enumerate(rows):
-        if row.temperature <= 0:
+        if row.temperature < GREEDY_TEMPERATURE:
             continue
         z = logits[b].astype(np.float64) / row.temperature
         probs = np.exp(z - z.max())
         probs /= probs.sum()
         order = np.argsort(-probs, kind="stable")
         cumulative = np.cumsum(probs[order])
-        keep = order[: int(np.searchsorted(cumulative, row.top_p) + 1)]  # smallest set reaching top_p
+        keep = order[: int(np.searchsorted(cumulative, row.top_p) + 1)]  # smallest set reaching top_p (one at least)
         kept = probs[keep] / probs[keep].sum()
         out[b] = keep[rngs[b].choice(keep.size, p=kept)]
     return out

@@ -38,12 +38,13 @@ class ServeOptions:
     served_model_name: Optional[str] = None
     limits: Any = None
     policy: Any = None
+    api_key: Optional[str] = None  # the OpenAI API's (frontend/auth.py); None: open
 
     def check(self) -> None:
         """WideError for options that cannot work together."""
         if self.openai_port is None and (self.served_model_name is not None or self.limits is not None
-                                         or self.policy is not None):
-            raise WideError("a served model name, limits and a request policy are for the OpenAI API",
+                                         or self.policy is not None or self.api_key is not None):
+            raise WideError("a served model name, limits, a request policy and an API key are for the OpenAI API",
                             hint="add --openai-port PORT")
         if self.openai_port is not None and self.openai_port in (self.http_port, self.grpc_port, self.metrics_port):
             raise WideError(f"--openai-port {self.openai_port} is also given to another endpoint",
@@ -107,7 +108,8 @@ def start_serving(opts: ServeOptions, stage: Callable[[str], ContextManager] = _
 
             with stage("loading the tokenizer for the OpenAI API ..."):
                 frontend = prepare_frontend(opts.repository, opts.openai_address, opts.openai_port,
-                                            opts.served_model_name, limits=opts.limits, policy=opts.policy)
+                                            opts.served_model_name, limits=opts.limits, policy=opts.policy,
+                                            api_key=opts.api_key)
         with stage("starting tritonserver ..."):
             server.start(timeout=opts.timeout)
         if frontend is not None:

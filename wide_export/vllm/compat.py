@@ -17,6 +17,8 @@
 
 `wide-vllm serve` also listens on 127.0.0.1 unless `--host` says otherwise (vLLM's own default is every
 interface), and checks a WIDE folder (check.check_folder) before vLLM starts: a refusal is one line, exit 2.
+With an API key (--api-key, VLLM_API_KEY or WIDE_API_KEY) it guards every route but /health, not only vLLM's
+/v1-like prefixes (serve_api_key, auth.GuardAll); without one beyond loopback, it prints a warning line.
 """
 
 from __future__ import annotations
@@ -107,6 +109,49 @@ def _option(args: list[str], name: str) -> str | None:
     return None
 
 
+def _values(args: list[str], name: str) -> list[str]:
+    """Every value of `--name` (vLLM's list options: `--name A B`, `--name=A`, the flag repeated)."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if key.replace("_", "-") != name:
+            continue
+        if eq:
+            out.append(value)
+            continue
+        for following in args[i + 1:]:
+            if following.startswith("-"):
+                break
+            out.append(following)
+    return out
+
+
+def serve_api_key(args: list[str], environ) -> tuple[list[str], list[str]]:
+    """(args, notes) for the API key of `serve ARGS` (after serve_defaults' --host): the keys of --api-key, else
+    VLLM_API_KEY, else WIDE_API_KEY (which then becomes VLLM_API_KEY). With a key: every route but /health
+    guarded (auth.GuardAll, as a --middleware, the keys in its KEYS_ENV of `environ`); without, beyond
+    loopback: a warning note."""
+    from wide_export.frontend.auth import ENV, exposure_warning
+    from wide_export.vllm.auth import KEYS_ENV
+
+    keys = [k for k in _values(args, "--api-key") if k]
+    if not keys and environ.get("VLLM_API_KEY"):
+        keys = [environ["VLLM_API_KEY"]]
+    if not keys and (environ.get(ENV) or "").strip():
+        keys = [environ[ENV]]
+        environ["VLLM_API_KEY"] = environ[ENV]  # vLLM's own guard of /v1 too
+    if not keys:
+        host = _option(args, "--host")
+        warning = exposure_warning(host or "0.0.0.0", None, "vLLM's OpenAI API",
+                                   "--api-key KEY, set VLLM_API_KEY")
+        return args, [f"wide-vllm: {warning}"] if warning else []
+    import json
+
+    environ[KEYS_ENV] = json.dumps(keys)
+    return [*args, "--middleware", "wide_export.vllm.auth.GuardAll"], [
+        "wide-vllm: API key on: every route but /health needs `Authorization: Bearer KEY`"]
+
+
 def serve_model(args: list[str]) -> str | None:
     """The model `serve ARGS` names: the positional right after `serve`, else `--model`."""
     if len(args) > 1 and not args[1].startswith("-"):
@@ -114,13 +159,29 @@ def serve_model(args: list[str]) -> str | None:
     return _option(args, "--model")
 
 
+def folder_dtype(folder) -> str | None:
+    """The dtype a local model folder's config.json names (`dtype`, else `torch_dtype`); None when it names none
+    or cannot be read (vLLM then says what is wrong)."""
+    from pathlib import Path
+
+    from wide_export.paths import read_json
+
+    try:
+        raw = read_json(Path(folder) / "config.json")
+    except (WideError, OSError):
+        return None
+    value = (raw.get("dtype") or raw.get("torch_dtype")) if isinstance(raw, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def serve_defaults(args: list[str], *, cpu: bool, total: int, available: int, weights: int,
-                   environ=None) -> tuple[list[str], list[str]]:
+                   environ=None, dtype: str | None = None) -> tuple[list[str], list[str]]:
     """(args, notes): `serve ARGS` with wide-vllm's defaults added, and one note per default chosen.
 
     --host 127.0.0.1 unless a host is given; on CPU, --kv-cache-memory-bytes from the memory free
     (cpu_kv_cache_bytes) unless --gpu-memory-utilization, --kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE
-    says how much. A `--config` file may set either: then nothing is added."""
+    says how much; the API key's guard or the warning of serve_api_key (`environ` may get the key). A `--config`
+    file may set any of them: then nothing is added."""
     import os
 
     environ = os.environ if environ is None else environ
@@ -131,13 +192,20 @@ def serve_defaults(args: list[str], *, cpu: bool, total: int, available: int, we
     if _option(args, "--host") is None:
         out += ["--host", "127.0.0.1"]
         notes.append("wide-vllm: listening on 127.0.0.1 only (pass --host 0.0.0.0 to serve other machines)")
+    # `dtype`: the folder's own (folder_dtype). vLLM's --dtype auto casts a float32 model to bfloat16 or float16
+    # without a word; a float32 folder is served in float32 unless a --dtype is given, and the note says so.
+    if dtype == "float32" and _option(args, "--dtype") is None:
+        out += ["--dtype", "float32"]
+        notes.append("wide-vllm: serving in float32, the folder's dtype (vLLM's --dtype auto would cast it to "
+                     "bfloat16 or float16); pass --dtype bfloat16 for speed at lower precision")
     sized = any(_option(args, f) is not None for f in MEMORY_FLAGS) or environ.get("VLLM_CPU_KVCACHE_SPACE")
     if cpu and not sized:
         kv, why = cpu_kv_cache_bytes(available, weights)
         out += ["--kv-cache-memory-bytes", str(kv)]
         notes.append(f"wide-vllm: CPU backend: KV cache {kv / GiB:.2f} GiB ({why}; {total / GiB:.1f} GiB in all); "
                      "pass --kv-cache-memory-bytes or --gpu-memory-utilization to choose")
-    return out, notes
+    out, key_notes = serve_api_key(out, environ)
+    return out, notes + key_notes
 
 
 def check_served_folder(args: list[str]) -> str | None:
@@ -174,7 +242,8 @@ def main() -> None:
             model = serve_model(args)
             total, available = memory_now()
             args, chosen = serve_defaults(args, cpu=current_platform.is_cpu(), total=total, available=available,
-                                          weights=weights_bytes(model) if model else 0)
+                                          weights=weights_bytes(model) if model else 0,
+                                          dtype=folder_dtype(model) if model else None)
             notes += chosen
     except WideError as err:
         print(f"error: {err}", file=sys.stderr)
