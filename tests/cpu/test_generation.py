@@ -104,6 +104,27 @@ def test_sampling_greedy_top_k_top_p_and_seed():
     assert [a(logits).tolist() for _ in range(5)] == [b(logits).tolist() for _ in range(5)]
 
 
+def test_sampling_below_the_greedy_temperature_is_argmax_and_a_tiny_top_p_keeps_the_most_likely():
+    """A temperature below 1e-5 is greedy (as vLLM): 1e-45 divides the logits to inf (an error before), and
+    5e-6 on two logits 1e-6 apart would draw the second about half the time; a top_p below every probability
+    (1e-300: 0 in float32) keeps the most likely token alone. The argmax is torch's, taken here."""
+    from wide_export.model.generate import Sampling
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 8
+    logits[3, :2] = torch.tensor([1.0, 1.0 - 1e-6])
+    logits[3, 2:] = -5.0
+    want = logits.argmax(-1).tolist()
+    assert want[3] == 0
+    for t in (1e-45, 1e-30, 5e-6):
+        for k, p in ((0, 1.0), (5, 0.9)):
+            assert [Sampling(temperature=t, top_k=k, top_p=p, seed=s)(logits).tolist() for s in range(30)] == \
+                [want] * 30, (t, k, p)
+    for p in (1e-300, 1e-45, 1e-9):
+        assert [Sampling(temperature=1.0, top_p=p, seed=s)(logits).tolist() for s in range(30)] == [want] * 30, p
+    hot = {Sampling(temperature=2e-5, seed=s)(logits)[3].item() for s in range(40)}
+    assert hot == {0, 1}  # at and above 1e-5 it samples
+
+
 def _cli(*args, **kw):
     return subprocess.run([sys.executable, "-c", "from wide_export.cli import main; main()", "generate", *args],
                           capture_output=True, text=True, timeout=300, **kw)
@@ -126,12 +147,25 @@ def test_generate_command_ids_on_a_folder_without_tokenizer_equal_the_library(tm
     assert [int(t) for t in done.stdout.split()] == want
 
 
+def test_generate_command_with_a_tiny_temperature_or_top_p_prints_the_greedy_text():
+    """--temperature 1e-45 (logits / T overflowed: a traceback before) and --top-p 1e-300 at temperature 1 are
+    the greedy answer of --temperature 0."""
+    args = ("--ids", "1,15,40,7", "--max-new", "6")
+    greedy = _cli(*args, "--temperature", "0")
+    assert greedy.returncode == 0, greedy.stderr
+    for extra in (("--temperature", "1e-45"), ("--temperature", "1", "--top-p", "1e-300")):
+        done = _cli(*args, *extra)
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        assert done.stdout == greedy.stdout, extra
+
+
 @pytest.mark.parametrize("args,fragment", [
     ((), "--prompt TEXT or as --ids"),
     (("--prompt", "a", "--ids", "1"), "--prompt TEXT or as --ids"),
     (("--ids", "1,x"), "not a list of token ids"),
     (("--ids", "1", "--max-new", "0"), "--max-new 0"),
     (("--ids", "1", "--top-p", "0"), "--top-p"),
+    (("--ids", "1", "--temperature", "nan"), "--temperature"),
     (("--ids", "1", "--dtype", "float64"), "float64"),
     (("--ids", "99999"), "outside the vocabulary"),
 ])

@@ -263,8 +263,9 @@ def test_a_byte_level_bpe_becomes_a_gpt2_vocabulary_with_merges(tmp_path):
     fast = byte_level_bpe(folder)
     result = write_gguf(folder, tmp_path / "m.gguf")
     meta, _ = read(tmp_path / "m.gguf")
-    assert result.vocab == "gpt2 (tokenizer.json, pre-tokenizer llama-bpe)" and not result.notes
-    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "llama-bpe"
+    # GPT-2's own pre-tokenizer (ByteLevel's built-in regex): llama.cpp's `gpt-2`, whatever the family
+    assert result.vocab == "gpt2 (tokenizer.json, pre-tokenizer gpt-2)" and not result.notes
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
     tokens = meta["tokenizer.ggml.tokens"]
     n = len(fast)
     assert len(tokens) == 300  # the model's vocabulary: ids past the tokenizer's are padding
@@ -276,6 +277,98 @@ def test_a_byte_level_bpe_becomes_a_gpt2_vocabulary_with_merges(tmp_path):
     merges = json.loads((folder / "tokenizer.json").read_text())["model"]["merges"]
     assert len(merges) > 10 and len(meta["tokenizer.ggml.merges"]) == len(merges)
     assert meta["tokenizer.ggml.bos_token_id"] == 0 and meta["tokenizer.ggml.eos_token_id"] == 1
+
+
+# The pre-tokenizers of tokenizer.json as the families write them, and the name llama.cpp gives each
+# (src/llama-vocab.cpp, whose comments quote these regexes from the models' tokenizer.json).
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+DIGITS = ["12345", " 12345", "2024 and 1999", "a1b22c333d4444", "x 7 77 777 7777 77777"]
+
+
+def pre_tokenizer(style: str):
+    from tokenizers import Regex, pre_tokenizers
+
+    if style == "gpt-2":
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if style == "prefix-space":  # GPT-2's regex after a leading space llama.cpp never adds: no llama.cpp name
+        return pre_tokenizers.ByteLevel(add_prefix_space=True)
+    regex = {"llama-bpe": LLAMA3_REGEX, "qwen2": QWEN2_REGEX, "custom": r"\p{N}{1,2}|[^\p{N}]+"}[style]
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
+def byte_level_bpe_of(folder: Path, style: str, vocab_size: int = 480):
+    """A byte-level BPE trained with the pre-tokenizer `style` (a corpus with numbers: digit merges)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer(style)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|bos|>", "<|eos|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS + DIGITS * 20 + ["12345 123 45 2024 1999 12 345"] * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>")
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+@pytest.mark.parametrize("style,arch", [("gpt-2", "qwen2"), ("llama-bpe", "llama"), ("llama-bpe", "qwen3"),
+                                        ("qwen2", "qwen2"), ("qwen2", "llama")])
+def test_the_pre_tokenizer_is_named_from_tokenizer_json_not_the_family(tmp_path, style, arch):
+    """Why 12: a GPT-2 pre-tokenizer was written `llama-bpe` for a llama model (digits split into threes by
+    llama.cpp, kept whole by Hugging Face). The name follows the tokenizer's regex, whatever the family."""
+    folder = ckpt(tmp_path, arch=arch, vocab_size=512)
+    byte_level_bpe_of(folder, style)
+    result = write_gguf(folder, tmp_path / "m.gguf")
+    meta, _ = read(tmp_path / "m.gguf")
+    assert meta["tokenizer.ggml.pre"] == style and result.vocab == f"gpt2 (tokenizer.json, pre-tokenizer {style})"
+
+
+def test_the_demo_tokenizer_has_gpt2_s_pre_tokenizer(tmp_path):
+    """The demo tokenizer (ByteLevel, GPT-2's regex) is named `gpt-2`; it has no merges, so its GGUF stays
+    ids only (see test_a_bpe_without_merges_falls_back_to_ids_with_a_note)."""
+    from wide_export.export.gguf_vocab import pre_tokenizer_name
+    from wide_export.model.demo_tokenizer import write_demo_tokenizer
+
+    write_demo_tokenizer(tmp_path)
+    assert pre_tokenizer_name(tmp_path) == "gpt-2"
+
+
+@pytest.mark.parametrize("style", ["prefix-space", "custom"])
+def test_an_unknown_pre_tokenizer_is_refused_unless_named(tmp_path, style):
+    folder = ckpt(tmp_path, vocab_size=512)
+    byte_level_bpe_of(folder, style)
+    before = listing(tmp_path)
+    with pytest.raises(WideError) as err:
+        write_gguf(folder, tmp_path / "m.gguf")
+    text = one_line(err.value)
+    assert "pre-tokenizer" in text and str(folder / "tokenizer.json") in text and "--tokenizer-pre" in text
+    assert listing(tmp_path) == before
+    result = write_gguf(folder, tmp_path / "m.gguf", tokenizer_pre="gpt-2")  # the user's explicit choice
+    assert read(tmp_path / "m.gguf")[0]["tokenizer.ggml.pre"] == "gpt-2" and "gpt-2" in result.vocab
+    write_gguf(folder, tmp_path / "ids.gguf", tokenizer_pre="none")  # or no vocabulary at all
+    assert read(tmp_path / "ids.gguf")[0]["tokenizer.ggml.model"] == "none"
+
+
+def test_a_known_probe_hash_wins_over_the_regex(tmp_path, monkeypatch):
+    """llama.cpp's converter names a tokenizer by the sha256 of its ids for a probe text (chktxt); a hash in
+    the table decides before the regex (computed here from transformers' own encode, as the converter does)."""
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    from wide_export.export import gguf_vocab
+
+    folder = ckpt(tmp_path, vocab_size=512)
+    byte_level_bpe_of(folder, "gpt-2")
+    ids = AutoTokenizer.from_pretrained(str(folder)).encode(gguf_vocab.CHKTXT)
+    monkeypatch.setitem(gguf_vocab.CHKHSH, hashlib.sha256(str(ids).encode()).hexdigest(), "smollm")
+    write_gguf(folder, tmp_path / "m.gguf")
+    assert read(tmp_path / "m.gguf")[0]["tokenizer.ggml.pre"] == "smollm"
 
 
 def spm_style_bpe(folder: Path):
@@ -414,6 +507,14 @@ def test_the_cli_writes_and_refuses_in_one_line(tmp_path):
     said = " ".join(result.output.split())  # rich wraps long lines at the console's width
     assert f"wrote {out}" in said and "llama.cpp architecture llama" in said
     assert read(out)[1]["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.BF16
+    byte_level_bpe_of(folder, "custom", vocab_size=290)
+    line = assert_one_line_error(CliRunner().invoke(get_app(), ["gguf", "--model", str(folder), "--out",
+                                                                 str(tmp_path / "t.gguf")]))
+    assert "--tokenizer-pre" in line, line
+    result = CliRunner().invoke(get_app(), ["gguf", "--model", str(folder), "--out", str(tmp_path / "t.gguf"),
+                                            "--tokenizer-pre", "qwen2"])
+    assert result.exit_code == 0, result.output
+    assert read(tmp_path / "t.gguf")[0]["tokenizer.ggml.pre"] == "qwen2"
     for args in (["--out", str(out)], ["--out", str(tmp_path / "x.gguf"), "--dtype", "q8"],
                  ["--out", str(folder / "x.gguf"), "--force"]):
         line = assert_one_line_error(CliRunner().invoke(get_app(), ["gguf", "--model", str(folder), *args]))

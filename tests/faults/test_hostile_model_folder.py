@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.hostile import cli, copy, no_secret_in, refused, secret  # noqa: F401 - fixture
-from tests.helpers import make_checkpoint
+from tests.helpers import assert_one_line_error, make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +172,99 @@ def test_a_stored_router_archive_still_loads(ckpt):
     check_inflated_size(ckpt / "router.pth", "router")
 
 
+
+
+# ---- values the runtime computes with: finite and in range, checked where config.json is read (why 8) ------
+
+def _set(model: Path, **values) -> None:
+    cfg = json.loads((model / "config.json").read_text())
+    for key, value in values.items():  # "a.b": a key of the object `a`
+        outer, _, inner = key.partition(".")
+        if inner:
+            cfg[outer] = {**(cfg.get(outer) or {}), inner: value}
+        else:
+            cfg[outer] = value
+    (model / "config.json").write_text(json.dumps(cfg))  # NaN / Infinity as Python's json writes (and reads) them
+
+
+@pytest.mark.parametrize("key,value", [
+    ("max_position_embeddings", 10**12), ("rms_norm_eps", float("nan")), ("rms_norm_eps", 0.0),
+    ("rms_norm_eps", -1e-6), ("rope_theta", 0), ("rope_theta", float("inf")),
+    ("rope_parameters.rope_theta", 0.0), ("rope_parameters.rope_theta", float("nan")), ("hidden_size", 2**40),
+])
+def test_a_config_value_out_of_range_is_one_line_naming_file_and_key(ckpt, tmp_path, key, value):
+    """Why 8: max_position_embeddings 1e12 ended `wide-export gguf` in a struct.error traceback; a NaN
+    rms_norm_eps or rope_theta 0 were written (or run) silently."""
+    pytest.importorskip("gguf")
+    model = copy(ckpt, tmp_path / "model")
+    _set(model, **{key: value})
+    out = tmp_path / "m.gguf"
+    refused(cli("gguf", "--model", model, "--out", out), out, str(model / "config.json"), key.split(".")[-1])
+
+
+def test_generate_reads_the_same_rules(ckpt, tmp_path):
+    model = copy(ckpt, tmp_path / "model")
+    _set(model, rms_norm_eps=float("nan"))
+    line = assert_one_line_error(cli("generate", "--model", model, "--ids", "1,2,3", "--max-new", "2"))
+    assert str(model / "config.json") in line and "rms_norm_eps" in line, line
+
+
+def _poison(model: Path, name: str, value: float) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(model / "model.safetensors"))
+    state[name] = state[name].clone()
+    state[name].view(-1)[3] = value
+    save_file(state, str(model / "model.safetensors"), metadata={"format": "pt"})
+    assert not bool(torch.isfinite(state[name]).all())
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_on_the_cpu_path(ckpt, tmp_path, value):
+    """Why 8: NaN weights loaded silently into `generate` / `serve --model` (both load through
+    CpuGenerator.load) and into the GGUF file."""
+    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.errors import WideError
+
+    model = copy(ckpt, tmp_path / "model")
+    name = "model.layers.1.mlp.up_proj.weight"
+    _poison(model, name, value)
+    with pytest.raises(WideError) as err:
+        CpuGenerator.load(model)
+    assert name in str(err.value) and "\n" not in str(err.value)
+    line = assert_one_line_error(cli("generate", "--model", model, "--ids", "1,2,3", "--max-new", "2"))
+    assert name in line and str(model) in line, line
+    if value != value:  # once is enough for the GGUF writer
+        pytest.importorskip("gguf")
+        out = tmp_path / "m.gguf"
+        refused(cli("gguf", "--model", model, "--out", out), out, name)
+
+
+# ---- a tokenizer.json that is there but damaged is named, not taken for "no tokenizer" (why 8) ------------
+
+DAMAGED_TOKENIZERS = {
+    "not-json": b'{"version": "1.0", "model": ',
+    "refused": json.dumps({"version": "1.0", "model": {"type": "NoSuchModel"}}).encode(),
+    "a-list": b"[1, 2, 3]",
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_TOKENIZERS))
+def test_a_damaged_tokenizer_is_an_error_naming_it_in_every_command(ckpt, tmp_path, case):
+    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.errors import WideError
+
+    model = copy(ckpt, tmp_path / "model")
+    tokenizer = model / "tokenizer.json"
+    tokenizer.write_bytes(DAMAGED_TOKENIZERS[case])
+    with pytest.raises(WideError) as err:  # serve --model loads through this too
+        CpuGenerator.load(model)
+    assert str(tokenizer) in str(err.value) and "no tokenizer" not in str(err.value)
+    for args in (["generate", "--model", model, "--prompt", "hi", "--max-new", "2"],
+                 ["generate", "--model", model, "--ids", "1,2", "--max-new", "2"]):
+        line = assert_one_line_error(cli(*args))
+        assert str(tokenizer) in line and "no tokenizer" not in line, line
+    pytest.importorskip("gguf")
+    out = tmp_path / "m.gguf"
+    refused(cli("gguf", "--model", model, "--out", out), out, str(tokenizer))

@@ -169,6 +169,31 @@ def test_llama_cpp_reads_the_gpt2_vocabulary(tmp_path):
 
 
 @pytest.mark.llamacpp
+@pytest.mark.parametrize("style", ["gpt-2", "llama-bpe", "qwen2"])
+def test_llama_cpp_splits_digits_and_spaces_like_hugging_face(tmp_path, style):
+    """Why 12: a GPT-2 pre-tokenizer written as `llama-bpe` made llama.cpp cut '12345' into '123' + '45'
+    where Hugging Face keeps it whole. Tokenizers trained with digit merges, one per pre-tokenizer: llama.cpp's
+    ids for digit and space strings equal Hugging Face's."""
+    import llama_cpp
+
+    from tests.export.test_gguf import DIGITS, byte_level_bpe_of
+    from wide_export.export.gguf import write_gguf
+
+    folder = checkpoint(tmp_path, arch="llama")
+    fast = byte_level_bpe_of(folder, style)
+    write_gguf(folder, tmp_path / "m.gguf")
+    llm = llama_cpp.Llama(str(tmp_path / "m.gguf"), vocab_only=True, verbose=False)
+    try:
+        for text in [*DIGITS, "12345", "a 12345 b  2024\n1999", "the 1234567 foxes"]:
+            want = fast.encode(text, add_special_tokens=False)
+            assert llm.tokenize(text.encode(), add_bos=False, special=False) == want, (style, text)
+        if style != "qwen2":  # qwen2 splits every digit apart; the others merge digits: the split matters
+            assert len(fast.encode("12345", add_special_tokens=False)) < 5
+    finally:
+        llm.close()
+
+
+@pytest.mark.llamacpp
 def test_a_damaged_file_and_bad_requests_are_one_line_errors(tmp_path):
     from wide_export.bench.llamacpp import LlamaCppModel, run_llamacpp
     from wide_export.export.gguf import write_gguf

@@ -317,7 +317,9 @@ def for_checkpoint(model, dtype: str, work: Path, run, say=None) -> tuple[dict, 
     out = {}
     for kind in GGUF_TYPES[dtype]:
         say(f"writing the GGUF ({kind}) for llama.cpp")
-        gguf = Path(write_gguf(model, Path(work) / f"model-{kind}.gguf", kind).path)
+        # the benchmark feeds llama.cpp token ids, never text: the id vocabulary serves every tokenizer, one whose
+        # pre-tokenizer llama.cpp cannot name included (write_gguf refuses to guess one)
+        gguf = Path(write_gguf(model, Path(work) / f"model-{kind}.gguf", kind, tokenizer_pre="none").path)
         try:
             out[f"llama.cpp {kind}"] = run(gguf)
         finally:

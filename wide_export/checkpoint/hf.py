@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,18 +29,11 @@ def check_companion_files(model_dir: Path) -> None:
 
 def read_hf_config(model_dir: Path) -> Any:
     """The transformers config of a local folder, refusing unsupported models first."""
-    model_dir = Path(model_dir)
-    if model_dir.exists() and not model_dir.is_dir():
-        raise WideError(f"--model {model_dir} is a file, not a folder",
-                        f"pass the Hugging Face model folder that holds it: --model {model_dir.parent}")
-    if not model_dir.is_dir():
-        raise WideError(f"model folder not found: {model_dir}", "pass --model DIR, a Hugging Face model folder")
-    cfg_path = model_dir / "config.json"
-    if not cfg_path.is_file():
-        from wide_export.folders import elsewhere
+    from wide_export.inputs import check_model_folder
 
-        raise WideError(f"{model_dir} has no config.json", elsewhere(model_dir, "model")
-                        or "pass a Hugging Face causal-LM folder (config.json + *.safetensors)")
+    model_dir = Path(model_dir)
+    check_model_folder(model_dir)  # the same lines the CLI gives while parsing --model
+    cfg_path = model_dir / "config.json"
     confined(cfg_path, model_dir, "config file")
     raw = read_json(cfg_path, hint="the model folder looks damaged")
     check_config_values(raw, cfg_path)
@@ -54,31 +48,60 @@ def read_hf_config(model_dir: Path) -> Any:
     return AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
 
 
-# config.json fields read as sizes / numbers: a wrong type would fail deep inside transformers or torch.
-_POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "max_position_embeddings")
-_OPTIONAL = ("num_key_value_heads", "head_dim", "max_position_embeddings")
-_NUMBERS = ("rms_norm_eps", "rope_theta")
+# The config.json values the runtime computes with, one rule each: (key, kind, optional, example); every one
+# must be positive and finite. A key "a.b" is the field b of the object a (transformers 5's rope_parameters,
+# the older rope_scaling). Integer sizes are at most SIZE_MAX: GGUF stores them as uint32 and the kernels
+# index positions and rows with int32.
+SIZE_MAX = 2**31 - 1
+_CONFIG_RULES: tuple[tuple[str, type, bool, str], ...] = (
+    ("vocab_size", int, False, "32000"),
+    ("hidden_size", int, False, "512"),
+    ("intermediate_size", int, False, "1376"),
+    ("num_hidden_layers", int, False, "16"),
+    ("num_attention_heads", int, False, "8"),
+    ("num_key_value_heads", int, True, "8"),
+    ("head_dim", int, True, "64"),
+    ("max_position_embeddings", int, True, "4096"),
+    ("rms_norm_eps", float, True, "1e-06"),
+    ("rope_theta", float, True, "10000.0"),
+    *((f"{group}.{key}", float, True, example) for group in ("rope_parameters", "rope_scaling")
+      for key, example in (("rope_theta", "10000.0"), ("factor", "8.0"))),
+)
+
+
+def _config_value(raw: dict, key: str) -> tuple[bool, Any]:
+    """(present, value) of a rule's key in config.json."""
+    outer, _, inner = key.partition(".")
+    if not inner:
+        return key in raw, raw.get(key)
+    group = raw.get(outer)
+    return (isinstance(group, dict) and inner in group), (group.get(inner) if isinstance(group, dict) else None)
+
+
+def _positive(value: int | float) -> bool:
+    """> 0 and finite (an int is: math.isfinite would overflow on 10**400)."""
+    return value > 0 and (isinstance(value, int) or math.isfinite(value))
 
 
 def check_config_values(raw: Any, cfg_path: Path) -> None:
-    """Refuse a config.json that is not an object, or whose sizes are not positive integers."""
+    """Refuse a config.json that is not an object, or a value of _CONFIG_RULES of the wrong type, not finite,
+    not positive or too large (a NaN epsilon, rope_theta 0, 10**12 positions), naming the file and the key."""
     if not isinstance(raw, dict):
         raise WideError(f"{cfg_path} holds a JSON {type(raw).__name__}, not an object",
                         "the model folder looks damaged; config.json must be the model's transformers config")
-    for key in _POSITIVE_INTS:
-        value = raw.get(key)
-        if value is None and key in _OPTIONAL:
-            continue  # derived from the others
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            what = "nothing" if key not in raw else f"{value!r} ({type(value).__name__})"
-            raise WideError(f"{cfg_path}: {key} must be a positive integer, got {what}",
-                            f"fix {key} in config.json (a number without quotes, e.g. \"{key}\": 512)")
-    for key in _NUMBERS:
-        value = raw.get(key)
-        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            raise WideError(f"{cfg_path}: {key} must be a number, got {value!r} ({type(value).__name__})",
-                            f"fix {key} in config.json")
+    for key, kind, optional, example in _CONFIG_RULES:
+        present, value = _config_value(raw, key)
+        if value is None and optional:
+            continue  # derived from the others, or a default
+        hint = f"fix {key} in config.json (a number without quotes, e.g. \"{key.split('.')[-1]}\": {example})"
+        numeric = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+        if isinstance(value, bool) or not numeric or not _positive(value):
+            what = "a positive integer" if kind is int else "a number greater than 0"
+            got = "nothing" if not present else f"{repr(value)[:40]} ({type(value).__name__})"
+            raise WideError(f"{cfg_path}: {key} must be {what}, got {got}", hint)
+        if kind is int and value > SIZE_MAX:
+            raise WideError(f"{cfg_path}: {key} is {str(value)[:40]}, more than the {SIZE_MAX} a GGUF file and the "
+                            "kernels' int32 indices hold", hint)
 
 
 # The safetensors library refuses headers above 100 MB (MAX_HEADER_SIZE in safetensors/src/tensor.rs).

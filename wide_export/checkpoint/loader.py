@@ -41,11 +41,15 @@ def load_wide_model(
     progress: Progress | None = None,
     checksums: bool = True,
     lazy: bool = False,
+    check_finite: bool = False,
 ) -> LoadedModel:
     """Load base weights, routers and (optionally) merge LoRA; the demo model when model_dir is None.
 
     lazy=True reads no weights: the model holds placeholders and `.weights` produces each tensor on
-    demand (checkpoint/lazy.py), with the same checks; the demo model is always built in memory."""
+    demand (checkpoint/lazy.py), with the same checks; the demo model is always built in memory.
+    check_finite: refuse a weight holding NaN or infinity (in `dtype`, LoRA merged) by name, as the CPU
+    generation path does (one pass over the weights; not with lazy=True: the GGUF writer checks each
+    tensor as it writes it)."""
     import torch
 
     say = progress or (lambda _msg: None)
@@ -83,9 +87,9 @@ def load_wide_model(
         router = model_dir / "router.pth"
         confined(router, model_dir, "router file")
     router = Path(router)
-    if not router.is_file():
-        raise WideError(f"no router file: {router} does not exist",
-                        "pass --router PATH (the WIDE trainer's router.pth) or put router.pth in the model folder")
+    from wide_export.inputs import check_router_file
+
+    check_router_file(router)  # the line the CLI gives while parsing --router
     say(f"reading routers from {router.name}")
     routers = read_routers(router, cfg, attn_group_size, ffn_group_size)
     if lazy:
@@ -103,6 +107,9 @@ def load_wide_model(
         from wide_export.checkpoint.lora import merge_lora
 
         pairs = merge_lora(model, Path(lora), lora_scale)
+    if check_finite and not lazy:
+        say("checking that the weights are finite")
+        check_finite_weights(model, model_dir, dtype, merged=bool(lora))
     files = {"config": model_dir / "config.json", "router": router, **({"lora": Path(lora)} if lora else {})}
     files.update({f"weights:{s.name}": s for s in shards})
     if checksums:
@@ -111,6 +118,18 @@ def load_wide_model(
     model.eval()
     return LoadedModel(model, is_demo=False, sources=sources, lora_pairs=pairs,
                        lora_scale=lora_scale if lora else None, weights=weights, model_dir=model_dir)
+
+
+def check_finite_weights(model, model_dir: Path, dtype: str, merged: bool = False) -> None:
+    """One WideError naming the first weight of `model` that holds NaN or infinity."""
+    import torch
+
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(param).all()):
+            raise WideError(f"{model_dir}: weight {name} holds NaN or infinite values (in {dtype}"
+                            + (", LoRA merged" if merged else "") + ")",
+                            "the checkpoint is damaged or its training diverged: use another checkpoint"
+                            + (", or float32 if the values overflow the 16-bit range" if dtype != "float32" else ""))
 
 
 def _describe(path: Path, checksum: bool) -> dict[str, Any]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from wide_export.errors import WideError
 
 TOKENIZER_FILE = "tokenizer.json"
 SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "tokenizer_config.json")
+VOCABULARY_FILES = ("tokenizer.model", "vocab.json")  # the slow files that carry a vocabulary
 
 
 def load_tokenizer(model_dir: Path) -> Callable[[str], list[int]]:
@@ -16,32 +17,61 @@ def load_tokenizer(model_dir: Path) -> Callable[[str], list[int]]:
     return load_codec(model_dir)[0]
 
 
-def load_codec(model_dir: Path) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
-    """(encode, decode) with the folder's tokenizer: text -> ids (special tokens added as the tokenizer says),
-    ids -> text (special tokens left out)."""
+Codec = tuple[Callable[[str], list[int]], Callable[[list[int]], str]]
+
+
+def load_codec(model_dir: Path) -> Codec:
+    """(encode, decode) with the folder's tokenizer: text -> ids (special tokens added as the tokenizer says;
+    encode(text, add_special_tokens=False) adds none: a chat template's text already holds its BOS),
+    ids -> text (special tokens left out). A folder without one is a WideError (see find_codec)."""
+    codec = find_codec(model_dir)
+    if codec is None:
+        raise WideError(f"{model_dir} has no tokenizer ({TOKENIZER_FILE})",
+                        "copy the model's tokenizer files next to config.json "
+                        "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR))")
+    return codec
+
+
+def find_codec(model_dir: Path) -> Optional[Codec]:
+    """load_codec's (encode, decode), or None where the folder has no tokenizer file (token ids only). A
+    tokenizer file that is there but unreadable, not JSON or refused by the tokenizers library is a WideError
+    naming it, never taken for "no tokenizer"."""
     model_dir = Path(model_dir)
     fast = model_dir / TOKENIZER_FILE
     if fast.is_file():
-        from tokenizers import Tokenizer
+        tok = read_fast_tokenizer(fast)
+        return (lambda text, add_special_tokens=True: tok.encode(text, add_special_tokens=add_special_tokens).ids), \
+            (lambda ids: tok.decode(ids, skip_special_tokens=True))
+    present = [f for f in SLOW_TOKENIZER_FILES if (model_dir / f).is_file()]
+    if not any(f in VOCABULARY_FILES for f in present):
+        return None  # tokenizer_config.json alone holds no vocabulary: no tokenizer
+    from transformers import AutoTokenizer
 
-        try:
-            tok = Tokenizer.from_file(str(fast))
-        except Exception as err:  # the tokenizers library raises a bare Exception on bad JSON
-            raise WideError(f"cannot read {fast}: {str(err).splitlines()[0][:160]}",
-                            "the tokenizer file looks damaged; save it again with save_pretrained") from None
-        return (lambda text: tok.encode(text).ids), (lambda ids: tok.decode(ids, skip_special_tokens=True))
-    if any((model_dir / f).is_file() for f in SLOW_TOKENIZER_FILES):
-        from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - any failure here means a damaged tokenizer
+        raise WideError(f"cannot load the tokenizer of {model_dir} ({', '.join(present)}): "
+                        f"{_first_line(err)}", f"put the model's {TOKENIZER_FILE} in the folder, or download "
+                        "its tokenizer files again") from None
+    return (lambda text, add_special_tokens=True: list(tok(text, add_special_tokens=add_special_tokens)[
+        "input_ids"])), (lambda ids: tok.decode(ids, skip_special_tokens=True))
 
-        try:
-            tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        except Exception as err:  # noqa: BLE001 - any failure here means "no usable tokenizer"
-            raise WideError(f"cannot load the tokenizer of {model_dir}: {str(err).splitlines()[0][:160]}",
-                            f"put the model's {TOKENIZER_FILE} in the folder") from None
-        return (lambda text: list(tok(text)["input_ids"])), (lambda ids: tok.decode(ids, skip_special_tokens=True))
-    raise WideError(f"{model_dir} has no tokenizer ({TOKENIZER_FILE})",
-                    "copy the model's tokenizer files next to config.json "
-                    "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR))")
+
+def read_fast_tokenizer(path: Path):
+    """tokenizers.Tokenizer of a tokenizer.json; one WideError naming the file where it cannot be read."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception on bad JSON
+        raise WideError(f"cannot read the tokenizer {path}: {_first_line(err)}",
+                        "the tokenizer file looks damaged; download it again or save it with "
+                        "save_pretrained (remove it to run on token ids only)") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:160] if text else type(err).__name__
 
 
 def read_text(path: Path) -> str:

@@ -31,9 +31,10 @@ def load_tensor_dict(path: Path, what: str) -> dict:
     """torch.load(weights_only=True) of a dict of tensors, with one-line errors."""
     import torch
 
+    from wide_export.inputs import check_input_file
+
     path = Path(path)
-    if not path.is_file():
-        raise WideError(f"{what} file not found: {path}", f"check the path given for the {what} file")
+    check_input_file(path, what)  # the same line the CLI gives while parsing --router / --lora
     is_zip = _is_zip(path)
     if is_zip:
         check_inflated_size(path, what)

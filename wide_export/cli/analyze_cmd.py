@@ -7,13 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from wide_export.cli.common import LoraOpt, LoraScaleOpt, RouterOpt, user_errors
+from wide_export.cli.common import LoraOpt, LoraScaleOpt, RouterOpt, model_folder_callback, user_errors
 
 
 @user_errors
 def analyze(
     model: Annotated[Path, typer.Option("--model", help="Hugging Face model folder with router.pth and its "
-                                                        "tokenizer (tokenizer.json).", show_default=False)],
+                                                        "tokenizer (tokenizer.json).", show_default=False,
+                                        callback=model_folder_callback)],
     text: Annotated[Path, typer.Option("--text", help="UTF-8 text file to run the model over.", show_default=False)],
     router: RouterOpt = None,
     lora: LoraOpt = None,

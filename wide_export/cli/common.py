@@ -28,17 +28,21 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from wide_export import streamed
         from wide_export.signals import (forget_published, interrupt_exit_code, interrupt_line,
                                          interrupt_on_signals, published)
 
         forget_published()
+        streamed.reset()
         try:
             with interrupt_on_signals():
                 return fn(*args, **kwargs)
         except WideError as err:
+            streamed.end_line()  # after text streamed to stdout (generate), the error starts a line of its own
             report_error(err)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as err:
+            streamed.end_line()  # `...text^C` then the interrupt line on its own line, not glued to the text
             # outputs still there: a folder published into a temp folder the command has removed while
             # unwinding (bench serving's repository) is not a result that was kept
             done = [out for out in published() if Path(out).exists()]
@@ -52,6 +56,44 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _checked(check: Callable[[Path], None]) -> Callable:
+    """An option callback: `check` the path given while the command line is parsed, before the command body
+    imports torch or transformers (seconds), so a wrong path is one line at once; its WideError is reported as
+    a command's (one line, exit 2)."""
+
+    def callback(ctx: typer.Context, value: Optional[Path]) -> Optional[Path]:
+        if value is not None and not ctx.resilient_parsing:
+            try:
+                check(value)
+            except WideError as err:
+                report_error(err)
+                raise typer.Exit(2) from None
+        return value
+
+    return callback
+
+
+def check_model_option(path: Path) -> None:
+    from wide_export.inputs import check_model_folder
+
+    check_model_folder(path)
+
+
+def check_router_option(path: Path) -> None:
+    from wide_export.inputs import check_router_file
+
+    check_router_file(path)
+
+
+def check_lora_option(path: Path) -> None:
+    from wide_export.inputs import check_input_file
+
+    check_input_file(path, "LoRA")
+
+
+# Every command's --model / --router / --lora: checked as they are parsed (_checked), in this one place.
+model_folder_callback = _checked(check_model_option)
+
 ModelOpt = Annotated[
     Optional[Path],
     typer.Option(
@@ -59,17 +101,18 @@ ModelOpt = Annotated[
         help="Hugging Face causal-LM folder (config.json + safetensors). "
         "Omitted: the embedded tiny demo WIDE model.",
         show_default=False,
+        callback=model_folder_callback,
     ),
 ]
 RouterOpt = Annotated[
     Optional[Path],
     typer.Option("--router", help="WIDE trainer's router.pth (default: MODEL/router.pth when present).",
-                 show_default=False),
+                 show_default=False, callback=_checked(check_router_option)),
 ]
 LoraOpt = Annotated[
     Optional[Path],
     typer.Option("--lora", help="Stage-2 LoRA file (lora.pth) to merge into the base weights.",
-                 show_default=False),
+                 show_default=False, callback=_checked(check_lora_option)),
 ]
 LoraScaleOpt = Annotated[float, typer.Option("--lora-scale", help="LoRA merge scale (W += B@A*scale).")]
 AttnGroupOpt = Annotated[

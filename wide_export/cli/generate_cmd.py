@@ -31,7 +31,7 @@ def generate(
     ids: Annotated[Optional[str], typer.Option(help="The prompt as token ids, e.g. '1,15043' (a folder "
                                                     "without a tokenizer).")] = None,
     max_new: Annotated[int, typer.Option(help="New tokens at most (fewer where the end token comes).")] = 64,
-    temperature: Annotated[float, typer.Option(help="0: greedy; else sample from softmax(logits / T).")] = 0.0,
+    temperature: Annotated[float, typer.Option(help="Below 1e-5 (0): greedy; else sample softmax(logits / T).")] = 0.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens (0: all).")] = 0,
     top_p: Annotated[float, typer.Option(help="Sample within the smallest set of probability >= p.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
@@ -44,21 +44,20 @@ def generate(
 ) -> None:
     """Generate text on CPU with the WIDE kernels (reading only executed groups' weights), streamed as it
     comes. Without --model: the embedded demo model (random weights: its text is noise)."""
-    import sys
-
-    from wide_export.cpu.generation import CpuGenerator
     from wide_export.errors import WideError
-    from wide_export.model.generate import Sampling
 
     if (prompt is None) == (ids is None):
         raise WideError("give the prompt as --prompt TEXT or as --ids LIST (one of them)",
                         "wide-export generate --prompt 'Once upon a time'")
     if max_new < 1:
         raise WideError(f"--max-new {max_new} must be >= 1", "e.g. --max-new 64")
-    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+    if not temperature >= 0 or top_k < 0 or not 0 < top_p <= 1:  # NaN fails >= too
         raise WideError("--temperature and --top-k must be >= 0 and --top-p in (0, 1]",
                         "e.g. --temperature 0.8 --top-p 0.95")
     prompt_ids = _ids(ids) if ids is not None else None
+    from wide_export.cpu.generation import CpuGenerator  # torch: after the argument checks (one line at once)
+    from wide_export.model.generate import Sampling
+
     gen = CpuGenerator.load(model, router=router, lora=lora, lora_scale=lora_scale, dtype=dtype, dense=dense,
                             threads=threads)
     if prompt_ids is None:
@@ -66,20 +65,21 @@ def generate(
             raise WideError("the model folder has no tokenizer, so --prompt cannot be encoded",
                             "pass the prompt as --ids, or copy tokenizer.json next to config.json")
         prompt_ids = gen.encode(prompt)
+    from wide_export import streamed
+
     out, shown = [], [""]
 
-    def show(_step, chosen):
+    def show(_step, chosen):  # through streamed: an interrupt line after the text starts on its own line
         out.append(int(chosen[0]))
         if gen.decode is None:
-            sys.stdout.write(f"{out[-1]} ")
+            streamed.write(f"{out[-1]} ")
         else:  # decode the whole so far: a character may span tokens
             text = gen.decode(out)
-            sys.stdout.write(text[len(shown[0]):])
+            streamed.write(text[len(shown[0]):])
             shown[0] = text
-        sys.stdout.flush()
 
     result = gen.run([prompt_ids], max_new, Sampling(temperature, top_k, top_p, seed), on_token=show)
-    sys.stdout.write("\n")
+    streamed.write("\n")
     if stats:
         where = f"CPU kernels ({gen.kernels})" if gen.kernels else "dense path (no CPU kernels)"
         typer.echo(f"{len(prompt_ids)} prompt tokens in {result.prefill_s:.3f} s "

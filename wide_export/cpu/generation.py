@@ -65,7 +65,8 @@ class CpuGenerator:
             if threads < 1:
                 raise WideError(f"--threads {threads} must be >= 1", "e.g. --threads 2")
             torch.set_num_threads(threads)
-        loaded = load_wide_model(model_dir, router=router, lora=lora, lora_scale=lora_scale, dtype=dtype)
+        loaded = load_wide_model(model_dir, router=router, lora=lora, lora_scale=lora_scale, dtype=dtype,
+                                 check_finite=True)
         loaded.model.eval()
         loaded.model.set_force_execute(dense)
         prepare(loaded.model)
@@ -74,15 +75,16 @@ class CpuGenerator:
             from wide_export.model.demo_tokenizer import demo_tokenizer
 
             tok = demo_tokenizer()
-            encode, decode = (lambda text: tok(text)["input_ids"]), (lambda ids: tok.decode(ids,
-                                                                                          skip_special_tokens=True))
-        else:
-            from wide_export.checkpoint.text import load_codec
+            def encode(text: str, add_special_tokens: bool = True) -> list[int]:
+                return tok(text, add_special_tokens=add_special_tokens)["input_ids"]
 
-            try:
-                encode, decode = load_codec(loaded.model_dir or Path(model_dir))
-            except WideError:
-                pass  # no tokenizer: prompts as ids
+            def decode(ids: list[int]) -> str:
+                return tok.decode(ids, skip_special_tokens=True)
+        else:
+            from wide_export.checkpoint.text import find_codec
+
+            # None: no tokenizer, prompts as ids; a damaged one is a WideError naming its file
+            encode, decode = find_codec(loaded.model_dir or Path(model_dir)) or (None, None)
         eos = special_tokens(loaded).get("eos_token_id")
         eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         return cls(loaded, encode, decode, eos, ops.isa())

@@ -22,12 +22,16 @@ Layout, as llama.cpp's `convert_hf_to_gguf.py` writes a Hugging Face model of th
 Vocabulary: a `tokenizer.json` of the model folder is written as llama.cpp's converter writes it through
 the `gguf` library: a byte-level BPE (Llama 3, Qwen) as `gpt2` with its merges (`gguf.vocab.BpeVocab`), a
 byte-fallback BPE converted from SentencePiece (Llama 2, Mistral) as `llama` (`gguf.vocab.LlamaHfVocab`);
-special tokens, add-BOS flags and the chat template through `gguf.SpecialVocab`. The pre-tokenizer name is
-chosen by family (llama: `llama-bpe`, qwen2/qwen3: `qwen2`, otherwise `default`), not from the hash of a
-probe text as the converter does, so llama.cpp's own text tokenization of other tokenizers can differ from
-Hugging Face's. Without a usable tokenizer (the demo and synthetic models, a BPE without merges) the file
-has a plain id vocabulary (`tokenizer.ggml.model = none` and the vocabulary size): llama.cpp then runs
-on token ids only, which is all the benchmark feeds it.
+special tokens, add-BOS flags and the chat template through `gguf.SpecialVocab`. The pre-tokenizer name of a
+byte-level BPE (llama.cpp splits text by it) is found as the converter finds it, from the hash of the ids of a
+probe text, else from tokenizer.json's own pre-tokenizer (export/gguf_vocab.py); one it cannot name is refused
+unless the caller names it (`tokenizer_pre`, `wide-export gguf --tokenizer-pre NAME`; `none`: ids only),
+never guessed from the family. A tokenizer.json that is there but damaged is an error naming it. Without a
+tokenizer (the demo and synthetic models) or with one llama.cpp cannot take (a BPE without merges, other
+models than BPE) the file has a plain id vocabulary (`tokenizer.ggml.model = none` and the vocabulary size):
+llama.cpp then runs on token ids only, which is all the benchmark feeds it.
+
+Every weight is checked finite as it is written (a NaN is refused by tensor name, as is an f16 overflow).
 """
 
 from __future__ import annotations
@@ -51,8 +55,7 @@ PAIRWISE_ROPE = {"llama"}
 # load ("wrong number of tensors"), so a checkpoint that needs one is refused here.
 TAKES_O_BIAS = {"llama"}  # attn_output.bias (qwen2 has none by design; qwen3's loader has no slot for it)
 TAKES_ROPE_FREQS = {"llama"}  # llama3 RoPE scaling as per-frequency factors
-# tokenizer.ggml.pre for a byte-level BPE, by family (see the module docstring).
-BPE_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2"}
+NO_VOCAB = "none"  # tokenizer_pre that writes the plain id vocabulary whatever tokenizer the folder has
 
 Progress = Callable[[str], None]
 
@@ -102,19 +105,23 @@ def require_gguf() -> None:
 
 def write_gguf(model: Any, out_path: Path | str, dtype: str = "f32", *, force: bool = False,
                router: Optional[Path] = None, lora: Optional[Path] = None, lora_scale: float = 2.0,
-               progress: Optional[Progress] = None) -> GgufResult:
+               progress: Optional[Progress] = None, tokenizer_pre: Optional[str] = None) -> GgufResult:
     """Write the dense base model of `model` as one GGUF file at `out_path` (atomically: a temp file beside
     it, renamed at the end; nothing is left on any error or interrupt).
 
     model: a Hugging Face WIDE checkpoint folder (loaded with `router`, `lora`, `lora_scale` as
     `load_wide_model` does), a `LoadedModel` (already loaded: router/lora must not be given), or None for
     the embedded demo model. dtype: "f32", "f16" or "bf16" for the matrices. force: replace an existing
-    file.
+    file. tokenizer_pre: llama.cpp's pre-tokenizer name for a byte-level BPE tokenizer.json (None: identified
+    from the tokenizer, refused where it cannot be), or "none" for the plain id vocabulary.
     """
     say = progress or (lambda _msg: None)
     require_gguf()
     if dtype not in DTYPES:
         raise WideError(f"unsupported GGUF dtype {dtype!r}", f"choose one of {', '.join(DTYPES)}")
+    if tokenizer_pre is not None and not _pre_name_ok(tokenizer_pre):
+        raise WideError(f"--tokenizer-pre {tokenizer_pre!r} is not a pre-tokenizer name",
+                        "a name llama.cpp knows (gpt-2, llama-bpe, qwen2, ...) or none for an id vocabulary")
     from wide_export.checkpoint.loader import LoadedModel
 
     if isinstance(model, LoadedModel):
@@ -138,7 +145,8 @@ def write_gguf(model: Any, out_path: Path | str, dtype: str = "f32", *, force: b
                                  lazy=True, checksums=False, progress=say)
     out = check_gguf_output(Path(out_path), force, protect)
     plan = _plan(loaded, dtype)
-    return _write(plan, loaded, out, force, say)
+    vocab = _vocabulary_plan(loaded, tokenizer_pre)  # refused before the temp file is made
+    return _write(plan, vocab, loaded, out, force, say)
 
 
 # ---- the plan: every tensor, its name, shape and dtype, and the metadata ----------------------------------
@@ -264,13 +272,20 @@ def _array(t: _Tensor, value):
     if tuple(value.shape) != t.shape:
         raise WideError(f"{t.source}: shape {list(value.shape)}, expected {list(t.shape)}",
                         "config.json does not match the weights")
+    if not bool(torch.isfinite(value).all()):
+        raise WideError(f"weight {t.source or t.name} holds NaN or infinite values",
+                        "the checkpoint is damaged or its training diverged: use another checkpoint")
     if t.permute_heads:
         value = permute_rope_rows(value, t.permute_heads)
     value = value.contiguous()
     if t.dtype == "f32":
         return value.numpy()
     if t.dtype == "f16":
-        return value.to(torch.float16).numpy()
+        half = value.to(torch.float16)
+        if not bool(torch.isfinite(half).all()):
+            raise WideError(f"weight {t.source or t.name} exceeds float16's range (65504)",
+                            "write --dtype bf16 or f32")
+        return half.numpy()
     return value.to(torch.bfloat16).view(torch.int16).numpy()  # round to nearest even, as gguf's own
 
 
@@ -280,7 +295,7 @@ def _np_dtype(t: _Tensor):
     return {"f32": np.float32, "f16": np.float16, "bf16": np.int16}[t.dtype]
 
 
-def _write(plan: _Plan, loaded, out: Path, force: bool, say: Progress) -> GgufResult:
+def _write(plan: _Plan, vocab_plan: "_Vocab", loaded, out: Path, force: bool, say: Progress) -> GgufResult:
     import gguf
     import numpy as np
 
@@ -298,7 +313,7 @@ def _write(plan: _Plan, loaded, out: Path, force: bool, say: Progress) -> GgufRe
         check_interrupted()
         writer = gguf.GGUFWriter(str(tmp), plan.arch)
         _metadata(writer, plan, loaded)
-        vocab = _vocabulary(writer, loaded, plan.arch, notes)
+        vocab = _vocabulary(writer, vocab_plan, loaded.config, notes)
         raw_types = {"bf16": gguf.GGMLQuantizationType.BF16}
         for t in plan.tensors:
             nbytes = int(np.prod(t.shape)) * np.dtype(_np_dtype(t)).itemsize
@@ -380,29 +395,87 @@ def _metadata(w, plan: _Plan, loaded) -> None:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _vocabulary(w, loaded, arch: str, notes: list[str]) -> str:
-    """Write the tokenizer keys; returns how (see the module docstring)."""
+@dataclass
+class _Vocab:
+    """The vocabulary to write: from tokenizer.json (`folder`, with `pre` for a byte-level BPE), or ids only
+    (`why`)."""
+
+    folder: Optional[Path] = None
+    tokens: Optional[list] = None  # (text, score, type) of gguf.vocab's BpeVocab / LlamaHfVocab
+    kind: str = ""  # gpt2 | llama
+    pre: str = "default"
+    why: str = ""
+
+
+def _vocabulary_plan(loaded, tokenizer_pre: Optional[str]) -> _Vocab:
+    """Read and check the folder's tokenizer before anything is written (see the module docstring)."""
+    from wide_export.checkpoint.text import TOKENIZER_FILE, read_fast_tokenizer
+
     model_dir = loaded.model_dir
-    why = None
     if model_dir is None:
-        why = "the demo model has no tokenizer file"
-    elif not (Path(model_dir) / "tokenizer.json").is_file():
-        why = f"{model_dir} has no tokenizer.json"
-    else:
-        try:
-            return _tokenizer_json(w, Path(model_dir), loaded.config, arch)
-        except _NoVocab as err:
-            why = str(err)
-    w.add_tokenizer_model("none")
-    notes.append(f"plain id vocabulary ({why}): llama.cpp runs on token ids only")
-    return "none (ids only)"
+        return _Vocab(why="the demo model has no tokenizer file")
+    if tokenizer_pre == NO_VOCAB:
+        return _Vocab(why="--tokenizer-pre none")
+    path = Path(model_dir) / TOKENIZER_FILE
+    if not path.is_file():
+        return _Vocab(why=f"{model_dir} has no {TOKENIZER_FILE}")
+    read_fast_tokenizer(path)  # a damaged file is an error naming it, not "no tokenizer"
+    try:
+        found = _tokenizer_json(Path(model_dir), loaded.config)
+    except _NoVocab as err:
+        return _Vocab(why=str(err))
+    if found.kind == "gpt2":
+        from wide_export.export.gguf_vocab import pre_tokenizer_name
+
+        found.pre = tokenizer_pre or pre_tokenizer_name(Path(model_dir)) or ""
+        if not found.pre:
+            raise WideError(f"llama.cpp has no pre-tokenizer known to match {path}: its text would be split "
+                            "differently from Hugging Face's",
+                            "name the one llama.cpp should use with --tokenizer-pre NAME (as llama.cpp's "
+                            "convert_hf_to_gguf.py names it), or --tokenizer-pre none for token ids only")
+    return found
+
+
+def _pre_name_ok(name: str) -> bool:
+    import re
+
+    return re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", name) is not None
+
+
+def _vocabulary(w, plan: _Vocab, cfg, notes: list[str]) -> str:
+    """Write the tokenizer keys; returns how (see the module docstring)."""
+    if plan.tokens is None:
+        w.add_tokenizer_model("none")
+        notes.append(f"plain id vocabulary ({plan.why}): llama.cpp runs on token ids only")
+        return "none (ids only)"
+    import gguf
+
+    tokens, scores, types = [], [], []
+    for text, score, kind_ in plan.tokens:
+        tokens.append(text)
+        scores.append(score)
+        types.append(kind_)
+    special = gguf.SpecialVocab(plan.folder, load_merges=plan.kind == "gpt2", n_vocab=cfg.vocab_size)
+    _mark_special(plan.folder, types)
+    for i in range(len(tokens), cfg.vocab_size):  # embedding rows beyond the tokenizer: unused, as the converter
+        tokens.append(f"[PAD{i}]")
+        scores.append(-1000.0)
+        types.append(gguf.TokenType.UNUSED)
+    w.add_tokenizer_model(plan.kind)
+    w.add_tokenizer_pre(plan.pre)
+    w.add_token_list(tokens)
+    if plan.kind == "llama":
+        w.add_token_scores(scores)
+    w.add_token_types([int(x) for x in types])
+    special.add_to_gguf(w, quiet=True)
+    return f"{plan.kind} (tokenizer.json, pre-tokenizer {plan.pre})"
 
 
 class _NoVocab(Exception):
     """tokenizer.json cannot be written as a llama.cpp vocabulary (the reason)."""
 
 
-def _tokenizer_json(w, folder: Path, cfg, arch: str) -> str:
+def _tokenizer_json(folder: Path, cfg) -> _Vocab:
     import gguf
     from gguf.vocab import BpeVocab, LlamaHfVocab
 
@@ -412,34 +485,16 @@ def _tokenizer_json(w, folder: Path, cfg, arch: str) -> str:
             vocab = cls(folder)
             kind = cls.tokenizer_model
             break
-        except (OSError, TypeError, ValueError, KeyError, ImportError):  # not this kind (or unreadable)
+        except (OSError, TypeError, ValueError, KeyError, ImportError):  # not this kind
             continue
     if vocab is None:
         raise _NoVocab("its tokenizer.json is neither a byte-level BPE nor a SentencePiece-style BPE")
-    tokens, scores, types = [], [], []
-    for text, score, kind_ in vocab.all_tokens():
-        tokens.append(text)
-        scores.append(score)
-        types.append(kind_)
+    tokens = list(vocab.all_tokens())
     if len(tokens) > cfg.vocab_size:
         raise _NoVocab(f"its tokenizer has {len(tokens)} tokens, more than the model's {cfg.vocab_size}")
-    special = gguf.SpecialVocab(folder, load_merges=kind == "gpt2", n_vocab=cfg.vocab_size)
-    if kind == "gpt2" and not special.merges:
+    if kind == "gpt2" and not gguf.SpecialVocab(folder, load_merges=True, n_vocab=cfg.vocab_size).merges:
         raise _NoVocab("its BPE tokenizer has no merges, which llama.cpp's BPE vocabulary needs")
-    _mark_special(folder, types)
-    for i in range(len(tokens), cfg.vocab_size):  # embedding rows beyond the tokenizer: unused, as the converter
-        tokens.append(f"[PAD{i}]")
-        scores.append(-1000.0)
-        types.append(gguf.TokenType.UNUSED)
-    w.add_tokenizer_model(kind)
-    pre = BPE_PRE.get(cfg.model_type, "default") if kind == "gpt2" else "default"
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    if kind == "llama":
-        w.add_token_scores(scores)
-    w.add_token_types([int(x) for x in types])
-    special.add_to_gguf(w, quiet=True)
-    return f"{kind} (tokenizer.json, pre-tokenizer {pre})"
+    return _Vocab(folder=folder, tokens=tokens, kind=kind)
 
 
 def _mark_special(folder: Path, types: list) -> None:
