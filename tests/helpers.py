@@ -32,6 +32,15 @@ def assert_one_line_error(result, code: int = 2) -> str:
     return lines[0]
 
 
+def sigint_default() -> None:
+    """preexec_fn for a child a test will Ctrl-C: SIGINT at its default, as under a terminal. A test run started
+    in the background (`cmd &` in a script, nohup) inherits SIGINT ignored, and the CLI keeps an inherited
+    SIG_IGN on purpose (POSIX convention for background jobs), so without this the child would not see it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def signal_when_ready(cmd, ready, sig, *, env=None, timeout: float = 240.0, settle: float = 0.0,
                       wait: float = 120.0) -> tuple[int, str]:
     """Start `cmd`, send `sig` once `ready(stderr so far)` is true (then `settle` s later); (returncode, stderr).
@@ -45,7 +54,7 @@ def signal_when_ready(cmd, ready, sig, *, env=None, timeout: float = 240.0, sett
     import time
 
     proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_default)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()

@@ -86,3 +86,23 @@ def test_every_environment_draws_the_benchmark_plots():
     assert any(re.match(r"matplotlib\b", d) for d in deps), deps
     plotters = [p for p in (ROOT / "wide_export").rglob("*.py") if "import matplotlib" in p.read_text()]
     assert plotters  # the benchmarks' plot writers import it lazily
+
+
+def test_the_environment_the_readme_says_runs_trt_has_a_tensorrt():
+    """README: "Every command runs from `.venv-serve` (export, trt, triton, serve)". The extras that
+    environment's install line names must bring a TensorRT `trt` can load (tensorrt or tensorrt_rtx,
+    wide_export/trt/loaders.py); `trt` there failed with "no usable TensorRT"."""
+    import tomllib
+
+    text = (ROOT / "README.md").read_text()
+    claim = re.search(r"Every command runs from `(\.venv-[a-z]+)` \(([^)]*)\)", text)
+    assert claim, "README no longer says which environment runs every command"
+    env, commands = claim.group(1), {c.strip() for c in claim.group(2).split(",")}
+    install = re.search(rf"python3 -m venv {re.escape(env)} && \. {re.escape(env)}/bin/activate && "
+                        r"pip install -e '\.\[([a-z0-9,-]+)\]'", text)
+    assert install, f"README has no install line for {env}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [d for extra in install.group(1).split(",") for d in project["optional-dependencies"][extra]]
+    wanted += project["dependencies"]
+    assert "trt" in commands, commands
+    assert any(re.match(r"tensorrt(-rtx)?(-cu\d+)?\b", d) for d in wanted), (env, install.group(1), wanted)

@@ -17,6 +17,17 @@ import typer
 from wide_export import outdir
 from wide_export.cli.common import user_errors
 from wide_export.signals import interrupt_on_signals
+from tests.helpers import sigint_default
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises():
+    """These tests Ctrl-C this very process: SIGINT at Python's default (KeyboardInterrupt) for each of them. A
+    test run started in the background of a script (`pytest &`, nohup) inherits SIGINT ignored, which
+    interrupt_on_signals keeps ignored on purpose; that is not what these tests are about."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def _run(fn) -> tuple[int, str]:
@@ -112,7 +123,7 @@ def test_ctrl_c_while_the_command_modules_import_is_one_line():
         "main(['onnx', '--help'])\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                          preexec_fn=sigint_default)
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines() == ["interrupted (SIGINT); nothing was written"], done.stderr
 

@@ -8,6 +8,7 @@ and compares onnxruntime-genai's Tokenizer with it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,41 @@ def test_genai_tokenizer_and_special_tokens(tmp_path):
     ref = _reference(loaded.model.eval(), prompt, cfg["eos_token_id"])
     assert _genai_greedy(model, prompt) == ref
 
-    # the README's five lines run as written against this folder
+    # the README's lines run as written against this folder
+    exec(compile(_readme_snippet(out), "README.md", "exec"), {})
+
+
+def _readme_snippet(out: Path) -> str:
+    """README's onnxruntime-genai snippet, its "OUT" replaced by `out`."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     snippet = next(b for b in readme.split("```python\n")[1:] if "import onnxruntime_genai" in b).split("```")[0]
-    assert len(snippet.strip().splitlines()) == 5
-    exec(compile(snippet.replace('"OUT"', repr(str(out))), "README.md", "exec"), {})
+    assert len(snippet.strip().splitlines()) <= 6  # a few lines to copy
+    return snippet.replace('"OUT"', repr(str(out)))
+
+
+def test_the_readme_snippet_generates_what_the_project_generates(demo_export, capsys):
+    """README's snippet on the demo export (whose tokenizer adds a BOS, as Llama's do): its prompt ids are the
+    project's tokenizer's (tokenizer.json through `tokenizers`, what `wide-export generate` and the Python API
+    encode with) and its new tokens the PyTorch reference's greedy ones. onnxruntime-genai's encode left the BOS
+    out, and the text differed."""
+    dtype, out, loaded = demo_export
+    if dtype != "float32":
+        pytest.skip("the snippet as a user runs it: one float32 export is enough")
+    from wide_export.checkpoint.text import find_codec
+
+    scope: dict = {}
+    snippet = _readme_snippet(out)
+    capsys.readouterr()
+    exec(compile(snippet, "README.md", "exec"), scope)
+    text = capsys.readouterr().out
+    encode, _ = find_codec(out)
+    prompt = encode("The capital of France is")
+    assert prompt[0] == json.loads((out / GENAI_CONFIG_NAME).read_text())["model"]["bos_token_id"]
+    max_length = int(re.search(r"max_length=(\d+)", snippet).group(1))
+    new = greedy_generate(loaded.model.eval(), torch.tensor([prompt]), max_new_tokens=max_length - len(prompt))
+    ref = new[0].tolist()
+    eos = json.loads((out / GENAI_CONFIG_NAME).read_text())["model"]["eos_token_id"]
+    stops = set(eos if isinstance(eos, list) else [eos])
+    ref = next((ref[: i + 1] for i, t in enumerate(ref) if t in stops), ref)
+    assert list(scope["generator"].get_sequence(0)) == prompt + ref
+    assert text  # it printed the new tokens' text (random weights: noise, partly invalid UTF-8, so not compared)

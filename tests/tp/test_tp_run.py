@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.helpers import assert_one_line_error, listening_tcp, make_checkpoint, socket_inodes
+from tests.helpers import assert_one_line_error, listening_tcp, make_checkpoint, sigint_default, socket_inodes
 
 PROMPT = [5, 17, 3, 99, 42, 8, 64]
 NEW = 8
@@ -179,7 +179,8 @@ def test_a_signal_stops_every_rank_and_removes_the_store(sharded, sig):
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "wide-tp-*")))
     proc = subprocess.Popen([sys.executable, "-m", "wide_export", "run-tp", "--onnx", str(folder), "--prompt-ids",
                              ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=sigint_default)  # a test run in the background inherits SIGINT ignored
     deadline = time.monotonic() + 60
     ranks: set[int] = set()
     while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
