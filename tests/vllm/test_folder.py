@@ -137,7 +137,8 @@ def test_demo_model_without_model(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--dtype", "int8"], "unsupported --dtype int8"),
     (["--model", "/nonexistent/folder"], "model folder not found"),
-    (["--router", "x.pth"], "--router/--lora need --model"),
+    (["--router", "x.pth"], "no router file: x.pth does not exist"),  # checked as --router is parsed
+    (["--router", __file__], "--router/--lora need --model"),  # a file that is there, without its --model
     (["--attn-group-size", "3"], "--attn-group-size=3 disagrees"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
