@@ -9,6 +9,7 @@ from typing import Annotated, Callable, Optional, TypeVar
 import typer
 
 from wide_export.errors import WideError
+from wide_export.inputs import check_input_file, check_model_folder, check_router_file  # no heavy import
 
 F = TypeVar("F", bound=Callable)
 
@@ -73,26 +74,8 @@ def _checked(check: Callable[[Path], None]) -> Callable:
     return callback
 
 
-def check_model_option(path: Path) -> None:
-    from wide_export.inputs import check_model_folder
-
-    check_model_folder(path)
-
-
-def check_router_option(path: Path) -> None:
-    from wide_export.inputs import check_router_file
-
-    check_router_file(path)
-
-
-def check_lora_option(path: Path) -> None:
-    from wide_export.inputs import check_input_file
-
-    check_input_file(path, "LoRA")
-
-
 # Every command's --model / --router / --lora: checked as they are parsed (_checked), in this one place.
-model_folder_callback = _checked(check_model_option)
+model_folder_callback = _checked(check_model_folder)
 
 ModelOpt = Annotated[
     Optional[Path],
@@ -107,12 +90,12 @@ ModelOpt = Annotated[
 RouterOpt = Annotated[
     Optional[Path],
     typer.Option("--router", help="WIDE trainer's router.pth (default: MODEL/router.pth when present).",
-                 show_default=False, callback=_checked(check_router_option)),
+                 show_default=False, callback=_checked(check_router_file)),
 ]
 LoraOpt = Annotated[
     Optional[Path],
     typer.Option("--lora", help="Stage-2 LoRA file (lora.pth) to merge into the base weights.",
-                 show_default=False, callback=_checked(check_lora_option)),
+                 show_default=False, callback=_checked(functools.partial(check_input_file, what="LoRA"))),
 ]
 LoraScaleOpt = Annotated[float, typer.Option("--lora-scale", help="LoRA merge scale (W += B@A*scale).")]
 AttnGroupOpt = Annotated[

@@ -403,6 +403,7 @@ class _Vocab:
     folder: Optional[Path] = None
     tokens: Optional[list] = None  # (text, score, type) of gguf.vocab's BpeVocab / LlamaHfVocab
     kind: str = ""  # gpt2 | llama
+    special: Any = None  # gguf.SpecialVocab of the folder (merges loaded for gpt2)
     pre: str = "default"
     why: str = ""
 
@@ -455,7 +456,6 @@ def _vocabulary(w, plan: _Vocab, cfg, notes: list[str]) -> str:
         tokens.append(text)
         scores.append(score)
         types.append(kind_)
-    special = gguf.SpecialVocab(plan.folder, load_merges=plan.kind == "gpt2", n_vocab=cfg.vocab_size)
     _mark_special(plan.folder, types)
     for i in range(len(tokens), cfg.vocab_size):  # embedding rows beyond the tokenizer: unused, as the converter
         tokens.append(f"[PAD{i}]")
@@ -467,7 +467,7 @@ def _vocabulary(w, plan: _Vocab, cfg, notes: list[str]) -> str:
     if plan.kind == "llama":
         w.add_token_scores(scores)
     w.add_token_types([int(x) for x in types])
-    special.add_to_gguf(w, quiet=True)
+    plan.special.add_to_gguf(w, quiet=True)
     return f"{plan.kind} (tokenizer.json, pre-tokenizer {plan.pre})"
 
 
@@ -492,9 +492,10 @@ def _tokenizer_json(folder: Path, cfg) -> _Vocab:
     tokens = list(vocab.all_tokens())
     if len(tokens) > cfg.vocab_size:
         raise _NoVocab(f"its tokenizer has {len(tokens)} tokens, more than the model's {cfg.vocab_size}")
-    if kind == "gpt2" and not gguf.SpecialVocab(folder, load_merges=True, n_vocab=cfg.vocab_size).merges:
+    special = gguf.SpecialVocab(folder, load_merges=kind == "gpt2", n_vocab=cfg.vocab_size)
+    if kind == "gpt2" and not special.merges:
         raise _NoVocab("its BPE tokenizer has no merges, which llama.cpp's BPE vocabulary needs")
-    return _Vocab(folder=folder, tokens=tokens, kind=kind)
+    return _Vocab(folder=folder, tokens=tokens, kind=kind, special=special)
 
 
 def _mark_special(folder: Path, types: list) -> None:
