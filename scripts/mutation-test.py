@@ -3,7 +3,7 @@
 
     pip install mutmut                      # only this script needs it (not a test dependency)
     python scripts/mutation-test.py                       # modules changed since the merge base with origin/main
-    python scripts/mutation-test.py wide_export/outdir.py wide_export/decoding.py
+    python scripts/mutation-test.py wide_export/base/outdir.py wide_export/generation/decoding.py
     python scripts/mutation-test.py --since HEAD~3 --max-children 2
     python scripts/mutation-test.py --list                # which modules and tests, without running
     python scripts/mutation-test.py --survivors MODULE    # after adding tests: only the last run's survivors again
@@ -20,7 +20,7 @@ Which tests a module gets: TESTS below (fast, in-process tests; tests that start
 subprocesses are left out: they would run unmutated code or take minutes per mutant). A changed module
 missing from TESTS is reported and skipped: add it there.
 
-The generated Triton repository's files (generation_model.py, decoding.py, textgen.py, metrics.py) are
+The generated Triton repository's files (generation_model.py, generation/decoding.py, textgen.py, metrics.py) are
 imported by the tests from a repository folder under other module names, which mutmut cannot switch;
 under mutmut (MUTANT_UNDER_TEST set) tests/triton/support.py loads the package's generation_model
 instead of the repository's model.py (the same text) and makes it take its siblings from the package,
@@ -65,37 +65,37 @@ _REPOSITORY_WITHOUT_A_REAL_ENGINE = [f"tests/triton/test_triton_repository.py::{
 
 # module -> the tests that pin it down (fast, in-process)
 TESTS: dict[str, list[str]] = {
-    "wide_export/decoding.py": ["tests/triton/test_triton_inflight_batch.py",
+    "wide_export/generation/decoding.py": ["tests/triton/test_triton_inflight_batch.py",
                                 "tests/triton/test_triton_serving_limits.py",
                                 "tests/triton/test_triton_inflight_units.py", "tests/model/test_decode_loop.py",
                                 "tests/verify/test_reference_steps.py"],
-    "wide_export/triton/textgen.py": ["tests/triton/test_triton_textgen.py",
+    "wide_export/generation/textgen.py": ["tests/triton/test_triton_textgen.py",
                                       "tests/triton/test_triton_textgen_edges.py"],
-    "wide_export/triton/metrics.py": ["tests/triton/test_triton_metrics.py",
+    "wide_export/tritonserver/metrics.py": ["tests/triton/test_triton_metrics.py",
                                       "tests/triton/test_triton_metrics_contract.py"],
     # model.py's siblings split off from it: the same tests reach them through model.py's names
-    "wide_export/triton/settings.py": ["tests/triton/test_generation_model_units.py",
+    "wide_export/generation/settings.py": ["tests/triton/test_generation_model_units.py",
                                        "tests/triton/test_triton_generation.py", "tests/triton/test_triton_bls.py",
                                        "tests/triton/test_triton_bls_device.py", "tests/frontend/test_models.py",
                                        "tests/frontend/test_repository.py"],
-    "wide_export/triton/rows.py": ["tests/triton/test_generation_model_units.py",
+    "wide_export/generation/rows.py": ["tests/triton/test_generation_model_units.py",
                                    "tests/triton/test_triton_generation.py",
                                    "tests/triton/test_triton_serving_limits.py"],
-    "wide_export/triton/ortstep.py": ["tests/triton/test_generation_model_units.py",
+    "wide_export/generation/ortstep.py": ["tests/triton/test_generation_model_units.py",
                                       "tests/triton/test_triton_generation.py",
                                       "tests/triton/test_triton_iobinding.py"],
-    "wide_export/triton/generation_model.py": ["tests/triton/test_triton_generation.py",
+    "wide_export/tritonserver/generation_model.py": ["tests/triton/test_triton_generation.py",
                                                "tests/triton/test_generation_model_units.py",
                                                "tests/triton/test_triton_serving_limits.py",
                                                "tests/triton/test_triton_bls.py",
                                                "tests/triton/test_triton_bls_device.py",
                                                "tests/triton/test_triton_iobinding.py"],
-    "wide_export/outdir.py": ["tests/test_outdir.py", "tests/faults/test_interrupt_publish.py",
+    "wide_export/base/outdir.py": ["tests/test_outdir.py", "tests/faults/test_interrupt_publish.py",
                               "tests/cli/test_interrupt_races.py",
                               "tests/faults/test_outputs.py::test_two_writers_of_one_output_exactly_one_publishes",
                               "tests/faults/test_outputs.py::test_force_over_an_output_that_cannot_be_removed",
                               "tests/faults/test_outputs.py::test_force_when_the_old_output_cannot_be_moved_at_publish"],
-    "wide_export/signals.py": ["tests/faults/test_interrupt_publish.py", "tests/cli/test_interrupt_races.py"],
+    "wide_export/base/signals.py": ["tests/faults/test_interrupt_publish.py", "tests/cli/test_interrupt_races.py"],
     "wide_export/export/genai_config.py": ["tests/export/test_genai_special_tokens.py",
                                            "tests/export/test_genai_config_contract.py"],
     "wide_export/export/gguf.py": ["tests/export/test_gguf.py"],
@@ -104,41 +104,41 @@ TESTS: dict[str, list[str]] = {
     "wide_export/verify/slices.py": ["tests/verify/test_slices_units.py"],
     "wide_export/verify/evaluator.py": ["tests/verify/test_evaluator.py"],
     "wide_export/verify/reference.py": ["tests/verify/test_reference_steps.py"],
-    "wide_export/verify/onnx_verify.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
+    "wide_export/export/verify_onnx.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
     "wide_export/verify/common.py": ["tests/verify/test_onnx_verify_units.py", "tests/verify/test_verify_run.py"],
     "wide_export/export/session.py": ["tests/verify/test_onnx_verify_units.py"],
-    "wide_export/childproc.py": ["tests/test_childproc.py"],
+    "wide_export/base/childproc.py": ["tests/test_childproc.py"],
     "wide_export/cpu/step.py": ["tests/cpu/test_decode_step.py"],
-    # the engine runs of verify/tensorrt.py need TensorRT and a GPU: only its manifest reader and its share of the
+    # the engine runs of trt/verify.py need TensorRT and a GPU: only its manifest reader and its share of the
     # verification units run here; tp/ranks.py's rank processes run in tests/tp/test_tp_run.py (subprocesses)
-    "wide_export/verify/tensorrt.py": ["tests/faults/test_hostile_manifests.py",
+    "wide_export/trt/verify.py": ["tests/faults/test_hostile_manifests.py",
                                        "tests/verify/test_onnx_verify_units.py"],
     # test_sharded_verify runs the simulated world of a cached sharded export (SimulatedWorld) in-process;
     # test_tp_run's rank processes only reach read_manifest here, which test_hostile_manifests pins in seconds
     "wide_export/tp/ranks.py": ["tests/faults/test_hostile_manifests.py", "tests/verify/test_sharded_verify.py"],
     # test_sharded_verify verifies one cached two-rank export (seconds a mutant); test_tp_export exports per test
-    "wide_export/verify/sharded.py": ["tests/verify/test_onnx_verify_units.py",
+    "wide_export/tp/verify.py": ["tests/verify/test_onnx_verify_units.py",
                                       "tests/verify/test_sharded_verify.py"],
-    "wide_export/triton/contract.py": ["tests/triton/test_contract.py", "tests/frontend/test_engine_units.py"],
-    "wide_export/checkpoint/sources.py": ["tests/test_python_api.py::test_sources_load_what_the_loader_loads_from_the_same_options",
+    "wide_export/tritonserver/contract.py": ["tests/triton/test_contract.py", "tests/frontend/test_engine_units.py"],
+    "wide_export/checkpoint/options.py": ["tests/test_python_api.py::test_sources_load_what_the_loader_loads_from_the_same_options",
                                           "tests/test_python_api.py::test_sources_pass_every_option_to_the_loader"],
     # the OpenAI front end: in-process on tests/frontend/fakes.py's engine (TestClient, or uvicorn
     # in a thread of the test process); test_serve_cli.py and test_openai_e2e.py run subprocesses / tritonserver
-    "wide_export/frontend/protocol.py": ["tests/frontend/test_app.py", "tests/frontend/test_protocol.py"],
-    "wide_export/frontend/errors.py": ["tests/frontend/test_app.py", "tests/frontend/test_errors.py"],
-    "wide_export/frontend/sse.py": ["tests/frontend/test_app.py", "tests/frontend/test_sse.py"],
-    "wide_export/frontend/chat.py": ["tests/frontend/test_chat.py", "tests/frontend/test_repository.py"],
-    "wide_export/frontend/models.py": ["tests/frontend/test_repository.py", "tests/frontend/test_models.py"],
-    "wide_export/frontend/engine.py": ["tests/frontend/test_engine.py", "tests/frontend/test_engine_units.py"],
-    "wide_export/frontend/app.py": ["tests/frontend/test_app.py", "tests/frontend/test_app_shapes.py"],
-    "wide_export/frontend/runner.py": ["tests/frontend/test_openai_client.py", "tests/frontend/test_runner.py"],
+    "wide_export/serving/openai/protocol.py": ["tests/frontend/test_app.py", "tests/frontend/test_protocol.py"],
+    "wide_export/serving/openai/errors.py": ["tests/frontend/test_app.py", "tests/frontend/test_errors.py"],
+    "wide_export/serving/openai/sse.py": ["tests/frontend/test_app.py", "tests/frontend/test_sse.py"],
+    "wide_export/serving/openai/chat.py": ["tests/frontend/test_chat.py", "tests/frontend/test_repository.py"],
+    "wide_export/serving/openai/models.py": ["tests/frontend/test_repository.py", "tests/frontend/test_models.py"],
+    "wide_export/serving/triton_engine.py": ["tests/frontend/test_engine.py", "tests/frontend/test_engine_units.py"],
+    "wide_export/serving/openai/app.py": ["tests/frontend/test_app.py", "tests/frontend/test_app_shapes.py"],
+    "wide_export/serving/openai/runner.py": ["tests/frontend/test_openai_client.py", "tests/frontend/test_runner.py"],
     # the rest of triton/: repository generation in-process on tests/triton/tiny_llm.py's model
-    "wide_export/triton/ports.py": ["tests/triton/test_triton_units.py", "tests/triton/test_serve_ports.py"],
-    "wide_export/triton/templates.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
-    "wide_export/triton/textfiles.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
+    "wide_export/tritonserver/ports.py": ["tests/triton/test_triton_units.py", "tests/triton/test_serve_ports.py"],
+    "wide_export/tritonserver/templates.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
+    "wide_export/tritonserver/textfiles.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_repository.py"],
     # test_triton_cli.py's other tests start tritonserver or `wide-export serve`, and the real-engine test
     # exports the demo and builds a TensorRT engine in a child process: minutes per surviving mutant
-    "wide_export/triton/repository.py": [
+    "wide_export/tritonserver/repository.py": [
         "tests/triton/test_triton_repository.py::test_onnxruntime_repository_layout_and_config",
         "tests/triton/test_triton_repository.py::test_template_keys_are_strict",
         "tests/triton/test_triton_repository.py::test_errors_leave_nothing_behind",
@@ -149,15 +149,15 @@ TESTS: dict[str, list[str]] = {
         "tests/triton/test_triton_repository_contents.py",
         "tests/triton/test_triton_cli.py::test_triton_command_writes_a_repository_and_refuses_to_overwrite",
         "tests/triton/test_triton_cli.py::test_repository_is_created_with_normal_permissions"],
-    "wide_export/triton/sources.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_sources.py",
+    "wide_export/tritonserver/export_folder.py": ["tests/triton/test_triton_units.py", "tests/triton/test_triton_sources.py",
                                       *_REPOSITORY_WITHOUT_A_REAL_ENGINE],
-    "wide_export/triton/engines.py": ["tests/triton/test_triton_engines.py", *_REPOSITORY_WITHOUT_A_REAL_ENGINE],
+    "wide_export/tritonserver/trt_engines.py": ["tests/triton/test_triton_engines.py", *_REPOSITORY_WITHOUT_A_REAL_ENGINE],
     # server.py, supervise.py, client.py: on fakes (a fake process, clock and tritonclient, a loopback
     # http.server); the tests that start a real tritonserver (test_triton_cli.py, test_serve_ports.py,
     # test_triton_server.py) take minutes per mutant and are left to CI
-    "wide_export/triton/server.py": ["tests/triton/test_server_units.py"],
-    "wide_export/triton/supervise.py": ["tests/triton/test_supervise_units.py"],
-    "wide_export/triton/client.py": ["tests/triton/test_client_units.py"],
+    "wide_export/tritonserver/server.py": ["tests/triton/test_server_units.py"],
+    "wide_export/tritonserver/supervise.py": ["tests/triton/test_supervise_units.py"],
+    "wide_export/tritonserver/client.py": ["tests/triton/test_client_units.py"],
     # the kernels' auto policy: table validation, choice, the measured policy's record
     "wide_export/kernels/policy.py": ["tests/kernels/test_policy.py"],
 }

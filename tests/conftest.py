@@ -80,7 +80,7 @@ def demo_onnx(tmp_path_factory) -> Path:
     given = os.environ.get("WIDE_TEST_ONNX_DIR")
     if given:
         return Path(given)
-    from wide_export.cli_process import export_onnx_cli
+    from wide_export.base.cli_process import export_onnx_cli
 
     return export_onnx_cli(tmp_path_factory.mktemp("demo") / "onnx")
 
@@ -112,8 +112,8 @@ def text_repo(text_ckpt, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def text_server(text_repo):
     """A real tritonserver on 127.0.0.1 serving the text repository, metrics on."""
-    from wide_export.triton import TritonServer
-    from wide_export.triton.server import free_port
+    from wide_export.tritonserver import TritonServer
+    from wide_export.tritonserver.server import free_port
 
     server = TritonServer(text_repo, metrics_port=free_port("127.0.0.1"))
     server.start(timeout=120)

@@ -78,7 +78,7 @@ def signal_when_ready(cmd, ready, sig, *, env=None, timeout: float = 240.0, sett
 
 def listening_tcp() -> dict[str, str]:
     """inode -> local address (as /proc/net writes it) of every listening TCP socket, IPv4 and IPv6 (Linux).
-    Read here, not with wide_export/triton/ports.py, so tests of that code do not lean on it."""
+    Read here, not with wide_export/tritonserver/ports.py, so tests of that code do not lean on it."""
     out = {}
     for table in ("tcp", "tcp6"):
         for line in (Path("/proc/net") / table).read_text().splitlines()[1:]:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from wide_export import childproc
+from wide_export.base import childproc
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and prctl: Linux")
 
@@ -53,7 +53,7 @@ def test_a_child_started_to_die_with_its_parent_does_when_the_parent_is_killed(d
     gets SIGTERM from the kernel with die_with_parent, and lives on without it (the control case)."""
     parent_code = textwrap.dedent(f"""
         import sys, time
-        from wide_export import childproc
+        from wide_export.base import childproc
         child = childproc.start([sys.executable, "-c", "import time; time.sleep(60)"],
                                 die_with_parent={die_with_parent})
         print(child.pid, flush=True)
@@ -83,7 +83,7 @@ def test_stop_group_stops_the_grandchildren_too():
 def test_the_tensorrt_child_runs_a_function_and_returns_its_json():
     """trt/_child.run_in_child on the helper: a module:function called with keyword arguments in a child
     Python, its JSON result returned; a WideError there is one here."""
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
     from wide_export.trt._child import run_in_child
 
     assert run_in_child("json:dumps", {"obj": [1, 2]}, dict(os.environ)) == "[1, 2]"

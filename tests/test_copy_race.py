@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 
 def _swapper(name: Path, evil: Path, stop: threading.Event) -> None:
@@ -30,7 +30,7 @@ def _swapper(name: Path, evil: Path, stop: threading.Event) -> None:
 
 
 def test_a_swapped_name_never_copies_the_file_outside(tmp_path):
-    from wide_export.paths import copy_confined
+    from wide_export.base.paths import copy_confined
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -66,7 +66,7 @@ def test_a_swapped_name_never_copies_the_file_outside(tmp_path):
 
 
 def test_mode_and_kind_of_the_source_are_kept_or_refused(tmp_path):
-    from wide_export.paths import copy_confined
+    from wide_export.base.paths import copy_confined
 
     folder = tmp_path / "m"
     folder.mkdir()
@@ -87,7 +87,7 @@ def test_mode_and_kind_of_the_source_are_kept_or_refused(tmp_path):
 
 def test_every_exporter_copies_through_copy_confined(tmp_path, monkeypatch):
     """onnx (genai files), vllm, triton and trt each copy the user's tokenizer files through copy_confined."""
-    import wide_export.paths as paths
+    import wide_export.base.paths as paths
     from tests.helpers import make_checkpoint
     from wide_export.model.demo_tokenizer import write_demo_tokenizer
 

@@ -13,7 +13,7 @@ CODE = """
 import json, os
 before = dict(os.environ)
 import wide_export, wide_export.ops.dispatch, wide_export.model.modeling, wide_export.checkpoint, wide_export.kernels
-import wide_export.cpu, wide_export.frontend, wide_export.triton, wide_export.vllm, wide_export.verify
+import wide_export.cpu, wide_export.serving.openai, wide_export.tritonserver, wide_export.vllm, wide_export.verify
 print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))
 """
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from wide_export.outdir import rename_noreplace
+from wide_export.base.outdir import rename_noreplace
 
 
 def _no_plain_rename(monkeypatch):
@@ -78,7 +78,7 @@ def test_without_renameat2_the_fallback_refuses_an_existing_target(tmp_path, mon
 def test_disk_full_is_found_in_the_error_or_its_causes():
     """What atomic_output_dir turns into 'disk full' (one line, nothing written): an OSError with a
     disk-full errno, or a library's error that says so, itself or up to 10 causes down; nothing else."""
-    from wide_export.outdir import _disk_full
+    from wide_export.base.outdir import _disk_full
 
     for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         err = OSError(code, os.strerror(code))

@@ -63,7 +63,7 @@ def write_text_checkpoint(folder: Path) -> TextCheckpoint:
 
     from wide_export.checkpoint.loader import load_wide_model
     from wide_export.model.demo_tokenizer import default_byte_of_id, demo_tokenizer, write_demo_tokenizer
-    from wide_export.model.generate import greedy_generate
+    from wide_export.generation.torch_step import greedy_generate
     from wide_export.model.synthetic import SyntheticSpec, write_checkpoint
 
     base = demo_tokenizer()

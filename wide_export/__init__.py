@@ -7,6 +7,6 @@ running ``wide-export --help`` stays instant.
 
 __version__ = "0.1.0"
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 __all__ = ["WideError", "__version__"]

@@ -69,7 +69,8 @@ def test_a_work_dir_that_does_not_exist_is_one_line(tmp_path):
                                       "--output", str(tmp_path / "r.json")])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: --work-dir {tmp_path / 'nope'} is not a folder (hint: ")
+    assert len(lines) == 1 and lines[0].startswith(f"error: --work-dir {tmp_path / 'nope'} "), lines
+    assert "not a folder" in lines[0] and "(hint: " in lines[0], lines
     assert list(tmp_path.iterdir()) == []
 
 
@@ -112,7 +113,7 @@ def test_sigterm_stops_the_export_and_removes_the_checkpoints(tmp_path):
             proc.wait()
     assert proc.returncode == 143, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("interrupted (SIGTERM); stopped the export in progress and removed "), err
+    assert last.startswith("interrupted (SIGTERM); ") and "removed" in last, err  # says what it cleaned up
     assert "Traceback" not in err
     assert list(work.iterdir()) == [] and not (tmp_path / "r.json").exists()
     time.sleep(0.5)

@@ -14,8 +14,8 @@ from wide_export.bench.serving import CLIENT_COUNTS, ServingBenchConfig, stagger
 
 def _asked_staggered_tokens(demo_onnx, tmp_path) -> int:
     """New tokens the default staggered plan asks for in all, on the demo model's vocabulary and context."""
-    from wide_export.triton import generation_model as gm
-    from wide_export.triton.repository import generate_repository
+    from wide_export.tritonserver import generation_model as gm
+    from wide_export.tritonserver.repository import generate_repository
 
     repo = generate_repository(tmp_path / "repo", onnx=demo_onnx)
     settings = gm.Settings.load(str(repo / "wide_llm" / "1"))

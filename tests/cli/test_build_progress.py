@@ -163,7 +163,7 @@ def test_piped_progress_prints_only_stages_that_take_long(monkeypatch):
 
     from rich.console import Console
 
-    from wide_export.progress import Steps
+    from wide_export.base.progress import Steps
 
     monkeypatch.setenv("WIDE_PROGRESS_DELAY", "0.3")
     out = io.StringIO()

@@ -1,5 +1,5 @@
 """A command given another kind of our folders says what it got and which
-command or flag takes it (wide_export/folders.py). The folders are their writers' marker files only: the
+command or flag takes it (wide_export/base/folders.py). The folders are their writers' marker files only: the
 commands must refuse them before reading anything else."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_a_folder_of_another_kind_names_the_command_that_takes_it(tmp_path, line
 
 
 def test_kinds_are_told_apart():
-    from wide_export.folders import kind_of
+    from wide_export.base.folders import kind_of
 
     import tempfile
 

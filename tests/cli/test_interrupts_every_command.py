@@ -1,7 +1,11 @@
 """An interrupt is handled "the same way for every command": every command the CLI
 registers (bench subcommands included) runs inside cli.common.user_errors, which turns SIGINT / SIGTERM into
 one line and 130 / 143 (its behaviour: tests/cli/test_interrupts.py, test_build_progress.py, ...). A command
-registered without it would print a traceback and exit 1 on Ctrl-C."""
+registered without it would print a traceback and exit 1 on Ctrl-C.
+
+The wording is the contract here: test_a_command_interrupted_by_sigterm_says_so_and_exits_143 pins the interrupt
+line whole (`interrupted (SIGTERM); nothing was written`); the other interrupt tests assert the signal it names,
+the exit code and what is left on disk."""
 
 from __future__ import annotations
 
@@ -49,5 +53,6 @@ def test_a_command_interrupted_by_sigterm_says_so_and_exits_143():
     app.command()(work)
     result = CliRunner().invoke(app, [])
     assert result.exit_code == 143, result.output
+    # the wording is the contract here (module docstring): the interrupt line, whole
     assert result.output.strip().splitlines() == ["interrupted (SIGTERM); nothing was written"]
     assert cleaned == [True]

@@ -1,6 +1,7 @@
 """Shared by tests/cpu/test_op_arguments.py and test_ops_fuzz.py: running a snippet of calls into the CPU kernels
 in a child process (a crash there is a signal in the return code, not a dead pytest), and the arguments of a
-small wide_cpu::decode_step (one unrouted layer, float32) with an independent torch reference of its result."""
+small wide_cpu::decode_step (one unrouted layer, float32, its weights by name) with an independent torch reference of
+its result."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PRELUDE = """\
 import torch
 from wide_export.cpu import ops as cpu
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from tests.cpu import op_cases
 cpu.available()
 """
@@ -98,29 +99,35 @@ else:
 """
 
 
-# one decode layer without routers: ln1, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, ln2, wg, wu, wd, then the
-# two routers' 4 weights each (wide_cpu.cpp: decode_step); geo per layer: Hq, Hk, D, group heads, group size, force
+# one decode layer without routers, its weights by name (cpu/step.py: LAYER_WEIGHTS): q / k / v / o biases, no q / k
+# norms, no routers; its geometry by name
 def step_args(B=1, H=16, Hq=2, Hk=1, D=8, F_=24, V=10, cap=4, length=2, seed=0, cache_v=None):
-    """The arguments of wide_cpu::decode_step (float32, one unrouted layer) as a dict, caches filled up to length."""
+    """The arguments of wide_cpu::decode_step (float32, one unrouted layer) as a dict, caches filled up to length:
+    `weights` and `geometry` the layer's dicts (call_step makes the DecodeLayer of them), `force` its flag."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape, s=0.2):
         return torch.randn(*shape, generator=g) * s
 
     NQ, NK = Hq * D, Hk * D
-    w = [1 + r(H), r(NQ, H), r(NQ), r(NK, H), r(NK), r(NK, H), r(NK), None, None, r(H, NQ), r(H),
-         1 + r(H), r(F_, H), r(F_, H), r(H, F_)] + [None] * 8
+    w = {"input_layernorm.weight": 1 + r(H), "self_attn.q_proj.weight": r(NQ, H), "self_attn.q_proj.bias": r(NQ),
+         "self_attn.k_proj.weight": r(NK, H), "self_attn.k_proj.bias": r(NK), "self_attn.v_proj.weight": r(NK, H),
+         "self_attn.v_proj.bias": r(NK), "self_attn.o_proj.weight": r(H, NQ), "self_attn.o_proj.bias": r(H),
+         "post_attention_layernorm.weight": 1 + r(H), "mlp.gate_proj.weight": r(F_, H),
+         "mlp.up_proj.weight": r(F_, H), "mlp.down_proj.weight": r(H, F_)}
     ck = r(B, Hk, cap, D, s=1.0)
     cv = r(B, Hk, cap, D, s=1.0) if cache_v is None else cache_v
     ang = r(B, D, s=3.0)
-    return dict(h=r(B, 1, H, s=1.0), weights=w, cache_k=[ck], cache_v=[cv], length=length, cos=ang.cos(),
-                sin=ang.sin(), eps=1e-6, geo=[Hq, Hk, D, 0, 0, 0], norm_w=1 + r(H), head_w=r(V, H),
+    geometry = {"heads": Hq, "kv_heads": Hk, "head_dim": D, "attention_group_heads": 0, "ffn_group_size": 0}
+    return dict(h=r(B, 1, H, s=1.0), weights=w, geometry=geometry, force=0, cache_k=[ck], cache_v=[cv],
+                length=length, cos=ang.cos(), sin=ang.sin(), eps=1e-6, norm_w=1 + r(H), head_w=r(V, H),
                 out=torch.empty(B, 1, V))
 
 
 def call_step(a: dict):
-    return torch.ops.wide_cpu.decode_step(a["h"], a["weights"], a["cache_k"], a["cache_v"], a["length"], a["cos"],
-                                          a["sin"], a["eps"], a["geo"], a["norm_w"], a["head_w"], a["out"])
+    layer = torch.classes.wide_cpu.DecodeLayer(a["weights"], a["geometry"])
+    return torch.ops.wide_cpu.decode_step(a["h"], [layer], [a["force"]], a["cache_k"], a["cache_v"], a["length"],
+                                          a["cos"], a["sin"], a["eps"], a["norm_w"], a["head_w"], a["out"])
 
 
 def _norm(x, w, eps):
@@ -134,8 +141,11 @@ def _rope(x, cos, sin):  # x [B, heads, D], cos / sin [B, D]
 
 def step_reference(a: dict):
     """The logits [B, 1, V] and the new cache rows (k, v [B, Hk, D]) of step_args' layer, in torch ops."""
-    (ln1, wq, bq, wk, bk, wv, bv, _, _, wo, bo, ln2, wg, wu, wd), eps = a["weights"][:15], a["eps"]
-    Hq, Hk, D = a["geo"][:3]
+    w, eps, geo = a["weights"], a["eps"], a["geometry"]
+    ln1, ln2 = w["input_layernorm.weight"], w["post_attention_layernorm.weight"]
+    wq, bq, wk, bk, wv, bv, wo, bo = (w[f"self_attn.{p}_proj.{k}"] for p in "qkvo" for k in ("weight", "bias"))
+    wg, wu, wd = (w[f"mlp.{p}_proj.weight"] for p in ("gate", "up", "down"))
+    Hq, Hk, D = geo["heads"], geo["kv_heads"], geo["head_dim"]
     h = a["h"][:, 0]
     B, n = h.shape[0], a["length"]
     x = _norm(h, ln1, eps)

@@ -323,9 +323,11 @@ def step_case(r: random.Random) -> Case:
     length = a["length"]
     mutation = r.choice(["valid", "valid", "short_v", "full", "neg_len", "zero_h", "same_cache", "out_over_h",
                          "huge_heads", "neg_group", "weight_dtype", "cache_dtype", "cos", "few_weights", "expanded",
-                         "meta_cache"])
+                         "meta_cache", "unknown_weight", "router_unrouted", "weight_shape", "transposed_o"])
     expect = VALID
     ck = a["cache_k"][0]
+    w, geo = a["weights"], a["geometry"]
+    required = sorted(n for n in w if not n.endswith(".bias"))
     if mutation == "short_v":  # the key cache's strides, fewer positions: the row `length` is past its end
         a["cache_v"], expect = [torch.randn(ck.numel()).as_strided((B, Hk, length, D), ck.stride())], INVALID
     elif mutation == "full":
@@ -339,21 +341,29 @@ def step_case(r: random.Random) -> Case:
     elif mutation == "out_over_h":
         a["out"], expect = _over(a["h"], tuple(a["out"].shape), torch.float32), INVALID
     elif mutation == "huge_heads":  # (2**61 + Hq) x 8 heads' width wraps to Hq x 8
-        a["geo"], expect = [2**64 // 8 + Hq, Hk, 8] + a["geo"][3:], INVALID
-        if D != 8:
-            a["geo"][2] = D
-            a["geo"][0] = 2**64 // D + Hq
+        geo["heads"], expect = 2**64 // D + Hq, INVALID
     elif mutation == "neg_group":
-        a["geo"][3 + r.randrange(2)], expect = -Hq, INVALID
+        geo[r.choice(["attention_group_heads", "ffn_group_size"])], expect = -Hq, INVALID
     elif mutation == "weight_dtype":
-        i = r.choice([0, 1, 3, 5, 9, 11, 12, 13, 14])
-        a["weights"][i], expect = a["weights"][i].double(), INVALID
+        name = r.choice(required)
+        w[name], expect = w[name].double(), INVALID
     elif mutation == "cache_dtype":
         a["cache_k"], expect = [ck.half()], INVALID
     elif mutation == "cos":
         a["cos"], expect = a["cos"][:, :-1].contiguous(), INVALID
-    elif mutation == "few_weights":
-        a["weights"], expect = a["weights"][:-1], INVALID
+    elif mutation == "few_weights":  # a required weight left out
+        del w[r.choice(required)]
+        expect = INVALID
+    elif mutation == "unknown_weight":  # a name the op does not take
+        w[r.choice(["self_attn.x_proj.weight", "mlp.gate_proj", "", "input_layernorm.weight "])], expect = \
+            torch.ones(1), INVALID
+    elif mutation == "router_unrouted":  # a router's weight for a sublayer that is not routed
+        w[r.choice(["router_attention.compressor.weight", "router_ffn.router.bias"])], expect = torch.ones(1), INVALID
+    elif mutation == "weight_shape":
+        name = r.choice(required)
+        w[name], expect = w[name][..., :-1].contiguous(), INVALID
+    elif mutation == "transposed_o":  # an unrouted o_proj must be [H, NQ] contiguous, not the view of W^T
+        w["self_attn.o_proj.weight"], expect = w["self_attn.o_proj.weight"].t().contiguous().t(), INVALID
     elif mutation == "expanded":
         a["cache_v"], expect = [a["cache_v"][0][:, :1].expand(B, Hk, cap, D)], (INVALID if Hk > 1 else VALID)
     elif mutation == "meta_cache":
@@ -361,6 +371,7 @@ def step_case(r: random.Random) -> Case:
     base = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in a.items()} if expect != INVALID else None
     if base is not None:
         base["cache_k"], base["cache_v"] = [a["cache_k"][0].clone()], [a["cache_v"][0].clone()]
+        base["weights"] = dict(w)
 
     def run():
         if not op_cases.call_step(a):

@@ -22,25 +22,25 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_one_line_error
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
-# loads the kernels (compiling them if needed) from the source argv[1]
-LOAD = ("import sys, pathlib\nfrom wide_export.cpu import build, ops\nbuild.SOURCE = pathlib.Path(sys.argv[1])\n"
+# loads the kernels (compiling them if needed) from the source folder argv[1]
+LOAD = ("import sys, pathlib\nfrom wide_export.cpu import build, ops\nbuild.SOURCE_DIR = pathlib.Path(sys.argv[1])\n"
         "print(ops.isa())\n")
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """(cache folder holding one compiled library, the compiler that built it, the source it was built from).
-    The source is a copy, the module's build.SOURCE meanwhile (the key stays the same while wide_cpu.cpp is
-    edited); a subprocess loads with `LOAD`, which points build.SOURCE at it too."""
+    """(cache folder holding one compiled library, the compiler that built it, the source folder it was built
+    from). The sources are a copy of csrc/, the module's build.SOURCE_DIR meanwhile (the key stays the same while
+    csrc/ is edited); a subprocess loads with `LOAD`, which points build.SOURCE_DIR at it too."""
     from wide_export.cpu import build
 
     base = tmp_path_factory.mktemp("built")
-    source = base / "wide_cpu.cpp"
-    shutil.copy(build.SOURCE, source)
+    source = base / "csrc"
+    shutil.copytree(build.SOURCE_DIR, source)
     frozen, env = pytest.MonkeyPatch(), pytest.MonkeyPatch()
-    frozen.setattr(build, "SOURCE", source)
+    frozen.setattr(build, "SOURCE_DIR", source)
     try:
         env.setenv("WIDE_CPU_CACHE", str(base / "cache"))
         env.delenv("CXX", raising=False)
@@ -174,6 +174,59 @@ def test_a_new_cache_is_private(built, tmp_path, monkeypatch):
     assert os.lstat(lib).st_mode & 0o022 == 0 and sorted(p.name for p in lib.parent.iterdir()) == [
         "wide_cpu.so", "wide_cpu.so.json"]
     assert build.library_path() == lib and _compiles(log) == 1
+
+
+# --- 2. the key covers every source and header; one compile of all sources makes the one library --------------
+
+
+def _edits():
+    """What may change in the source folder: each file's content (sources and headers alike), a new header."""
+    from wide_export.cpu import build
+
+    names = sorted(p.name for p in build.SOURCE_DIR.iterdir() if p.is_file())
+    assert any(n.endswith(".h") for n in names) and any(n.endswith(".cpp") for n in names), names
+    return [f"edit {n}" for n in names] + ["add a header", "rename a header"]
+
+
+@pytest.mark.parametrize("edit", _edits())
+def test_the_cache_key_covers_every_source_and_header(tmp_path, monkeypatch, edit):
+    """A header's content reaches the library through its includes: editing any file of csrc/ (a header as much
+    as a .cpp), adding one or renaming one gives another key folder, so the library is compiled anew; the same
+    sources give the same key."""
+    from wide_export.cpu import build
+
+    src = tmp_path / "csrc"
+    shutil.copytree(build.SOURCE_DIR, src)
+    monkeypatch.setattr(build, "SOURCE_DIR", src)
+    cxx, flags = build.find_compiler(), build.compile_flags()
+    before = build.cache_key(cxx, flags)
+    assert build.cache_key(cxx, flags) == before
+    if edit == "add a header":
+        (src / "extra.h").write_text("#pragma once\n")
+    elif edit == "rename a header":
+        header = next(p for p in sorted(src.iterdir()) if p.suffix == ".h")
+        header.rename(header.with_name("renamed_" + header.name))
+    else:
+        path = src / edit.split(" ", 1)[1]
+        path.write_bytes(path.read_bytes() + b"\n// one more line\n")
+    assert build.cache_key(cxx, flags) != before, f"{edit}: the same key, so the stale library would be loaded"
+
+
+def test_one_compile_of_every_source_makes_the_one_library(built, tmp_path, monkeypatch):
+    """The compiler runs once, given every csrc/*.cpp (and no header), and writes the one library."""
+    from wide_export.cpu import build
+
+    args = tmp_path / "args"
+    cxx, log = _fake_compiler(tmp_path, built, f'printf "%s\\n" "$@" > {args}; '
+                                               f'cp {next(built[0].glob("*/wide_cpu.so"))} "$out"')
+    monkeypatch.setenv("WIDE_CPU_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(cxx))
+    lib = build.library_path()
+    given = args.read_text().splitlines()
+    cpps = sorted(str(p) for p in built[2].glob("*.cpp"))
+    assert _compiles(log) == 1 and len(cpps) > 1 and sorted(a for a in given if a.endswith(".cpp")) == cpps
+    assert not any(a.endswith(".h") for a in given) and given[given.index("-o") + 1].endswith("wide_cpu.so")
+    assert lib.name == "wide_cpu.so" and lib.is_file()
 
 
 # --- 3. a damaged library is rebuilt, once --------------------------------------------------------------------

@@ -99,7 +99,7 @@ def test_record_merges_a_measured_cpu_policy_and_refuses_a_malformed_one(tmp_pat
 
     from wide_export.bench.cpu_kernels import record_policy
     from wide_export.cpu.ops import POLICY_FILE
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
 
     dest = tmp_path / "policy.json"
     shutil.copy(POLICY_FILE, dest)

@@ -294,21 +294,22 @@ def test_compiled_graphs_keep_the_ops_whole():
 
 
 def test_generation_with_the_cpu_kernels_gives_the_reference_tokens(tmp_path):
-    """dispatch.cpu_kernels(): the model's eager calls run wide_export.cpu; float32 greedy tokens equal the
-    reference's, and the masked kernels did serve the decode steps."""
+    """model.use_method(CpuKernelsMethod()): the model's eager calls run wide_export.cpu; float32 greedy tokens
+    equal the reference's, and the masked kernels did serve the decode steps."""
     from tests.helpers import make_checkpoint
     from wide_export.checkpoint import load_wide_model
-    from wide_export.model.generate import greedy_generate
-    from wide_export.ops import dispatch
+    from wide_export.generation.torch_step import greedy_generate
+    from wide_export.model.methods import CpuKernelsMethod
 
     model = load_wide_model(make_checkpoint(tmp_path / "ck", num_layers=2, seed=3)).model.eval()
     ids = torch.randint(3, 200, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = greedy_generate(model, ids, torch.ones_like(ids), 6)
         cpu.PATHS.clear()
-        with dispatch.cpu_kernels():
-            got = greedy_generate(model, ids, torch.ones_like(ids), 6)
-    assert cpu.PATHS["gated", "masked"] > 0 and cpu.PATHS["k", "masked"] > 0, cpu.PATHS
+        model.use_method(CpuKernelsMethod())
+        got = greedy_generate(model, ids, torch.ones_like(ids), 6)
+    # o_proj / down_proj laid out as W^T by the method: the K-pruned kernel reads that (kt)
+    assert cpu.PATHS["gated", "masked"] > 0 and cpu.PATHS["kt", "masked"] > 0, cpu.PATHS
     assert torch.equal(got, want)
 
 
@@ -318,7 +319,7 @@ def test_half_precision_model_logits_with_the_cpu_kernels_match_the_reference(tm
     random model's near-tied argmax may flip; the logits agree to half precision."""
     from tests.helpers import make_checkpoint
     from wide_export.checkpoint import load_wide_model
-    from wide_export.ops import dispatch
+    from wide_export.model.methods import CpuKernelsMethod
 
     model = load_wide_model(make_checkpoint(tmp_path / "ck", num_layers=2, seed=3), dtype=dtype).model.eval()
     ids = torch.randint(3, 200, (1, 1), generator=torch.Generator().manual_seed(0))
@@ -326,7 +327,7 @@ def test_half_precision_model_logits_with_the_cpu_kernels_match_the_reference(tm
     with torch.no_grad():
         want = model(ids, mask, pos, model.empty_cache(1))[0].float()
         cpu.PATHS.clear()
-        with dispatch.cpu_kernels():
-            got = model(ids, mask, pos, model.empty_cache(1))[0].float()
+        model.use_method(CpuKernelsMethod())
+        got = model(ids, mask, pos, model.empty_cache(1))[0].float()
     assert cpu.PATHS["n", "masked"] > 0, cpu.PATHS
     torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2 * want.abs().max().item())

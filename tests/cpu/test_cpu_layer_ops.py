@@ -1,4 +1,4 @@
-"""The decode step's small ops in wide_cpu.cpp (RMSNorm, rotary embedding, the router, decode attention that
+"""The decode step's small ops in cpu/csrc/ops.cpp (RMSNorm, rotary embedding, the router, decode attention that
 leaves out skipped heads) against the model's own reference code (model/modeling.py, ops/reference.py), on fresh
 random inputs, every dtype, odd and model sizes, and every instruction-set path this CPU has."""
 

@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers import make_checkpoint
 from wide_export.checkpoint import load_wide_model
-from wide_export.ops import dispatch
+from wide_export.model.methods import CpuKernelsMethod, ReferenceMethod
 
 cpu = pytest.importorskip("wide_export.cpu.ops")
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C++ compiler: the CPU kernels are not built")
@@ -51,11 +51,9 @@ def checkpoints(tmp_path_factory):
 
 
 def _model(ckpt, dtype, dense=False):
-    from wide_export.cpu.model import prepare
-
     model = load_wide_model(ckpt, dtype=str(dtype)[6:], checksums=False).model.eval()
     model.set_force_execute(dense)
-    prepare(model)
+    model.use_method(CpuKernelsMethod())
     return model
 
 
@@ -64,38 +62,51 @@ def _prefilled(model, batch: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 250, (batch, PROMPT), generator=gen)
     past = model.static_cache(batch, PROMPT + 4)
-    with torch.no_grad(), dispatch.cpu_kernels():
+    with torch.no_grad():
         model(ids, torch.ones_like(ids), torch.arange(PROMPT).expand(batch, -1), past)
     return ids, past, torch.randint(3, 250, (batch, 1), generator=gen)
 
 
 def _step(model, past, nxt, fused: bool, monkeypatch):
-    """One decode step on the fast CPU path, fused or op by op; (logits, whether the fused op served). The rows
-    the fused op takes are held at its own limit (16), not this CPU model's policy entry (test_max_rows...)."""
+    """One decode step with the CPU kernels' method, fused or op by op (fused_step=False); (logits, whether the
+    fused op served). The rows the fused op takes are held at its own limit (16), not this CPU model's policy
+    entry (test_max_rows...)."""
     from wide_export.cpu import step
 
     batch = nxt.shape[0]
     served = []
-    real = dispatch.cpu_decode_step
+    real = step.decode_step
     monkeypatch.setattr(step, "_max_rows", lambda dtype: step.MAX_ROWS)
 
-    def spy(x):
-        fn = real(x)
-        if fn is None:
-            return None
+    def spy(*args):
+        out = real(*args)
+        served.append(out is not None)
+        return out
 
-        def call(*args):
-            out = fn(*args)
-            served.append(out is not None)
-            return out
-        return call
-
+    before = model.method
     with monkeypatch.context() as m:
-        m.setattr(dispatch, "cpu_decode_step", spy if fused else (lambda x: None))
-        with torch.no_grad(), dispatch.cpu_kernels():
-            logits, _ = model(nxt, torch.ones(batch, PROMPT + 1, dtype=torch.long),
-                              torch.full((batch, 1), PROMPT), past)
+        m.setattr(step, "decode_step", spy)
+        model.use_method(CpuKernelsMethod(fused_step=fused))
+        try:
+            with torch.no_grad():
+                logits, _ = model(nxt, torch.ones(batch, PROMPT + 1, dtype=torch.long),
+                                  torch.full((batch, 1), PROMPT), past)
+        finally:
+            model.use_method(before)
     return logits, any(served)
+
+
+def _reference(model, ids):
+    """The logits and presents of the PyTorch reference with no kernels (torch's GEMMs, the tuple cache, the
+    reference's routers) over `ids`, from the same model (its W^T weights read as their [N, K] views)."""
+    before = model.method
+    model.use_method(ReferenceMethod())
+    try:
+        with torch.no_grad():
+            return model(ids, torch.ones_like(ids), torch.arange(ids.shape[1]).expand(ids.shape[0], -1),
+                         model.empty_cache(ids.shape[0]))
+    finally:
+        model.use_method(before)
 
 
 @needs_vector
@@ -138,9 +149,7 @@ def test_the_fused_step_is_close_to_the_reference(checkpoints, monkeypatch, arch
     ids, past, nxt = _prefilled(model, 2, seed=7)
     got, served = _step(model, past, nxt, True, monkeypatch)
     assert served
-    with torch.no_grad():
-        full = torch.cat([ids, nxt], 1)
-        want, _ = model(full, torch.ones_like(full), torch.arange(PROMPT + 1).expand(2, -1), model.empty_cache(2))
+    want, _ = _reference(model, torch.cat([ids, nxt], 1))
     tol = _tolerance(dtype)
     scale = want[:, -1:].abs().max()
     torch.testing.assert_close(got, want[:, -1:], rtol=0, atol=float(tol * scale))
@@ -153,9 +162,7 @@ def test_the_fused_step_writes_the_cache_as_the_reference_fills_it(checkpoints, 
     model = _model(checkpoints["llama"], torch.float32)
     ids, past, nxt = _prefilled(model, 1, seed=3)
     _step(model, past, nxt, True, monkeypatch)
-    with torch.no_grad():
-        full = torch.cat([ids, nxt], 1)
-        _, presents = model(full, torch.ones_like(full), torch.arange(PROMPT + 1)[None], model.empty_cache(1))
+    _, presents = _reference(model, torch.cat([ids, nxt], 1))
     for mine, (k, v) in zip(past, presents):
         torch.testing.assert_close(mine.k[:, :, PROMPT], k[:, :, PROMPT], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(mine.v[:, :, PROMPT], v[:, :, PROMPT], rtol=1e-5, atol=1e-5)
@@ -225,20 +232,39 @@ def test_a_weight_replaced_after_a_step_is_read_anew(checkpoints, monkeypatch):
 
 
 def test_a_bad_weight_is_refused_not_read(checkpoints):
-    """The op checks every weight's shape and dtype itself (a caller other than cpu/step.py)."""
+    """The op checks every weight's shape and dtype itself, by name (a caller other than cpu/step.py), before it
+    writes anything."""
     from wide_export.cpu import step
 
     model = _model(checkpoints["llama"], torch.float32)
-    _, past, nxt = _prefilled(model, 1, seed=4)
-    plan = step._cached_plan(model.model.layers, torch.float32)
-    w = [t if i not in plan.transposed else t.t() for i, t in enumerate(plan.weights)]
-    w[1] = w[1][:-1]  # q_proj one row short
+    _, past, _ = _prefilled(model, 1, seed=4)
+    layers = model.model.layers
+    named = [step.layer_weights(layer) for layer in layers]
+    named[1]["self_attn.q_proj.weight"] = named[1]["self_attn.q_proj.weight"][:-1]  # q_proj one row short
+    made = [torch.classes.wide_cpu.DecodeLayer(w, step.layer_geometry(layer)) for w, layer in zip(named, layers)]
     h = torch.randn(1, 1, model.config.hidden_size)
     c = torch.ones(1, model.config.head_dim)
-    with pytest.raises(RuntimeError, match="weight 1 of a layer"):
-        torch.ops.wide_cpu.decode_step(h, w, [p.k for p in past], [p.v for p in past], PROMPT, c, c, plan.eps,
-                                       plan.geo, model.model.norm.weight, model.lm_head.weight,
+    before = [p.k.clone() for p in past]
+    with pytest.raises(RuntimeError, match="layer 1's self_attn.q_proj.weight must be "):
+        torch.ops.wide_cpu.decode_step(h, made, [0] * len(made), [p.k for p in past], [p.v for p in past], PROMPT, c,
+                                       c, 1e-6, model.model.norm.weight, model.lm_head.weight,
                                        torch.empty(1, 1, model.config.vocab_size))
+    assert all(torch.equal(p.k, k) for p, k in zip(past, before))
+
+
+def test_the_python_table_names_what_the_op_takes(checkpoints):
+    """cpu/step.py's one table of a layer's weights (and its geometry ints) names exactly what the op takes, and
+    a model's layer gives every required one (its optional ones where it has them: llama's biases)."""
+    from wide_export.cpu import step
+
+    weights, geometry = torch.ops.wide_cpu.decode_step_names()
+    assert [w.name for w in step.LAYER_WEIGHTS] == list(weights)
+    assert list(step.LAYER_GEOMETRY) == list(geometry)
+    layer = _model(checkpoints["llama"], torch.float32).model.layers[0]
+    named = step.layer_weights(layer)
+    assert {w.name for w in step.LAYER_WEIGHTS if not w.optional} <= set(named)
+    assert "self_attn.q_proj.bias" in named and "self_attn.q_norm.weight" not in named
+    assert set(step.layer_geometry(layer)) == set(geometry)
 
 
 def test_max_rows_follow_the_policy_of_this_cpu_model(monkeypatch):

@@ -1,4 +1,4 @@
-"""Fast CPU generation (wide_export.cpu.generation, model/generate.generate, `wide-export generate`): the
+"""Fast CPU generation (wide_export.generation.cpu_generator, model/generate.generate, `wide-export generate`): the
 reference model with the compiled kernels, o / down weights stored as W^T, torch's fused attention and a
 preallocated KV cache gives the greedy tokens of transformers with the routers hooked on by hand
 (tests/model/hf_routing.py, independent of wide_export); the sampler; the command."""
@@ -42,7 +42,7 @@ def _hf_greedy(ckpt, prompts, n: int, routed: bool = True) -> list[list[int]]:
 
 @pytest.mark.parametrize("arch", sorted(SPECS))
 def test_fast_generation_gives_the_greedy_tokens_of_transformers_with_routers(tmp_path, arch):
-    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.generation.cpu_generator import CpuGenerator
 
     ckpt = make_checkpoint(tmp_path / "ck", num_layers=2, **SPECS[arch])
     gen = torch.Generator().manual_seed(1)
@@ -60,16 +60,17 @@ def test_fast_generation_gives_the_greedy_tokens_of_transformers_with_routers(tm
     if torch.ops.wide_cpu.isa().split(" ")[0] != "scalar":  # every decode step in one call (cpu/step.py)
         assert cpu.PATHS["step", "fused"] == 9, cpu.PATHS
         cpu.PATHS.clear()  # and op by op, the kernels the step's layers take
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr("wide_export.ops.dispatch.cpu_decode_step", lambda x: None)
-            assert g.run(prompts, 10, stop_at_eos=False).tokens == want
+        from wide_export.model.methods import CpuKernelsMethod
+
+        assert g.model.use_method(CpuKernelsMethod(fused_step=False)) == 0  # laid out already: left as it is
+        assert g.run(prompts, 10, stop_at_eos=False).tokens == want
     assert cpu.PATHS["step", "fused"] == 0
     for kind in ("n", "kt") + (("gated",) if arch != "mistral" else ()):
         assert cpu.PATHS[kind, "masked"] > 0, cpu.PATHS
 
 
 def test_dense_flag_gives_the_base_models_tokens(tmp_path):
-    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.generation.cpu_generator import CpuGenerator
 
     ckpt = make_checkpoint(tmp_path / "ck", num_layers=2, **SPECS["llama"])
     prompts = [[5, 9, 17, 33, 65, 129, 7]]
@@ -78,7 +79,7 @@ def test_dense_flag_gives_the_base_models_tokens(tmp_path):
 
 
 def test_the_static_cache_refuses_more_positions_than_it_holds(tmp_path):
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
     from wide_export.model.modeling import StaticKV
 
     kv = StaticKV(1, 2, 4, 8, torch.float32)
@@ -90,7 +91,7 @@ def test_the_static_cache_refuses_more_positions_than_it_holds(tmp_path):
 
 
 def test_sampling_greedy_top_k_top_p_and_seed():
-    from wide_export.model.generate import Sampling
+    from wide_export.generation.torch_step import Sampling
 
     logits = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]]))
     assert Sampling()(logits).tolist() == [1, 0]
@@ -108,7 +109,7 @@ def test_sampling_below_the_greedy_temperature_is_argmax_and_a_tiny_top_p_keeps_
     """A temperature below 1e-5 is greedy (as vLLM): 1e-45 divides the logits to inf (an error before), and
     5e-6 on two logits 1e-6 apart would draw the second about half the time; a top_p below every probability
     (1e-300: 0 in float32) keeps the most likely token alone. The argmax is torch's, taken here."""
-    from wide_export.model.generate import Sampling
+    from wide_export.generation.torch_step import Sampling
 
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 8
     logits[3, :2] = torch.tensor([1.0, 1.0 - 1e-6])
@@ -138,7 +139,7 @@ def test_generate_command_streams_the_demo_models_text_with_stats():
 
 
 def test_generate_command_ids_on_a_folder_without_tokenizer_equal_the_library(tmp_path):
-    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.generation.cpu_generator import CpuGenerator
 
     ckpt = make_checkpoint(tmp_path / "ck", num_layers=2, **SPECS["llama"])
     done = _cli("--model", str(ckpt), "--ids", "1,2,3,4", "--max-new", "5")

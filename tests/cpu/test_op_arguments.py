@@ -121,6 +121,28 @@ def test_a_decode_step_of_zero_width_is_refused(child):
     _refused(child, setup, "op_cases.call_step(a)", "h", "RuntimeError")
 
 
+@pytest.mark.parametrize("what, setup, match", [
+    ("missing", "del a['weights']['self_attn.v_proj.weight']", "layer 0 has no self_attn.v_proj.weight"),
+    ("unknown", "a['weights']['self_attn.v_proj.weights'] = torch.ones(1)", "unknown weight 'self_attn.v_proj.weights'"),
+    ("dtype", "a['weights']['mlp.up_proj.weight'] = a['weights']['mlp.up_proj.weight'].double()",
+     "layer 0's mlp.up_proj.weight must be Float, got Double"),
+    ("shape", "a['weights']['self_attn.q_proj.bias'] = a['weights']['self_attn.q_proj.bias'][:-1]",
+     "layer 0's self_attn.q_proj.bias must be"),
+    ("router", "a['weights']['router_ffn.compressor.weight'] = torch.ones(2, 16)",
+     "layer 0's router_ffn.compressor.weight is given but its FFN is not routed"),
+    ("norms", "a['weights']['self_attn.q_norm.weight'] = torch.ones(8)", "self_attn.k_norm.weight"),
+    ("geometry", "del a['geometry']['kv_heads']", "geometry 'kv_heads' is missing"),
+    ("extra geometry", "a['geometry']['rope_theta'] = 10000", "unknown geometry 'rope_theta'"),
+])
+def test_a_decode_layer_weight_is_checked_by_name(child, what, setup, match):
+    """The step's weights are named (cpu/step.py: LAYER_WEIGHTS): one missing, unknown, of another dtype or shape,
+    a router's for a sublayer that is not routed, q_norm without k_norm, a geometry int missing or unknown: one
+    error line that names it."""
+    message = _refused(child, "a = op_cases.step_args()\n" + setup + "\n", "op_cases.call_step(a)", match,
+                       "RuntimeError")
+    assert message.startswith("wide_cpu::"), message
+
+
 def test_a_value_cache_shorter_than_the_key_cache_is_refused_not_written_past(child):
     """cache_k holds 2**20 positions, cache_v (the same strides) one: position 2**20 - 1 of cache_v is far past its
     end; the op wrote it there (and read 2**20 rows from it)."""

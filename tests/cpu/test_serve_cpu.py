@@ -1,4 +1,4 @@
-"""`wide-export serve --model DIR`: the OpenAI API on the CPU generation path (cpu/engine.py, cpu/serve.py).
+"""`wide-export serve --model DIR`: the OpenAI API on the CPU generation path (serving/cpu_engine.py, serving/cpu_server.py).
 Tokens are checked against transformers with the routers hooked on by hand (tests/model/hf_routing.py), not
 against our own generator; the engine's stops, budget and cancellation; the command's errors, its real HTTP
 server (plain and streamed completions) and its exit on SIGTERM."""
@@ -29,8 +29,8 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(ckpt):
-    from wide_export.cpu.engine import CpuEngine
-    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.serving.cpu_engine import CpuEngine
+    from wide_export.generation.cpu_generator import CpuGenerator
 
     engine = CpuEngine(CpuGenerator.load(ckpt), "wide")
     yield engine
@@ -38,7 +38,7 @@ def engine(ckpt):
 
 
 def _collect(engine, **fields):
-    from wide_export.frontend.engine import GenerationRequest
+    from wide_export.serving.openai.engine import GenerationRequest
 
     async def go():
         return [c async for c in engine.generate(GenerationRequest(model="wide", **fields))]
@@ -67,7 +67,7 @@ def test_a_stop_token_ends_the_generation_after_it(engine, ckpt):
 
 
 def test_a_consumer_that_goes_away_stops_the_worker(engine, monkeypatch):
-    from wide_export.frontend.engine import GenerationRequest
+    from wide_export.serving.openai.engine import GenerationRequest
 
     made = []  # how many tokens the worker generated
     stream = engine.generator.stream
@@ -102,8 +102,8 @@ def test_a_tiny_temperature_is_greedy_and_a_tiny_top_p_keeps_the_most_likely_tok
 
 @pytest.fixture(scope="module")
 def text_engine(text_ckpt):
-    from wide_export.cpu.engine import CpuEngine
-    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.serving.cpu_engine import CpuEngine
+    from wide_export.generation.cpu_generator import CpuGenerator
 
     engine = CpuEngine(CpuGenerator.load(text_ckpt.folder), "wide")
     yield engine
@@ -154,9 +154,9 @@ def test_chat_prompts_hold_the_templates_one_bos_and_completions_get_theirs(text
     from tokenizers import Tokenizer
 
     from tests.text_checkpoint import MESSAGES
-    from wide_export.cpu.engine import CpuEngine
-    from wide_export.frontend.app import create_app
-    from wide_export.frontend.models import ServedModel
+    from wide_export.serving.cpu_engine import CpuEngine
+    from wide_export.serving.openai.app import create_app
+    from wide_export.serving.openai.models import ServedModel
 
     tok = Tokenizer.from_file(str(text_ckpt.folder / "tokenizer.json"))
     bos = text_ckpt.tokenizer.bos_token_id
@@ -187,7 +187,7 @@ def test_chat_prompts_hold_the_templates_one_bos_and_completions_get_theirs(text
     (dict(prompt="hello"), "no tokenizer"),
 ])
 def test_engine_refuses_bad_requests_as_invalid(engine, fields, fragment):
-    from wide_export.frontend.engine import EngineError
+    from wide_export.serving.openai.engine import EngineError
 
     with pytest.raises(EngineError) as err:
         _collect(engine, **fields)

@@ -21,7 +21,7 @@ PROMPT = [5, 9, 13, 2, 7]
 
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory):
-    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.generation.cpu_generator import CpuGenerator
 
     return CpuGenerator.load(make_checkpoint(tmp_path_factory.mktemp("mem") / "ck", num_layers=2,
                                              **SPECS["llama"]))
@@ -58,8 +58,8 @@ def test_a_finished_generation_frees_its_kv_cache(generator, caches):
 
 
 def test_a_stream_its_client_drops_frees_its_kv_cache(generator, caches):
-    from wide_export.cpu.engine import CpuEngine
-    from wide_export.frontend.engine import GenerationRequest
+    from wide_export.serving.cpu_engine import CpuEngine
+    from wide_export.serving.openai.engine import GenerationRequest
 
     engine = CpuEngine(generator, "wide")
 

@@ -19,7 +19,7 @@ SPEC = dict(arch="llama", num_heads=8, num_kv_heads=2, hidden_size=64, intermedi
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     from wide_export.checkpoint import Sources
-    from wide_export.export.pipeline import export_and_verify
+    from wide_export.pipelines.onnx import export_and_verify
 
     root = tmp_path_factory.mktemp("attention-op")
     ckpt = make_checkpoint(root / "ckpt", num_layers=3, seed=5, **SPEC)

@@ -74,7 +74,7 @@ def test_converted_graph_has_the_types_of_the_bf16_export(exports):
 # follow the module-tree names that slicing cuts at (as for --fp16).
 @pytest.mark.parametrize("which,sliced", [("export", False), ("export", True), ("converted", False)])
 def test_bf16_graph_is_verified_by_the_reference_evaluator(exports, which, sliced):
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
     from wide_export.verify.tolerances import tolerance_for
 
     folder = exports[0] if which == "export" else exports[1]

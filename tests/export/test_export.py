@@ -15,9 +15,9 @@ import pytest
 
 from tests.helpers import make_checkpoint
 from wide_export.checkpoint import load_wide_model
-from wide_export.export.io_spec import input_names, output_names
+from wide_export.ops.io_spec import input_names, output_names
 from wide_export.export.onnx_export import export_onnx
-from wide_export.verify.onnx_verify import verify_onnx
+from wide_export.pipelines.verify import verify_onnx
 
 # heads 8 / kv 2 / hidden 64 / intermediate 192 unless stated
 CASES = {

@@ -28,7 +28,7 @@ def _has_external_weights(folder) -> bool:
 
 
 def test_export_with_external_weights_verifies(external_export):
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     assert (external_export / "model.onnx.data").is_file() and _has_external_weights(external_export)
     report = verify_onnx(external_export, steps=1)
@@ -38,7 +38,7 @@ def test_export_with_external_weights_verifies(external_export):
 def test_fp16_conversion_keeps_external_weights(external_export, tmp_path, monkeypatch):
     import wide_export.export.onnx_export as onnx_export
     from wide_export.export.fp16 import convert_export
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)
     convert_export(external_export, tmp_path)

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx.shape_inference import infer_shapes
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.export.fp16 import convert_export
 
 
@@ -52,7 +52,7 @@ def test_other_architectures_convert_like_their_fp16_export(arch, tmp_path):
     from tests.helpers import make_checkpoint
     from wide_export.checkpoint import load_wide_model
     from wide_export.export.onnx_export import export_onnx
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     folder = make_checkpoint(tmp_path / "ckpt", arch=arch, head_dim=16 if arch == "qwen3" else None)
     export_onnx(load_wide_model(folder, dtype="float32"), tmp_path / "f32")
@@ -80,7 +80,7 @@ def _assert_same_types(converted, fp16_export):
 
 
 def test_converted_graph_passes_the_fp16_verification(converted):
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
     from wide_export.verify.tolerances import tolerance_for
 
     config = json.loads((converted / "wide_config.json").read_text())

@@ -1,6 +1,6 @@
 """onnxruntime-genai loads a wide-export folder as written and generates the reference's greedy tokens.
 
-The reference is the project's PyTorch model (wide_export.model.generate);
+The reference is the project's PyTorch model (wide_export.generation.torch_step);
 the tokenizer check trains a tiny byte-level BPE offline with `tokenizers`
 and compares onnxruntime-genai's Tokenizer with it.
 """
@@ -20,7 +20,7 @@ from tests.helpers import make_checkpoint  # noqa: E402
 from wide_export.checkpoint import load_wide_model  # noqa: E402
 from wide_export.export.genai_config import GENAI_CONFIG_NAME  # noqa: E402
 from wide_export.export.onnx_export import export_onnx  # noqa: E402
-from wide_export.model.generate import greedy_generate  # noqa: E402
+from wide_export.generation.torch_step import greedy_generate  # noqa: E402
 
 NEW_TOKENS = 12
 

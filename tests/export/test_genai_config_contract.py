@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from tests.helpers import make_checkpoint  # noqa: E402
 from wide_export.checkpoint import load_wide_model  # noqa: E402
-from wide_export.export import io_spec  # noqa: E402
+from wide_export.ops import io_spec  # noqa: E402
 from wide_export.export.genai_config import (GENAI_CONFIG_NAME, genai_config, special_tokens,  # noqa: E402
                                              tokenizer_files, write_genai_files)
 

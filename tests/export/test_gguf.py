@@ -13,7 +13,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install -e '.[test]')")
 
-from wide_export.errors import WideError  # noqa: E402
+from wide_export.base.errors import WideError  # noqa: E402
 from wide_export.export.gguf import write_gguf  # noqa: E402
 from wide_export.model.synthetic import SyntheticSpec, write_checkpoint  # noqa: E402
 

@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers import make_checkpoint
 from wide_export.checkpoint import load_wide_model
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.export.onnx_export import export_onnx
 
 
@@ -128,7 +128,7 @@ def test_replicated_layers_match_a_full_trace(tmp_path, monkeypatch):
 
     import wide_export.export.onnx_export as onnx_export
     from wide_export.export import replicate
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)
     folder = make_checkpoint(tmp_path / "ckpt", arch="llama", num_layers=4, lora=True, tie_word_embeddings=True)

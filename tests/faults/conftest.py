@@ -9,8 +9,8 @@ from tests.triton.conftest import rng, tiny  # noqa: F401 - fixtures
 
 @pytest.fixture(scope="session")
 def tritonserver_available() -> None:
-    from wide_export.errors import WideError
-    from wide_export.triton.server import find_tritonserver
+    from wide_export.base.errors import WideError
+    from wide_export.tritonserver.server import find_tritonserver
 
     try:
         find_tritonserver()

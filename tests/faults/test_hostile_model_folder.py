@@ -224,8 +224,8 @@ def _poison(model: Path, name: str, value: float) -> None:
 def test_non_finite_weights_are_refused_on_the_cpu_path(ckpt, tmp_path, value):
     """Why 8: NaN weights loaded silently into `generate` / `serve --model` (both load through
     CpuGenerator.load) and into the GGUF file."""
-    from wide_export.cpu.generation import CpuGenerator
-    from wide_export.errors import WideError
+    from wide_export.generation.cpu_generator import CpuGenerator
+    from wide_export.base.errors import WideError
 
     model = copy(ckpt, tmp_path / "model")
     name = "model.layers.1.mlp.up_proj.weight"
@@ -252,8 +252,8 @@ DAMAGED_TOKENIZERS = {
 
 @pytest.mark.parametrize("case", list(DAMAGED_TOKENIZERS))
 def test_a_damaged_tokenizer_is_an_error_naming_it_in_every_command(ckpt, tmp_path, case):
-    from wide_export.cpu.generation import CpuGenerator
-    from wide_export.errors import WideError
+    from wide_export.generation.cpu_generator import CpuGenerator
+    from wide_export.base.errors import WideError
 
     model = copy(ckpt, tmp_path / "model")
     tokenizer = model / "tokenizer.json"

@@ -14,8 +14,8 @@ import signal
 
 import pytest
 
-from wide_export.outdir import atomic_output_dir
-from wide_export.signals import interrupt_on_signals, interrupted, raise_interrupt
+from wide_export.base.outdir import atomic_output_dir
+from wide_export.base.signals import interrupt_on_signals, interrupted, raise_interrupt
 
 
 class _InterruptedInFinalizer:

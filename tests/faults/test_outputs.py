@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tests.helpers import assert_one_line_error
 from wide_export.cli import get_app
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 CLI = [sys.executable, "-c", "from wide_export.cli import main; main()"]
 
@@ -42,7 +42,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
 
 
 def test_two_writers_of_one_output_exactly_one_publishes(tmp_path):
-    from wide_export.outdir import atomic_output_dir
+    from wide_export.base.outdir import atomic_output_dir
 
     out = tmp_path / "out"
     both_written = threading.Barrier(2, timeout=30)
@@ -169,7 +169,7 @@ def test_force_over_an_output_that_cannot_be_removed(tmp_path):
 
 def test_force_when_the_old_output_cannot_be_moved_at_publish(tmp_path, monkeypatch):
     """The output turns unremovable after the up-front check: still one line, old output kept."""
-    from wide_export import outdir
+    from wide_export.base import outdir
 
     out = tmp_path / "out"
     out.mkdir()

@@ -84,13 +84,13 @@ def _wait_stub(model_py: Path, not_pid: int | None = None, timeout: float = 30.0
 
 
 def _repo(tiny, tmp_path: Path, name: str = "repo") -> Path:
-    from wide_export.triton import generate_repository
+    from wide_export.tritonserver import generate_repository
 
     return generate_repository(tmp_path / name, onnx=tiny[0])
 
 
 def test_a_killed_stub_restarts_the_server_within_30_s_and_its_shared_memory_removed(tiny, tmp_path, rng):
-    from wide_export.triton.client import GenerationClient
+    from wide_export.tritonserver.client import GenerationClient
 
     repo = _repo(tiny, tmp_path)
     model_py = repo / "wide_llm" / "1" / "model.py"
@@ -153,8 +153,8 @@ def test_a_model_that_cannot_come_back_stops_serve_with_one_line(tiny, tmp_path)
 
 
 def test_serve_gives_up_when_a_model_keeps_dying(tiny, tmp_path):
-    from wide_export.errors import WideError
-    from wide_export.triton import TritonServer
+    from wide_export.base.errors import WideError
+    from wide_export.tritonserver import TritonServer
 
     repo = _repo(tiny, tmp_path)
     model_py = repo / "wide_llm" / "1" / "model.py"
@@ -194,8 +194,8 @@ def test_repository_paths_with_spaces_and_non_ascii_are_served(tiny, tmp_path, r
     from typer.testing import CliRunner
 
     from wide_export.cli import app
-    from wide_export.triton import TritonServer
-    from wide_export.triton.client import GenerationClient
+    from wide_export.tritonserver import TritonServer
+    from wide_export.tritonserver.client import GenerationClient
 
     repo = tmp_path / name / "repo"
     result = CliRunner().invoke(app, ["triton", "--onnx", str(tiny[0]), "--output", str(repo)])
@@ -207,8 +207,8 @@ def test_repository_paths_with_spaces_and_non_ascii_are_served(tiny, tmp_path, r
 
 
 def test_a_stub_that_died_before_the_first_look_is_noticed_too(tiny, tmp_path, rng):
-    from wide_export.triton import TritonServer
-    from wide_export.triton.client import GenerationClient
+    from wide_export.tritonserver import TritonServer
+    from wide_export.tritonserver.client import GenerationClient
 
     repo = _repo(tiny, tmp_path)
     model_py = repo / "wide_llm" / "1" / "model.py"

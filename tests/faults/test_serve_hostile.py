@@ -134,7 +134,7 @@ def _stream_until_it_works(url: str, prompt, want, since: float) -> float:
 
 
 def _generate_until_it_works(grpc: str, prompt, want, since: float, limit: float = LIMIT_S) -> float:
-    from wide_export.triton.client import GenerationClient
+    from wide_export.tritonserver.client import GenerationClient
 
     last = None
     while time.monotonic() - since < limit:
@@ -150,7 +150,7 @@ def _generate_until_it_works(grpc: str, prompt, want, since: float, limit: float
 
 @pytest.fixture
 def repo(tiny, tmp_path):
-    from wide_export.triton import generate_repository
+    from wide_export.tritonserver import generate_repository
 
     return generate_repository(tmp_path / "repo", onnx=tiny[0])
 
@@ -204,7 +204,7 @@ def test_a_crashed_tritonserver_is_restarted_within_30_s(repo, tiny, rng):
 
 
 def test_a_hung_model_process_is_detected_within_30_s_and_open_streams_end(tiny, tmp_path, rng):
-    from wide_export.triton import RepoOptions, generate_repository
+    from wide_export.tritonserver import RepoOptions, generate_repository
 
     repo = generate_repository(tmp_path / "srepo", onnx=tiny[0], options=RepoOptions(streaming=True))
     serve = Serve(repo)
@@ -276,7 +276,7 @@ def test_a_model_process_stuck_without_cpu_is_found_by_a_probe_within_30_s(repo,
         "            _t.sleep(10 ** 6)  # stuck: a deadlock in a library, say\n", 1))
     serve = Serve(repo)
     try:
-        from wide_export.triton.client import GenerationClient
+        from wide_export.tritonserver.client import GenerationClient
 
         prompt = rng.integers(0, tiny_llm.VOCAB, size=5)
         prompt[prompt == 7] = 8

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("tritonserver_available")
 @pytest.fixture(scope="module")
 def streaming_repo(demo_onnx, tmp_path_factory):  # noqa: F811
     """The demo model (a 512-token context: streams that last) with in-flight batching of 16 rows."""
-    from wide_export.triton import RepoOptions, generate_repository
+    from wide_export.tritonserver import RepoOptions, generate_repository
 
     return generate_repository(tmp_path_factory.mktemp("stream") / "repo", onnx=demo_onnx,
                                options=RepoOptions(streaming=True, max_batch=16))
@@ -167,8 +167,8 @@ def test_one_clients_burst_does_not_starve_another(streaming_repo, reference):  
 
 
 def test_models_report_their_batch_size_as_slots(tiny, tmp_path):
-    from wide_export.frontend.models import discover
-    from wide_export.triton import RepoOptions, generate_repository
+    from wide_export.serving.openai.models import discover
+    from wide_export.tritonserver import RepoOptions, generate_repository
 
     repo = generate_repository(tmp_path / "r", onnx=tiny[0], options=RepoOptions(max_batch=5))
     assert [m.slots for m in discover(repo)] == [5]

@@ -17,7 +17,7 @@ def engine() -> FakeEngine:
 def make_client(engine, models=None):
     from fastapi.testclient import TestClient
 
-    from wide_export.frontend.app import create_app
+    from wide_export.serving.openai.app import create_app
 
     return TestClient(create_app(engine, models if models is not None else [served()]))
 
@@ -43,7 +43,7 @@ def sse_payloads(text: str) -> list:
 @pytest.fixture
 def live():
     """Start a uvicorn frontend on 127.0.0.1 (free port) for the given engine/models; stopped at the end."""
-    from wide_export.frontend.runner import Frontend, bind_socket
+    from wide_export.serving.openai.runner import Frontend, bind_socket
 
     started = []
 

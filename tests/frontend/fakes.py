@@ -6,9 +6,9 @@ import asyncio
 import threading
 from typing import Optional, Sequence
 
-from wide_export.frontend.chat import ModelText
-from wide_export.frontend.engine import EngineError, GenerationChunk, GenerationRequest
-from wide_export.frontend.models import ServedModel
+from wide_export.serving.openai.chat import ModelText
+from wide_export.serving.openai.engine import EngineError, GenerationChunk, GenerationRequest
+from wide_export.serving.openai.models import ServedModel
 
 MODEL = "wide_llm"
 PIECES = ("Hel", "lo", "", " wor", "ld")  # "" = a token whose text is held back (a split character)
@@ -85,7 +85,7 @@ def served(name: str = MODEL, text: Optional[ModelText] = None, max_model_len: i
 
 
 class SlowCodecGenerator:
-    """What CpuEngine (cpu/engine.py) uses of cpu.generation.CpuGenerator, with a tokenizer that holds its
+    """What CpuEngine (serving/cpu_engine.py) uses of cpu.generation.CpuGenerator, with a tokenizer that holds its
     thread: encode sleeps `encode_s` (then gives one token per 4 characters), decode sleeps `decode_s`;
     `encoding` / `decoding` are set when one starts. The model answers `tokens`."""
 

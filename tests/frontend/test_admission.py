@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
-from wide_export.errors import WideError  # noqa: F401 - the package imports
-from wide_export.frontend.admission import FairQueue, client_of, peer_uid
-from wide_export.frontend.errors import OpenAIError
+from wide_export.base.errors import WideError  # noqa: F401 - the package imports
+from wide_export.serving.openai.admission import FairQueue, client_of, peer_uid
+from wide_export.serving.openai.errors import OpenAIError
 
 
 def _run(coro):

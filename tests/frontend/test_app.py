@@ -8,8 +8,8 @@ import pytest
 
 from tests.frontend.conftest import make_client, sse_payloads
 from tests.frontend.fakes import MODEL, PIECES, PROMPT_TOKENS, FakeEngine, FakeTokenizer, served
-from wide_export.frontend.chat import NO_TEMPLATE, ModelText
-from wide_export.frontend.engine import EngineError
+from wide_export.serving.openai.chat import NO_TEMPLATE, ModelText
+from wide_export.serving.openai.engine import EngineError
 
 FULL_TEXT = "".join(PIECES)
 CHAT = {"model": MODEL, "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
@@ -276,7 +276,7 @@ def test_model_may_be_omitted_only_with_one_model(engine):
 
 
 def test_unknown_fields_are_accepted_and_logged(engine, client, caplog):
-    with caplog.at_level(logging.WARNING, logger="wide_export.frontend"):
+    with caplog.at_level(logging.WARNING, logger="wide_export.serving.openai"):
         resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "top_k": 5, "min_p": 0.1})
     assert resp.status_code == 200
     assert any("min_p" in r.getMessage() and "top_k" in r.getMessage() for r in caplog.records)

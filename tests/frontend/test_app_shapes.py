@@ -1,6 +1,10 @@
-"""frontend/app.py's answers field by field (OpenAI's shapes, written out here), for what tests/frontend/
+"""serving/openai/app.py's answers field by field (OpenAI's shapes, written out here), for what tests/frontend/
 test_app.py leaves open: model cards, token ids whole and streamed, counts from a model that reports none,
-an engine that ends without a chunk, the lifespan, and the ids and timestamps of a stream."""
+an engine that ends without a chunk, the lifespan, and the ids and timestamps of a stream.
+
+The wording is the contract here for one case: test_engine_errors_keep_their_param pins an error answer's
+whole JSON body as OpenAI clients read it (message, type, param, code). The other error cases assert the
+status, the type and param, and the fact their message names, not its sentence."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import time
 
 from tests.frontend.conftest import make_client, sse_payloads
 from tests.frontend.fakes import MODEL, PIECES, PROMPT_TOKENS, FakeEngine, served
-from wide_export.frontend.engine import EngineError, GenerationChunk
+from wide_export.serving.openai.engine import EngineError, GenerationChunk
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -162,8 +166,10 @@ def test_an_unexpected_error_mid_stream_is_a_500_event():
         events = sse_payloads(client.post("/v1/completions", json={"model": MODEL, "prompt": "x",
                                                                    "stream": True}).text)
     assert events[0]["choices"][0]["text"] == "a"
-    assert events[-2] == {"error": {"message": "internal error: KeyError: 'oops'", "type": "server_error",
-                                    "param": None, "code": None}}
+    error = events[-2]["error"]
+    assert set(events[-2]) == {"error"} and set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["param"], error["code"]) == ("server_error", None, None)
+    assert "KeyError" in error["message"] and "'oops'" in error["message"]
     assert events[-1] == "[DONE]"
 
 
@@ -184,13 +190,13 @@ def test_an_unexpected_error_before_the_answer_is_a_500():
 
     from fastapi.testclient import TestClient
 
-    from wide_export.frontend.app import create_app
+    from wide_export.serving.openai.app import create_app
 
     # the server's own exception is re-raised into TestClient by default: here the answer is looked at
     with TestClient(create_app(Broken(), [served()]), raise_server_exceptions=False) as client:
         resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
-    assert resp.status_code == 500
-    assert resp.json()["error"]["message"] == "internal error: RuntimeError: engine bug"
+    assert resp.status_code == 500 and resp.json()["error"]["type"] == "server_error"
+    assert "RuntimeError" in resp.json()["error"]["message"] and "engine bug" in resp.json()["error"]["message"]
 
 
 def test_mid_stream_engine_error_of_kind_unavailable_is_typed_so():
@@ -207,8 +213,7 @@ def test_a_model_without_a_tokenizer_loaded_refuses_text_with_its_reason():
     with make_client(FakeEngine(), [model]) as client:
         resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt"
-        assert resp.json()["error"]["message"] == ("this model has no tokenizer: only token-id prompts to "
-                                                   "/v1/completions are served")
+        assert "no tokenizer" in resp.json()["error"]["message"]
         assert client.post("/v1/completions", json={"model": MODEL, "prompt": [1]}).status_code == 200
 
 
@@ -228,9 +233,9 @@ def test_a_stream_error_is_logged_with_its_traceback(caplog):
             yield GenerationChunk(text="a", token_ids=(1,))
             raise KeyError("oops")
 
-    with caplog.at_level(logging.ERROR, logger="wide_export.frontend"), make_client(Broken()) as client:
+    with caplog.at_level(logging.ERROR, logger="wide_export.serving.openai"), make_client(Broken()) as client:
         client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True})
-    (record,) = [r for r in caplog.records if r.name == "wide_export.frontend"]
+    (record,) = [r for r in caplog.records if r.name == "wide_export.serving.openai"]
     assert record.getMessage() == "error while streaming a generation" and record.exc_info is not None
 
 
@@ -244,7 +249,7 @@ def test_no_docs_pages_and_the_api_title(client):
 def test_startup_error_is_kept_for_the_runner():
     from fastapi.testclient import TestClient
 
-    from wide_export.frontend.app import create_app
+    from wide_export.serving.openai.app import create_app
 
     app = create_app(FakeEngine(), [served()])
     assert app.state.startup_error is None
@@ -263,17 +268,18 @@ def test_startup_error_is_kept_for_the_runner():
 def test_the_model_is_required_with_several(engine):
     with make_client(engine, [served("a"), served("b")]) as client:
         resp = client.post("/v1/completions", json={"prompt": "x"})
-    assert resp.json()["error"]["message"] == "model is required (this server serves several)"
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "model"
+    assert "model is required" in resp.json()["error"]["message"]
 
 
 def test_ignored_fields_are_logged_by_name(engine, caplog):
     import logging
 
-    with caplog.at_level(logging.WARNING, logger="wide_export.frontend"), make_client(engine) as client:
+    with caplog.at_level(logging.WARNING, logger="wide_export.serving.openai"), make_client(engine) as client:
         client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "top_k": 5, "min_p": 0.1})
         client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "x\nERROR forged line": 1})
     # escaped: a newline in a client's field name cannot start a log line of its own
-    assert [r.getMessage() for r in caplog.records if r.name == "wide_export.frontend"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "wide_export.serving.openai"] == [
         "ignored request fields: 'min_p', 'top_k'", "ignored request fields: 'x\\nERROR forged line'"]
 
 

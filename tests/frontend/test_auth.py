@@ -1,4 +1,4 @@
-"""The OpenAI API's key (frontend/auth.py; `serve --api-key`, WIDE_API_KEY): every route but /health needs
+"""The OpenAI API's key (serving/openai/auth.py; `serve --api-key`, WIDE_API_KEY): every route but /health needs
 `Authorization: Bearer KEY`, else a 401 in OpenAI's error shape; and the warning line when an API listens
 beyond loopback without a key."""
 
@@ -26,8 +26,8 @@ KEY = "s3cret-key"
 def guarded():
     from fastapi.testclient import TestClient
 
-    from wide_export.frontend.app import create_app
-    from wide_export.frontend.auth import ApiKey
+    from wide_export.serving.openai.app import create_app
+    from wide_export.base.api_key import ApiKey
 
     engine = FakeEngine()
     with TestClient(ApiKey(create_app(engine, [served()]), KEY)) as client:
@@ -75,7 +75,7 @@ def test_the_right_key_is_served(guarded):
 
 
 def test_a_key_beyond_ascii_is_compared_as_the_utf8_a_client_sends():
-    from wide_export.frontend.auth import ApiKey
+    from wide_export.base.api_key import ApiKey
 
     guard = ApiKey(None, ["clé-🔑", "other"])
     assert guard.allowed([(b"authorization", "Bearer clé-🔑".encode())])
@@ -86,8 +86,8 @@ def test_a_key_beyond_ascii_is_compared_as_the_utf8_a_client_sends():
 
 
 def test_the_key_comes_from_the_flag_else_the_environment():
-    from wide_export.errors import WideError
-    from wide_export.frontend.auth import ENV, api_key_from
+    from wide_export.base.errors import WideError
+    from wide_export.base.api_key import ENV, api_key_from
 
     assert ENV == "WIDE_API_KEY"
     assert api_key_from("flag", {ENV: "env"}) == "flag"
@@ -161,11 +161,11 @@ def test_serve_model_on_every_interface_takes_the_key_from_the_environment_or_wa
     and an open API."""
     from typer.testing import CliRunner
 
-    import wide_export.cpu.serve as cpu_serve
+    import wide_export.serving.cpu_server as cpu_serve
     from tests.cpu.test_generation import SPECS
     from tests.helpers import make_checkpoint
     from wide_export.cli import get_app
-    from wide_export.frontend.runner import Frontend, bind_socket
+    from wide_export.serving.openai.runner import Frontend, bind_socket
 
     ckpt = make_checkpoint(tmp_path / "ck", num_layers=1, **SPECS["llama"])
     seen = {}

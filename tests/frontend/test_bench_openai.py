@@ -9,7 +9,7 @@ import pytest
 
 from tests.frontend.fakes import MODEL, PIECES, FakeEngine
 from wide_export.bench.serving import ServingBenchConfig, StreamTiming, openai_stats, openai_stream, percentile
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 
 def test_percentile_is_linear_and_empty_is_none():

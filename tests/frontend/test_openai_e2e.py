@@ -28,7 +28,7 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 @pytest.fixture(scope="module")
 def served(text_repo, tmp_path_factory):
     """`wide-export serve --repository REPO --openai-port P --metrics-port M` in a child process."""
-    from wide_export.triton.server import free_port
+    from wide_export.tritonserver.server import free_port
 
     repo = tmp_path_factory.mktemp("openai") / "repo"
     shutil.copytree(text_repo, repo)

@@ -1,4 +1,4 @@
-"""frontend/protocol.py by itself: the bounds of each field (at and past them), the refusals' param and
+"""serving/openai/protocol.py by itself: the bounds of each field (at and past them), the refusals' param and
 words, and what the accessors return for each prompt and message form -- written out per case."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from wide_export.frontend.protocol import INT64, MAX_STOP, ChatCompletionRequest, CompletionRequest
+from wide_export.serving.openai.protocol import INT64, MAX_STOP, ChatCompletionRequest, CompletionRequest
 
 
 def completion(**kw):

@@ -10,9 +10,9 @@ import pytest
 
 from tests.frontend.conftest import make_client
 from tests.frontend.fakes import FakeEngine
-from wide_export.errors import WideError
-from wide_export.frontend.chat import NO_TEMPLATE, load_model_text
-from wide_export.frontend.models import discover
+from wide_export.base.errors import WideError
+from wide_export.serving.openai.chat import NO_TEMPLATE, load_model_text
+from wide_export.serving.openai.models import discover
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -90,7 +90,7 @@ def test_damaged_tokenizer_is_one_line_error(tmp_path):
 
 def test_template_errors_are_400(tmp_path):
     write_tokenizer(tmp_path, chat_template="{{ raise_exception('roles must alternate') }}")
-    from wide_export.frontend.models import ServedModel
+    from wide_export.serving.openai.models import ServedModel
 
     model = ServedModel("m", "m", tmp_path, text=load_model_text(tmp_path))
     with make_client(FakeEngine(names=["m"]), [model]) as client:
@@ -99,7 +99,7 @@ def test_template_errors_are_400(tmp_path):
 
 
 def test_prepare_frontend_loads_the_repository(tmp_path):
-    from wide_export.frontend.runner import prepare_frontend
+    from wide_export.serving.openai.runner import prepare_frontend
 
     write_tokenizer(write_model(tmp_path, "wide_llm"))
     frontend = prepare_frontend(tmp_path, port=0)

@@ -14,8 +14,8 @@ import pytest
 
 from tests.frontend.conftest import sse_payloads
 from tests.frontend.fakes import FakeEngine, FakeTokenizer, served
-from wide_export.frontend.admission import RequestPolicy
-from wide_export.frontend.chat import ModelText
+from wide_export.serving.openai.admission import RequestPolicy
+from wide_export.serving.openai.chat import ModelText
 
 
 class VocabTokenizer(FakeTokenizer):
@@ -58,7 +58,7 @@ def _model(max_model_len=10, render_seconds=0.0):
 def _app(engine, policy=None, **kw):
     from fastapi.testclient import TestClient
 
-    from wide_export.frontend.app import create_app
+    from wide_export.serving.openai.app import create_app
 
     return TestClient(create_app(engine, [_model(**kw)], policy))
 
@@ -160,7 +160,7 @@ def test_a_graceful_stop_ends_open_requests_with_an_error_and_done(live, stream)
 
 def test_a_full_queue_answers_429_to_the_client_that_filled_it_and_503_to_others_with_retry_after():
     """One slot, two may wait, one client at most one of them: what each gets, over a real server."""
-    from wide_export.frontend.runner import Frontend, bind_socket
+    from wide_export.serving.openai.runner import Frontend, bind_socket
 
     model = served()
     model.slots = 1

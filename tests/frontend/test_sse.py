@@ -1,4 +1,4 @@
-"""frontend/sse.py by itself: the event format, awaiting a result against a client's disconnect, and an
+"""serving/openai/sse.py by itself: the event format, awaiting a result against a client's disconnect, and an
 event stream closed (its generator's `finally` run) as soon as the client goes away -- on a scripted ASGI
 receive/send, no server."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from wide_export.frontend.sse import DONE, ClientGone, EventStream, event, until_disconnect
+from wide_export.serving.openai.sse import DONE, ClientGone, EventStream, event, until_disconnect
 
 
 def test_event_is_one_compact_json_data_line():

@@ -19,7 +19,7 @@ PROMPT = "x" * 850_000  # the issue's prompt: 212,500 tokens here, far over the 
 
 
 def _start(live, gen):
-    from wide_export.cpu.engine import CpuEngine
+    from wide_export.serving.cpu_engine import CpuEngine
 
     frontend = live(CpuEngine(gen, MODEL), [served(max_model_len=gen.model.config.max_position_embeddings)])
     return frontend.url[:-3]

@@ -1,4 +1,4 @@
-"""Attention that leaves out skipped heads (kernels/attention.py, the Triton kernels in sources.py) against the
+"""Attention that leaves out skipped heads (kernels/attention.py, the Triton kernels in triton_kernels.py) against the
 PyTorch reference (ops/reference.masked_attention): decode with per-sequence lengths over a preallocated cache,
 split over the sequence or not; prefill with a past and per-token head masks. Masks none / random / all-off /
 all-on, GQA ratios 1..8, head sizes 64 / 128 (and 80, not a power of two), fp32 / fp16 / bf16, fresh random
@@ -106,7 +106,7 @@ def test_split_plan_fills_the_gpu_and_covers_every_key():
 
 
 def test_bad_shapes_are_refused_in_one_line():
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
 
     q, k = torch.randn(1, 6, 64), torch.randn(1, 4, 9, 64)
     with pytest.raises(WideError, match="do not match"):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.kernels import aot, configs
 from wide_export.native.build import configure_command, normalize_archs
 

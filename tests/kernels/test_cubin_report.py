@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.kernels import aot, report
 
 ARCHS = (80, 90)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.kernels.attention import masked_attention_op
 from wide_export.ops.reference import attention, wide_masked_attention
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 SPEC = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=64, attn_groups=2, ffn_groups=4, rank=16)

@@ -9,8 +9,8 @@ import transformers
 from tests.helpers import make_checkpoint
 from tests.model.hf_routing import hand_route, read_routers
 from wide_export.checkpoint import load_wide_model
-from wide_export.decoding import positions
-from wide_export.model.generate import greedy_generate
+from wide_export.generation.decoding import positions
+from wide_export.generation.torch_step import greedy_generate
 from wide_export.model.modeling import Collector
 
 ARCHS = [

@@ -37,7 +37,7 @@ def _export(ckpt: Path, out: Path, tp: int, plan=None):
 
 
 def _verify(out: Path, ckpt: Path):
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     return verify_onnx(out, load_kwargs={"model_dir": ckpt}, steps=2)
 
@@ -81,7 +81,7 @@ def _cli(*args):
 
 def test_tp_that_does_not_divide_is_one_line(ckpts, tmp_path):
     line = assert_one_line_error(_cli("onnx", "--model", ckpts["llama"], "--output", tmp_path / "o", "--tp", 3))
-    assert "--tp 3 does not divide num_key_value_heads=4" in line
+    assert "--tp 3 " in line and "num_key_value_heads=4" in line
     assert not (tmp_path / "o").exists()
     line = assert_one_line_error(_cli("onnx", "--model", ckpts["llama"], "--output", tmp_path / "o",
                                       "--balance-text", tmp_path / "t.txt"))
@@ -126,5 +126,5 @@ def test_a_world_size_config_json_refuses_is_refused_before_torch_is_imported(ck
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "torch imported: False exit: 2", done.stdout + done.stderr
     line = assert_one_line_error(done)
-    assert f"--tp 3 does not divide num_key_value_heads={kv}" in line
+    assert "--tp 3 " in line and f"num_key_value_heads={kv}" in line
     assert not (tmp_path / "out").exists()

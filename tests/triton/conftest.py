@@ -42,7 +42,7 @@ def gm(tiny_repo):
 
 @pytest.fixture(scope="module")
 def inflight(gm):
-    """Its decoding.py (the generation loop), as model.py loads it."""
+    """Its generation/decoding.py (the generation loop), as model.py loads it."""
     return gm.load_decoding()
 
 
@@ -56,14 +56,14 @@ def runner(gm, tiny_repo):
 
 @pytest.fixture(scope="session")
 def tiny_repo(tiny, tmp_path_factory) -> Path:
-    from wide_export.triton import generate_repository
+    from wide_export.tritonserver import generate_repository
 
     return generate_repository(tmp_path_factory.mktemp("tiny") / "repo", onnx=tiny[0])
 
 
 @pytest.fixture(scope="session")
 def demo_repo(demo_onnx, tmp_path_factory) -> Path:
-    from wide_export.triton import RepoOptions, generate_repository
+    from wide_export.tritonserver import RepoOptions, generate_repository
 
     return generate_repository(tmp_path_factory.mktemp("demo_repo") / "repo", onnx=demo_onnx,
                                options=RepoOptions(max_batch=8))
@@ -85,7 +85,7 @@ def reference():
 
     from wide_export.checkpoint.demo import demo_model
     from wide_export.model.demo import DEMO_SPEC
-    from wide_export.model.generate import greedy_generate
+    from wide_export.generation.torch_step import greedy_generate
 
     model = demo_model().eval()
     eos = DEMO_SPEC.hf_config().eos_token_id

@@ -1,5 +1,5 @@
 """An engine folder as the tensorrt flavour reads it (wide_engine.json schema in
-wide_export/triton/engines.py), written by tests: opaque engine bytes, no TensorRT."""
+wide_export/tritonserver/trt_engines.py), written by tests: opaque engine bytes, no TensorRT."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ def load_generation_module(version_dir: Path):
     (mutated) text, but mutmut switches a mutant on by the module's name, which a copy loaded under
     another name does not have; every function of the module takes the version folder as an argument."""
     if "MUTANT_UNDER_TEST" in os.environ:
-        module = importlib.import_module("wide_export.triton.generation_model")
+        module = importlib.import_module("wide_export.tritonserver.generation_model")
         assert (version_dir / "model.py").read_text() == Path(module.__file__).read_text(), \
             f"{version_dir / 'model.py'} is not the package's generation_model.py"
         _siblings_from_the_package(module)
@@ -30,13 +30,13 @@ def load_generation_module(version_dir: Path):
 
 
 def _siblings_from_the_package(module) -> None:
-    """mutmut switches a mutant on by its module's name (wide_export.decoding); the copies a
+    """mutmut switches a mutant on by its module's name (wide_export.generation.decoding); the copies a
     repository's model.py loads from its own folder have other names, so their mutants would never be
     on. Under mutmut the loaded model.py takes its siblings (decoding, textgen, metrics, ...) from the
     package (the mutated copy mutmut imports), the rest of the test as it is."""
     import importlib
 
-    from wide_export.triton import repository
+    from wide_export.tritonserver import repository
 
     if not hasattr(module, "file_load_sibling"):  # the package's module is loaded again for every repository
         module.file_load_sibling = module.load_sibling  # the original, for the test of load_sibling itself
@@ -45,7 +45,7 @@ def _siblings_from_the_package(module) -> None:
 
 
 def drive_staggered(batch, rows: dict, plan: list, ticks: int):
-    """Run an in-flight `Batch` (the generated decoding.py) tick by tick: the rows whose plan entry
+    """Run an in-flight `Batch` (the generated generation/decoding.py) tick by tick: the rows whose plan entry
     (tick it arrives at, ...) is this tick are prefilled together and join, otherwise the batch decodes
     one step; finished rows leave. Returns (tokens per row index, the batch width at each tick that had
     rows, how many arrivals found rows already decoding)."""
@@ -74,7 +74,7 @@ def drive_staggered(batch, rows: dict, plan: list, ticks: int):
 
 def serve_until_teardown(repo: Path):
     """Fixture body: a real tritonserver on 127.0.0.1 serving `repo`; at teardown it must stop cleanly."""
-    from wide_export.triton import TritonServer
+    from wide_export.tritonserver import TritonServer
 
     server = TritonServer(repo, refuse="shared-memory,logging,trace")  # tests count requests in its statistics
     server.start(timeout=120)

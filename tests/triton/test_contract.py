@@ -1,4 +1,4 @@
-"""The generation model's I/O contract (triton/contract.py) is the one source of every tensor name and dtype: the
+"""The generation model's I/O contract (tritonserver/contract.py) is the one source of every tensor name and dtype: the
 config.pbtxt a repository carries is rendered from it, and the model files copied into a repository import
 without wide_export (a fresh Python that cannot import the package loads them from the folder)."""
 
@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from wide_export.triton import contract
+from wide_export.tritonserver import contract
 
 # The config.pbtxt entries as the repository wrote them by hand before the contract existed (what clients rely
 # on): name -> (data_type, dims, optional, allow_ragged_batch).

@@ -167,9 +167,8 @@ def test_initialize_picks_the_step_by_flavour(gm, tiny_repo, monkeypatch, tmp_pa
     model.initialize(_args(repo))
     assert model.step == ("bls", "wide_llm_engine") and model.settings.flavour == "tensorrt"
     path.write_text(json.dumps({**settings, "flavour": "tensorflow"}))
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="'tensorflow'.*generation.json"):
         gm.TritonPythonModel().initialize(_args(repo))
-    assert str(err.value) == "unknown flavour 'tensorflow' in generation.json"
 
 
 @pytest.mark.parametrize("max_batch_size, rows", [(4, 4), (0, 1), (1, 1)])
@@ -232,7 +231,8 @@ def test_static_execute_reports_gauges_timer_and_counts(gm, tiny_repo, tiny, mon
     responses = model.execute(requests)
     # After each step the rows still decoding: the 2-token row left after its second token, then none.
     assert gauges == [(2, 0), (0, 0)]
-    assert responses[1].error().message() == "max_new_tokens must be >= 1, got 0"
+    said = responses[1].error().message()
+    assert said.startswith("max_new_tokens ") and said.endswith("got 0"), said
     np.testing.assert_array_equal(_out(responses[0], "output_ids")[1], tiny_llm.reference_greedy(tiny[1], two[1], 3))
     # each valid request: admitted, one token response, finished (in the order they end) with its reason and counts
     assert _calls("request_prompt_tokens") == [4, 6]
@@ -336,10 +336,11 @@ def test_a_failing_streamed_generation_sends_the_error_as_the_final_response(gm,
     model.execute([_Request([5, 6], 8, live), _Request([1], -2, bad), _Request([7, 8], 8, left)])
     assert len(live.tokens()) == 2
     last, flags = live.sent[-1]
-    assert flags == FINAL and last.error().message() == "generation failed: engine lost"
+    assert flags == FINAL and last.error().message().endswith(": engine lost")  # the step's error, carried
     assert left.sent[-1] == (None, FINAL)  # gone before the failure: no error for nobody
     (error, flags), = bad.sent
-    assert flags == FINAL and error.error().message() == "max_new_tokens must be >= 1, got -2"
+    said = error.error().message()
+    assert flags == FINAL and said.startswith("max_new_tokens ") and said.endswith("got -2"), said
     assert gauges == [(1, 0), (0, 0)]  # the leaving client's row left at step 2; step 3 failed
     reasons = [labels["finished_reason"] for n, labels, _, _ in _Family.log if n == "wide:request_success_total"]
     assert sorted(reasons) == ["abort", "abort"]  # neither ran to its end
@@ -434,8 +435,9 @@ def test_check_device_cache_ops_by_flavour_and_device(gm, runner, monkeypatch):
     monkeypatch.setattr(ort.OrtValue, "__dlpack__", None, raising=False)
     with pytest.raises(RuntimeError) as err:
         gm.check_device_cache_ops(settings, SimpleNamespace(device="cuda"), inflight)
-    assert str(err.value).startswith("generation on cuda needs OrtValue.__dlpack__")
-    assert f"onnxruntime {ort.__version__} lacks: upgrade onnxruntime (1.32 has it) in the server's Python" in str(err.value)
+    said = str(err.value)
+    assert said.startswith("generation on cuda ") and "OrtValue.__dlpack__" in said, said
+    assert f"onnxruntime {ort.__version__}" in said and "upgrade onnxruntime (1.32" in said, said
     trt = dataclasses.replace(settings, flavour="tensorrt", engine_model="e")
     gm.check_device_cache_ops(dataclasses.replace(trt, kv_cache_memory="cpu"), SimpleNamespace(), inflight)
     assert made == [1]
@@ -452,9 +454,8 @@ def test_bind_torch_input_binds_by_pointer_on_the_tensors_device(gm):
     gm._bind_torch_input(binding, "past_key_values.0.key", tensor)
     assert bound == [("past_key_values.0.key", "cpu", 0, np.dtype(np.float16), [2, 3, 4], tensor.data_ptr())]
     assert type(bound[0][4]) is list
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="^past_key_values.1.value: .*not contiguous"):
         gm._bind_torch_input(binding, "past_key_values.1.value", tensor.transpose(0, 2))
-    assert str(err.value) == "past_key_values.1.value: cache tensor is not contiguous"
     assert len(bound) == 1
     gm._bind_torch_input(binding, "ids", torch.zeros(1, 5, dtype=torch.int64))
     assert bound[-1][3] == np.dtype(np.int64) and bound[-1][4] == [1, 5]
@@ -530,17 +531,12 @@ def test_load_sibling_loads_each_module_once(tiny_repo, monkeypatch):
     assert model.load_sibling("metrics") is not first and model.load_sibling("metrics").__file__.endswith("metrics.py")
     assert model.load_decoding() is model.load_sibling("decoding")
     assert model.Row is model.load_sibling("rows").Row and model.C is model.load_sibling("contract")
-    package = importlib.import_module("wide_export.triton.generation_model")
+    package = importlib.import_module("wide_export.tritonserver.generation_model")
     load = getattr(package, "file_load_sibling", package.load_sibling)  # its own, also under mutmut (support.py)
-    assert load("textgen") is importlib.import_module("wide_export.triton.textgen")
-    assert load("decoding") is importlib.import_module("wide_export.decoding")  # a layer below
-    # the same function outside a package (as model.py runs in Triton) loads the file beside it by path
-    monkeypatch.setattr(package, "__package__", "")
-    by_path = load("textgen")
-    path = os.path.join(os.path.dirname(package.__file__), "textgen.py")
-    assert by_path.__file__ == path and sys.modules[f"wide_textgen_{abs(hash(path))}"] is by_path
-    assert by_path is not importlib.import_module("wide_export.triton.textgen") and load("textgen") is by_path
-    assert by_path.RowOutput.__module__ == f"wide_textgen_{abs(hash(path))}"
+    assert load("textgen") is importlib.import_module("wide_export.generation.textgen")
+    assert load("decoding") is importlib.import_module("wide_export.generation.decoding")  # a layer below
+    assert load("contract") is importlib.import_module("wide_export.tritonserver.contract")  # its own folder
+    # outside a package (as model.py runs in Triton) it loads the file beside it by path: the repository case above
 
 
 def test_device_torch_says_what_this_python_lacks(gm, monkeypatch):
@@ -552,13 +548,14 @@ def test_device_torch_says_what_this_python_lacks(gm, monkeypatch):
         pytest.skip("this machine has CUDA: the refusal needs a Python without it")
     with pytest.raises(RuntimeError) as err:
         gm.device_torch("in-flight batching on cuda")
-    assert str(err.value) == (f"in-flight batching on cuda needs PyTorch with CUDA in the server's Python (PyTorch "
-                              f"{torch.__version__} without CUDA here): pip install torch there")
+    said = str(err.value)
+    assert said.startswith("in-flight batching on cuda ") and f"PyTorch {torch.__version__} without CUDA" in said, said
+    assert "pip install torch" in said
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     with pytest.raises(RuntimeError) as err:
         gm.device_torch("x")
-    assert str(err.value) == ("x needs PyTorch with CUDA in the server's Python (no PyTorch here): "
-                              "pip install torch there")
+    said = str(err.value)
+    assert said.startswith("x ") and "no PyTorch" in said and "pip install torch" in said, said
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True)))
     assert gm.device_torch("x") is sys.modules["torch"]
 
@@ -628,7 +625,7 @@ def test_choose_tokens_below_the_greedy_temperature_is_argmax_and_a_tiny_top_p_k
     about half the time), a top_p below every probability keeps the most likely token alone, the argmax
     taken here by numpy; at 2e-5 it samples both."""
     rows_py = gm.load_sibling("rows")
-    from wide_export.model import generate
+    from wide_export.generation import torch_step as generate
 
     assert rows_py.GREEDY_TEMPERATURE == generate.GREEDY_TEMPERATURE == 1e-5
     logits = np.random.default_rng(0).normal(size=(3, 50)).astype(np.float32) * 8
@@ -687,8 +684,8 @@ def test_settings_load_accepts_cpu_memory_and_needs_both_split_engines(gm, tiny_
     (folder / "generation.json").write_text(json.dumps({**current, "flavour": "tensorrt", "prefill_model": "p"}))
     with pytest.raises(ValueError) as err:
         gm.Settings.load(str(folder))
-    assert str(err.value) == (f"{folder / 'generation.json'}: the tensorrt flavour needs engine_model (or "
-                              "prefill_model and decode_model)")
+    said = str(err.value)
+    assert said.startswith(f"{folder / 'generation.json'}: ") and "engine_model" in said and "decode_model" in said
 
 
 def test_parse_applies_the_settings_and_the_codec(gm, runner, monkeypatch):

@@ -1,4 +1,4 @@
-"""wide_export/triton/server.py on fakes, in-process (mutation testing): no tritonserver is started.
+"""wide_export/tritonserver/server.py on fakes, in-process (mutation testing): no tritonserver is started.
 
 A fake process (poll/wait/send_signal, recorded calls) stands in for the Popen the module makes, a fake
 clock for wait_ready's loop, a fake /proc tree for the stub scan, a fake shared-memory folder for the
@@ -23,10 +23,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import wide_export.triton.server as server_mod
-from wide_export.errors import WideError
-from wide_export.triton import ports
-from wide_export.triton.server import ServerBinary, Stub, TritonServer
+import wide_export.tritonserver.server as server_mod
+from wide_export.base.errors import WideError
+from wide_export.tritonserver import ports
+from wide_export.tritonserver.server import ServerBinary, Stub, TritonServer
 
 SIGTERM, SIGKILL = signal.SIGTERM, signal.SIGKILL
 
@@ -247,7 +247,7 @@ def test_no_binary_at_all(monkeypatch, no_system_server, spec):
     monkeypatch.setattr(server_mod, "find_spec", lambda name: spec)
     with pytest.raises(WideError) as err:
         server_mod.find_tritonserver()
-    assert err.value.message == "no tritonserver binary: none on PATH and nvidia-pytriton is not installed"
+    assert "tritonserver" in err.value.message and "nvidia-pytriton" in err.value.message
     assert ".venv-serve" in err.value.hint and "[triton]" in err.value.hint and "tritonserver on PATH" in err.value.hint
 
 
@@ -260,8 +260,8 @@ def test_an_incomplete_bundle_names_what_is_missing(tmp_path, monkeypatch, no_sy
     monkeypatch.setattr(server_mod, "find_spec", lambda name: spec)
     with pytest.raises(WideError) as err:
         server_mod.find_tritonserver()
-    assert err.value.message == f"the tritonserver bundled in nvidia-pytriton is incomplete (missing {root / missing})"
-    assert err.value.hint == "reinstall nvidia-pytriton for Python 3.12, or put tritonserver on PATH"
+    assert err.value.message.endswith(f"(missing {root / missing})") and "nvidia-pytriton" in err.value.message
+    assert "nvidia-pytriton" in err.value.hint and "3.12" in err.value.hint and "PATH" in err.value.hint
 
 
 def test_an_incomplete_bundle_names_the_first_missing_piece(tmp_path, monkeypatch, no_system_server):
@@ -465,8 +465,8 @@ def test_a_port_out_of_range_is_refused(tmp_path, ports_from, flag, port):
     with pytest.raises(WideError) as err:
         TritonServer(tmp_path, **{flag: port})
     name = "--" + flag.replace("_", "-")
-    assert err.value.message == f"{name} {port} is not a TCP port"
-    assert err.value.hint == "use 1..65535, or omit it for a free one"
+    assert err.value.message.startswith(f"{name} {port} ") and "TCP port" in err.value.message
+    assert "1..65535" in err.value.hint
     assert ports_from == []  # refused before any port is picked
 
 
@@ -602,8 +602,8 @@ def test_start_refuses_a_missing_repository(tmp_path, start_env):
     server = make_server(tmp_path / "nope")
     with pytest.raises(WideError) as err:
         server.start()
-    assert err.value.message == f"model repository {tmp_path.resolve() / 'nope'} is not a folder"
-    assert err.value.hint == "generate one with `wide-export triton`"
+    assert f"{tmp_path.resolve() / 'nope'} is not a folder" in err.value.message
+    assert "wide-export triton" in err.value.hint
     assert start_env.finds == 0 and start_env.checks == []
 
 
@@ -615,8 +615,8 @@ def test_start_refuses_a_repository_without_a_model(tmp_path, start_env):
     server = make_server(root)
     with pytest.raises(WideError) as err:
         server.start()
-    assert err.value.message == f"{root.resolve()} holds no model (no */config.pbtxt)"
-    assert err.value.hint == "generate a repository with `wide-export triton`"
+    assert err.value.message.startswith(f"{root.resolve()} ") and "*/config.pbtxt" in err.value.message
+    assert "wide-export triton" in err.value.hint
     assert start_env.finds == 0
 
 
@@ -676,7 +676,7 @@ def test_start_with_fewer_attempts(repo, start_env, ports_from):
 def test_start_with_no_attempts_is_a_bug(repo, start_env):
     server = make_server(repo)
     calls = _starts(server, [])
-    with pytest.raises(AssertionError, match="^unreachable$"):
+    with pytest.raises(AssertionError, match="unreachable"):
         server.start(attempts=0)
     assert calls == []
 
@@ -704,8 +704,8 @@ def test_a_port_asked_for_and_lost_is_named(repo, start_env):
     calls = _starts(server, [("E ... already in use", WideError("exited")), None])
     with pytest.raises(WideError) as err:
         server.start()
-    assert err.value.message == "a port asked for is already in use (HTTP 8000, gRPC 8001)"
-    assert err.value.hint == "choose other ports, or omit them"
+    assert "already in use" in err.value.message and "(HTTP 8000, gRPC 8001)" in err.value.message
+    assert "ports" in err.value.hint
     assert err.value.__cause__ is None and err.value.__suppress_context__ is True
     asked = {"--http-port": 8000, "--grpc-port": 8001, "--metrics-port": None}
     assert start_env.checks == [("127.0.0.1", asked), ("127.0.0.1", asked)]
@@ -848,10 +848,9 @@ def test_a_temp_folder_the_stub_cannot_parse_is_refused(repo, launch, monkeypatc
         server._start_once(BIN, 1.0)
     made = list(spaced.iterdir())
     assert made == [] and server._workdir is None  # refused, and its temp folder is gone
-    work = re.fullmatch(r"the temp folder '(.*)' has characters the python backend cannot pass to its stub",
-                        err.value.message).group(1)
+    work = re.search(r"'(.*)'", err.value.message).group(1)  # the temp folder, quoted
     assert Path(work).parent == spaced and Path(work).name.startswith("wide-triton-")
-    assert err.value.hint == "set TMPDIR to a folder whose path has no spaces or special characters"
+    assert "TMPDIR" in err.value.hint
     assert launch.popen == []
 
 
@@ -971,7 +970,7 @@ def test_python_models_of_a_repository_without_any(tmp_path):
 
 
 def test_watch_models_runs_one_supervision_check(tmp_path, monkeypatch):
-    import wide_export.triton.supervise as supervise
+    import wide_export.tritonserver.supervise as supervise
 
     made, answers = [], ["the stub of wide_llm died", "", None]
 
@@ -1212,9 +1211,9 @@ def test_wait_ready_times_out_with_the_log(tmp_path, clock):
     log = _probes(server, [False], ours=[True])
     with pytest.raises(WideError) as err:
         server.wait_ready(2.6)
-    assert err.value.message == ("tritonserver was not ready after 2.6 s:\n"
-                                 "I loading\nE1 model wide_llm failed\nI still loading")
-    assert err.value.hint == "a model may be stuck loading; read the server log above"
+    assert "not ready after 2.6 s" in err.value.message
+    assert err.value.message.endswith(":\nI loading\nE1 model wide_llm failed\nI still loading")  # the log, whole
+    assert "server log" in err.value.hint
     assert log == ["ready"] * 11  # t = 0 .. 2.5 in steps of 0.25
     assert clock.now == 1002.75
 
@@ -1234,12 +1233,12 @@ def test_wait_ready_reports_a_server_that_exited(tmp_path, clock):
     log = _probes(server, [True])
     with pytest.raises(WideError) as err:
         server.wait_ready(10.0)
-    assert err.value.message == ("tritonserver exited with code 0 before it was ready:\n"
-                                 "E0 failed to bind: address already in use")
-    assert err.value.hint == "read the server log above"
+    assert "exited with code 0 " in err.value.message
+    assert err.value.message.endswith(":\nE0 failed to bind: address already in use")  # the log
+    assert "server log" in err.value.hint
     assert log == []
     server.process = FakeProc(returncode=-9)
-    with pytest.raises(WideError, match="^tritonserver exited with code -9 before"):
+    with pytest.raises(WideError, match="exited with code -9 "):
         server.wait_ready(10.0)
 
 
@@ -1432,7 +1431,7 @@ def loop(monkeypatch, tmp_path):
             waits.append(timeout)
             return super().wait(0)
 
-    import wide_export.signals as signals_mod  # where serve_until_signal's wait lives
+    import wide_export.base.signals as signals_mod  # where serve_until_signal's wait lives
 
     fake = SimpleNamespace(**{k: getattr(threading, k) for k in dir(threading) if not k.startswith("__")})
     fake.Event = Event
@@ -1483,7 +1482,7 @@ def test_serve_until_signal_defaults(loop):
 def test_a_signal_before_the_first_poll_stops_at_once(loop):
     loop.watch(after=1)
     loop.server.watch_models = lambda report: pytest.fail("supervised after the signal")
-    import wide_export.signals as signals_mod
+    import wide_export.base.signals as signals_mod
 
     real_wait = signals_mod.threading.Event.wait
 
@@ -1586,7 +1585,7 @@ def test_a_failed_start_of_a_private_grpc_server_leaves_no_socket_folder(repo, l
     """A start that fails (here: never ready) removes the private socket's folder, and looking at the
     stopped server's address afterwards creates none again."""
     monkeypatch.setattr(server_mod, "find_tritonserver", lambda: BIN)
-    monkeypatch.setattr("wide_export.triton.ports.check_ports_free", lambda *a, **k: None)
+    monkeypatch.setattr("wide_export.tritonserver.ports.check_ports_free", lambda *a, **k: None)
     short = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))  # pytest's own folders can be too long for a socket
     monkeypatch.setattr(server_mod.tempfile, "tempdir", str(short))
     server = TritonServer(repo, http=False, private_grpc=True)
@@ -1625,8 +1624,8 @@ def test_serving_a_tensorrt_repository_without_a_gpu_is_one_line(tmp_path, monke
     monkeypatch.setattr(server_mod.subprocess, "Popen", lambda *a, **k: pytest.fail("tritonserver was started"))
     repo = _tensorrt_repository(tmp_path / "repo")
     line = assert_one_line_error(CliRunner().invoke(app, ["serve", "--repository", str(repo)]))
-    assert "is a TensorRT repository (model wide_llm_engine)" in line and "needs a CUDA GPU" in line
-    assert "wide-export triton --onnx EXPORT" in line and "pip install torch" not in line
+    assert "TensorRT" in line and "wide_llm_engine" in line and "CUDA GPU" in line
+    assert "wide-export triton --onnx" in line and "pip install torch" not in line
 
 
 def test_a_tensorrt_repository_on_the_bundled_server_says_it_lacks_the_backend(tmp_path, monkeypatch):
@@ -1634,7 +1633,7 @@ def test_a_tensorrt_repository_on_the_bundled_server_says_it_lacks_the_backend(t
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     repo = _tensorrt_repository(tmp_path / "repo")
-    with pytest.raises(WideError, match="bundled in nvidia-pytriton has no TensorRT backend") as err:
+    with pytest.raises(WideError, match="nvidia-pytriton .*TensorRT") as err:
         server_mod.check_tensorrt_models(repo, ServerBinary(path=Path("/x/tritonserver"), bundled=True))
     assert "on PATH" in err.value.hint
     server_mod.check_tensorrt_models(repo, ServerBinary(path=Path("/usr/bin/tritonserver"), bundled=False))

@@ -1,4 +1,4 @@
-"""`wide-export serve --repository` as a library (wide_export/triton/serving.py): started from Python with the
+"""`wide-export serve --repository` as a library (wide_export/serving/triton_server.py): started from Python with the
 OpenAI API in front, it answers a completion, keeps Triton's HTTP off and its gRPC private as the command does,
 and stop() leaves nothing running; options that cannot work are refused before anything starts."""
 
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from wide_export.errors import WideError
-from wide_export.triton.serving import ServeOptions, start_serving
+from wide_export.base.errors import WideError
+from wide_export.serving.triton_server import ServeOptions, start_serving
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def test_start_serving_answers_and_stop_leaves_nothing_running(text_repo):
-    from wide_export.triton.server import free_port
+    from wide_export.tritonserver.server import free_port
 
     phases = []
 

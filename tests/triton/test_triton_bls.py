@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 
-from wide_export.triton import RepoOptions, TritonServer, generate_repository
-from wide_export.triton.client import GenerationClient
+from wide_export.tritonserver import RepoOptions, TritonServer, generate_repository
+from wide_export.tritonserver.client import GenerationClient
 
 from tests.triton import tiny_llm
 from tests.triton.engine_manifest import write_engine_folder

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from wide_export.triton import RepoOptions, generate_repository
+from wide_export.tritonserver import RepoOptions, generate_repository
 
 from tests.triton import fake_pb_utils, tiny_llm
 from tests.triton.engine_manifest import write_engine_folder

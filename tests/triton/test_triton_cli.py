@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from wide_export.errors import WideError
-from wide_export.triton import TritonServer, generate_repository
-from wide_export.triton.client import GenerationClient
+from wide_export.base.errors import WideError
+from wide_export.tritonserver import TritonServer, generate_repository
+from wide_export.tritonserver.client import GenerationClient
 
 from tests.triton import tiny_llm
 from tests.helpers import assert_one_line_error
@@ -45,7 +45,7 @@ def test_triton_command_writes_a_repository_and_refuses_to_overwrite(tiny, tmp_p
 
 
 def test_serve_without_any_server_binary_is_a_clear_error(tiny_repo, monkeypatch):
-    import wide_export.triton.server as server_mod
+    import wide_export.tritonserver.server as server_mod
 
     monkeypatch.setattr(server_mod.shutil, "which", lambda name: None)
     monkeypatch.setattr(server_mod, "find_spec", lambda name: None)
@@ -59,7 +59,7 @@ def test_serve_without_any_server_binary_is_a_clear_error(tiny_repo, monkeypatch
 def test_serve_command_answers_then_stops_on_ctrl_c(tiny, tiny_repo, rng, sig, code):
     """Once ready, Ctrl-C / SIGTERM exit 130 / 143 as for every command (they exited 0)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
-    from wide_export.triton.server import free_port
+    from wide_export.tritonserver.server import free_port
 
     proc = subprocess.Popen(CLI + ["serve", "--repository", str(tiny_repo), "--timeout", "60",
                                   "--metrics-port", str(free_port())],
@@ -93,7 +93,7 @@ def _free_range(n: int) -> int:
     """A port p with p..p+n-1 all free on 127.0.0.1 right now."""
     import socket
 
-    from wide_export.triton.server import free_port
+    from wide_export.tritonserver.server import free_port
 
     while True:
         base = free_port()
@@ -115,7 +115,7 @@ def _free_range(n: int) -> int:
 
 def test_bench_serving_reports_both_paths(tiny, tmp_path, monkeypatch):
     """--base-port puts tritonserver's ports at base..base+2 (it opened random ones)."""
-    import wide_export.triton.server as server_mod
+    import wide_export.tritonserver.server as server_mod
 
     out = tmp_path / "serving.json"
     base = _free_range(4)

@@ -192,25 +192,20 @@ def test_rows_from_a_request_defaults(gm, runner, pb):
     assert [r.stop_ids for r in rows] == [(9,), (9,)]
 
 
-@pytest.mark.parametrize("inputs, message", [
-    ({}, "send exactly one of input_ids (token ids) or text_input (text)"),
-    ({"input_ids": _ids([1]), "text_input": np.array([b"hi"], np.object_)},
-     "send exactly one of input_ids (token ids) or text_input (text)"),
-    ({"input_ids": np.array([1, 2, 3], np.int64)}, "input_ids must be [batch, tokens], got shape [3]"),
-    ({"text_input": np.array([b"hi"], np.object_)},
-     "this repository has no tokenizer (tokenizer.json): send input_ids, or regenerate the repository from an "
-     "export of a model folder with its tokenizer files"),
-    ({"input_ids": _ids([1], [2]), "temperature": np.ones((3, 1), np.float32)},
-     "temperature has batch 3, the prompts have 2"),
+@pytest.mark.parametrize("inputs, facts", [  # what each refusal must name
+    ({}, ("exactly one of input_ids", "text_input")),
+    ({"input_ids": _ids([1]), "text_input": np.array([b"hi"], np.object_)}, ("exactly one of input_ids", "text_input")),
+    ({"input_ids": np.array([1, 2, 3], np.int64)}, ("input_ids ", "[batch, tokens]", "shape [3]")),
+    ({"text_input": np.array([b"hi"], np.object_)}, ("no tokenizer (tokenizer.json)", "send input_ids")),
+    ({"input_ids": _ids([1], [2]), "temperature": np.ones((3, 1), np.float32)}, ("temperature ", "batch 3", " 2")),
     ({"input_ids": _ids([1], [2], [3]), "stop_token_ids": np.ones((2, 1), np.int64)},
-     "stop_token_ids has batch 2, the prompts have 3"),
-    ({"input_ids": _ids([1]), "stop_words": np.array([[b"end"]], np.object_)},
-     "stop_words need the model's tokenizer, and this repository has none (tokenizer.json)"),
+     ("stop_token_ids ", "batch 2", " 3")),
+    ({"input_ids": _ids([1]), "stop_words": np.array([[b"end"]], np.object_)}, ("stop_words ", "(tokenizer.json)")),
 ])
-def test_malformed_requests_are_refused_with_what_to_send(gm, runner, pb, inputs, message):
+def test_malformed_requests_are_refused_with_what_to_send(gm, runner, pb, inputs, facts):
     with pytest.raises(gm.RequestError) as err:
         gm.rows_from_request(_Request(**inputs), runner[0])
-    assert str(err.value) == message
+    assert all(fact in str(err.value) for fact in facts), str(err.value)
 
 
 def test_empty_stop_words_need_no_tokenizer(gm, runner, pb):
@@ -241,13 +236,11 @@ def test_text_prompts_go_through_the_tokenizer(gm, runner, pb, codec):
     assert [r.stop_strings for r in rows] == [("wörld",), ("wörld",)]
     default = gm.rows_from_request(_Request(text_input=np.array([[b"a b"]], np.object_)), runner[0], codec)
     assert default[0].prompt.tolist() == tok.encode("a b", add_special_tokens=True).ids
-    with pytest.raises(gm.RequestError) as err:
+    with pytest.raises(gm.RequestError, match="^text_input .*UTF-8"):
         gm.rows_from_request(_Request(text_input=np.array([[b"\xff\xfe"]], np.object_)), runner[0], codec)
-    assert str(err.value) == "text_input is not valid UTF-8"
-    with pytest.raises(gm.RequestError) as err:
+    with pytest.raises(gm.RequestError, match="^stop_words .*UTF-8"):
         gm.rows_from_request(_Request(input_ids=_ids([1]), stop_words=np.array([[b"\xff"]], np.object_)),
                              runner[0], codec)
-    assert str(err.value) == "stop_words is not valid UTF-8"
 
 
 def test_response_tensors_hold_what_was_asked(gm, pb):
@@ -321,7 +314,8 @@ def test_execute_answers_each_request_in_order(gm, tiny_repo, tiny, monkeypatch)
     bad = _Request(input_ids=_ids([1]), max_new_tokens=np.array([[0]], np.int32))
     third = _Request(input_ids=_ids([7, 7]), max_new_tokens=np.array([[2]], np.int32), wanted=["output_ids"])
     responses = model.execute([bad, good, third])
-    assert responses[0].has_error() and responses[0].error().message() == "max_new_tokens must be >= 1, got 0"
+    said = responses[0].error().message() if responses[0].has_error() else ""
+    assert said.startswith("max_new_tokens ") and said.endswith("got 0"), said
     assert responses[0].error().code == "INVALID_ARG"
     ids = _out(responses[1], "output_ids")
     assert ids.shape == (2, 5)
@@ -364,7 +358,8 @@ def test_static_streaming_sends_a_token_per_response_then_the_final_flag(gm, tin
     assert [_out(r, "finish_reason").tolist() for r, _ in first[:-1]] == [[[b""]], [[b""]], [[b"length"]]]
     assert [_out(r, "num_output_tokens").tolist() for r, _ in first[:-1]] == [[[1]], [[2]], [[3]]]
     (error, flags), = senders[1].sent
-    assert flags == 1 and error.error().message() == "max_new_tokens must be >= 1, got -1"
+    said = error.error().message()
+    assert flags == 1 and said.startswith("max_new_tokens ") and said.endswith("got -1"), said
     third = senders[2].sent
     assert [f for _, f in third] == [0, 1]
     assert [t.name() for t in third[0][0].output_tensors] == ["output_ids", "finish_reason"]

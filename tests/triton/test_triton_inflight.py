@@ -247,8 +247,8 @@ def test_clients_leaving_mid_stream_do_not_disturb_the_batch(server, reference, 
 
 
 def test_the_server_stops_cleanly_with_streams_in_flight(inflight_repo):
-    from wide_export.triton import TritonServer
-    from wide_export.triton.server import python_stubs
+    from wide_export.tritonserver import TritonServer
+    from wide_export.tritonserver.server import python_stubs
 
     server = TritonServer(inflight_repo)
     server.start(timeout=120)

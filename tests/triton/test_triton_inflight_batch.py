@@ -1,4 +1,4 @@
-"""In-flight batching without a server: the generated repository's decoding.py drives the
+"""In-flight batching without a server: the generated repository's generation/decoding.py drives the
 tiny contract model through ONNX Runtime; rows join a running batch (left-padded to a
 common width) and leave it, and every row's greedy tokens equal the numpy full-recompute
 reference of that prompt alone. Every wait is bounded.

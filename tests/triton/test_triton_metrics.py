@@ -40,7 +40,7 @@ class FakeFamily:
 
 @pytest.fixture
 def metrics_module():
-    from wide_export.triton import metrics  # the file a repository carries as <model>/1/metrics.py
+    from wide_export.tritonserver import metrics  # the file a repository carries as <model>/1/metrics.py
 
     return metrics
 

@@ -19,7 +19,7 @@ class DescribedFamily(FakeFamily):
 
 @pytest.fixture
 def metrics_module():
-    from wide_export.triton import metrics
+    from wide_export.tritonserver import metrics
 
     return metrics
 

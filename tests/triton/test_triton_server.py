@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.triton.support import model_statistics, run_concurrently, wait_until
-from wide_export.triton.client import GenerationClient
+from wide_export.tritonserver.client import GenerationClient
 
 MODEL = "wide_llm"
 DEADLINE_S = 60.0  # per concurrent-client thread

@@ -168,7 +168,7 @@ def test_generate_stream_takes_the_optional_sampling_inputs(streaming_server, re
 def test_plain_infer_is_refused_by_the_streaming_model(streaming_server):
     from tritonclient.utils import InferenceServerException
 
-    from wide_export.triton.client import GenerationClient
+    from wide_export.tritonserver.client import GenerationClient
 
     with GenerationClient(streaming_server.endpoints.http, "http", MODEL) as client:
         with pytest.raises(InferenceServerException, match="decoupled"):
@@ -181,7 +181,7 @@ def test_tensorrt_flavour_streams_over_stand_in_engines(tiny, tmp_path):
     from tests.triton import tiny_llm
     from tests.triton.engine_manifest import write_engine_folder
     from tests.triton.test_triton_bls import use_stand_in_engine
-    from wide_export.triton import RepoOptions, TritonServer, generate_repository
+    from wide_export.tritonserver import RepoOptions, TritonServer, generate_repository
 
     folder, weights = tiny
     write_engine_folder(tmp_path / "engines", layers=tiny_llm.LAYERS, vocab=tiny_llm.VOCAB, kv_type="float32",

@@ -14,7 +14,7 @@ TEXTS = ["héllo wörld", "日本語のテキスト", "emoji 🙂 and 🚀 mixed
 
 @pytest.fixture(scope="module")
 def textgen(tmp_path_factory):
-    from wide_export.triton import repository
+    from wide_export.tritonserver import repository
 
     folder = tmp_path_factory.mktemp("textgen")
     repository.write_model_files(folder)

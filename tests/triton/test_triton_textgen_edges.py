@@ -46,9 +46,8 @@ def test_a_token_holding_a_stop_string_twice_is_cut_at_the_first(textgen, senten
 
 def test_a_finished_row_refuses_more_tokens(textgen, byte_level):
     out = _feed(_row(textgen, byte_level, "q", max_new_tokens=1), byte_level, "a")
-    with pytest.raises(RuntimeError) as err:
+    with pytest.raises(RuntimeError, match="finished row"):
         out.add(5)
-    assert str(err.value) == "a finished row got another token"
 
 
 def test_prompt_tokens_and_codec_ids(textgen, byte_level, sentencepiece, tmp_path):
@@ -64,7 +63,5 @@ def test_prompt_tokens_and_codec_ids(textgen, byte_level, sentencepiece, tmp_pat
 
 def test_codec_without_tokenizers_names_the_fix(textgen, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tokenizers", None)
-    with pytest.raises(RuntimeError) as err:
+    with pytest.raises(RuntimeError, match="`tokenizers`.*pip install tokenizers"):
         textgen.Codec(str(tmp_path / "tokenizer.json"))
-    assert str(err.value) == ("text requests need the `tokenizers` library in the server's Python: "
-                              "pip install tokenizers there")

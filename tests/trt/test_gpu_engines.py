@@ -105,8 +105,8 @@ def test_plugin_matches_reference(op, dtype, batch, tokens, plugin_lib, tmp_path
 
 
 def test_demo_engine_matches_reference(demo_onnx, plugin_lib, tmp_path):
-    from wide_export.trt.build import build_engine
-    from wide_export.verify.tensorrt import verify_engine
+    from wide_export.trt.build_engines import build_engine
+    from wide_export.trt.verify import verify_engine
 
     build_engine(demo_onnx, tmp_path / "engine", plugins=plugin_lib, mask_outputs=True, progress=False,
                  limits={"max_batch": 2, "max_input_len": 16, "max_seq_len": 32})

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 pytestmark = pytest.mark.trt
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.trt.profiles import build_profiles
 from wide_export.trt.recipes import ProfileLimits, check_group_sizes, list_recipes, load_recipe
 from wide_export.trt.report import plugin_report

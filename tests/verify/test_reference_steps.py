@@ -30,8 +30,8 @@ def test_prompts_pad_only_the_first_row_by_a_third():
 
 
 def test_steps_are_greedy_decoding_with_the_cache(model):
-    from wide_export.decoding import positions
-    from wide_export.model.generate import greedy_generate
+    from wide_export.generation.decoding import positions
+    from wide_export.generation.torch_step import greedy_generate
 
     cfg = model.config
     steps = reference_steps(model, batch=2, prompt_len=5, steps=3, seed=0, kv_dtype="float32")
@@ -62,7 +62,7 @@ def test_steps_are_greedy_decoding_with_the_cache(model):
 @pytest.mark.parametrize("kv_dtype, np_dtype", [("float32", np.float32), ("float16", np.float16),
                                                  ("bfloat16", "bfloat16")])
 def test_step_contents_shapes_and_dtypes(model, kv_dtype, np_dtype):
-    from wide_export.export.io_spec import mask_output_name
+    from wide_export.ops.io_spec import mask_output_name
 
     cfg = model.config
     steps = reference_steps(model, batch=2, prompt_len=4, steps=1, seed=3, kv_dtype=kv_dtype)

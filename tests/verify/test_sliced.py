@@ -205,7 +205,7 @@ def test_sliced_verification_fails_on_a_damaged_layer(exported, tmp_path):
 
 def test_auto_choice_follows_available_memory(exported, monkeypatch):
     """Without --sliced/--whole, the whole check runs when it fits in 60 % of the available memory."""
-    from wide_export.verify import onnx_verify
+    from wide_export.export import verify_onnx as onnx_verify
 
     _, folder = exported
     config = read_wide_config(folder)

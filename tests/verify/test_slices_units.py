@@ -144,18 +144,15 @@ def test_plan_refuses_graphs_it_cannot_cut():
     g = _graph().graph
     for node in g.node:
         node.name = node.name.replace("/layers.", "/blocks.")
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="/model/layers.N/"):
         plan_slices(g)
-    assert str(err.value) == "no /model/layers.N/ nodes: not a graph written by wide-export"
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="layer order"):
         plan_slices(_graph(order=(1, 0)).graph)
-    assert str(err.value) == "layers do not start in layer order"
     dangling = helper.make_node("Neg", ["nowhere"], ["n"], name="/model/layers.0/Neg")  # nothing makes `nowhere`
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="^layer 1 reads nowhere "):
         plan_slices(_graph(extra_nodes=[dangling]).graph)
-    assert str(err.value) == "layer 1 reads nowhere before it is computed"
     late = helper.make_node("Neg", ["logits"], ["late"], name="/model/layers.1/Neg")  # reads the head's value
-    with pytest.raises(ValueError, match="layer 1 reads logits before it is computed"):
+    with pytest.raises(ValueError, match="^layer 1 reads logits "):
         plan_slices(_graph(extra_nodes=[late]).graph)
 
 
@@ -241,11 +238,11 @@ def test_a_feed_that_lacks_an_input_is_named():
     proto = _graph()
     feeds = _feeds()
     del feeds[0]["past_key_values.1.key"]
-    with pytest.raises(ValueError, match="prologue reads past_key_values.1.key, which no feed or earlier slice"):
+    with pytest.raises(ValueError, match="^prologue reads past_key_values.1.key,"):
         run_sliced(proto, _session, feeds, [{}] * 3)
     feeds = _feeds()
     del feeds[1]["x"]  # a decode step without its input: not a past, nothing stands in for it
-    with pytest.raises(ValueError, match="prologue reads x, which no feed or earlier slice provides"):
+    with pytest.raises(ValueError, match="^prologue reads x,"):
         run_sliced(proto, _session, feeds, [{}] * 3)
 
 
@@ -303,10 +300,8 @@ def test_a_layer_whose_stream_is_ambiguous_is_refused():
     g.node.insert(at + 1, helper.make_node("Add", ["h1n", "a1"], ["h2b"], name="/model/layers.1/Add"))
     g.output.append(helper.make_tensor_value_info("h2b", 1, None))
     hidden = [[np.zeros((1, 4), np.float32)] * 3 for _ in range(3)]
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=r"^layer 1: .*residual stream.*\['h1', 'h1n'\]"):
         run_sliced(proto, _session, _feeds(), _whole(_graph(), _feeds()), reference_hidden=hidden)
-    assert str(err.value) == "layer 1: cannot tell the residual stream from the previous layer (candidates: " \
-                             "['h1', 'h1n'])"
 
 
 # -- the description

@@ -17,7 +17,7 @@ def _kw(ckpt):
 
 def test_whole_graph_verification_report(tiny, tmp_path):
     from wide_export.verify.common import DEFAULTS
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
     from wide_export.verify.tolerances import tolerance_for
 
     ckpt, folder = tiny
@@ -40,7 +40,7 @@ def test_whole_graph_verification_report(tiny, tmp_path):
 
 
 def test_sliced_verification_checks_each_layer_and_says_so(tiny):
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     ckpt, folder = tiny
     report = verify_onnx(folder, load_kwargs=_kw(ckpt), sliced=True, batch=1, steps=1, prompt_len=3)
@@ -54,48 +54,49 @@ def test_sliced_verification_checks_each_layer_and_says_so(tiny):
 
 
 def test_the_automatic_choice_slices_when_memory_is_short(tiny, monkeypatch):
-    from wide_export.verify import onnx_verify
+    from wide_export.export import verify_onnx as onnx_verify
 
     ckpt, folder = tiny
     asked = []
     monkeypatch.setattr(onnx_verify, "needs_slices", lambda onnx_dir, config: asked.append((onnx_dir, config)) or True)
-    report = onnx_verify.verify_onnx(folder, load_kwargs=_kw(ckpt), batch=1, steps=0, prompt_len=2)
+    report = onnx_verify.verify_graph(folder, load_kwargs=_kw(ckpt), batch=1, steps=0, prompt_len=2)
     assert report.settings["sliced"] is True and report.notes[0].startswith("ONNX Runtime ran the graph in")
     assert asked[0][0] == folder and asked[0][1]["dtype"] == "float32"  # the export folder and its config
     monkeypatch.setattr(onnx_verify, "needs_slices", lambda onnx_dir, config: False)
-    report = onnx_verify.verify_onnx(folder, load_kwargs=_kw(ckpt), batch=1, steps=0, prompt_len=2)
+    report = onnx_verify.verify_graph(folder, load_kwargs=_kw(ckpt), batch=1, steps=0, prompt_len=2)
     assert report.settings["sliced"] is False and report.notes == []
 
 
 def test_a_tolerance_no_export_meets_fails_the_verdict(tiny, monkeypatch, tmp_path):
-    from wide_export.verify import onnx_verify
+    from wide_export.export import verify_onnx as onnx_verify
     from wide_export.verify.tolerances import Tolerance
 
     ckpt, folder = tiny
     strict = Tolerance(atol=0.0, rtol=0.0, stat="max", min_agreement=1.0, flip_margin=0.0)
     monkeypatch.setattr(onnx_verify, "tolerance_for", lambda dtype: strict)
     path = tmp_path / "verify.json"
-    report = onnx_verify.verify_onnx(folder, load_kwargs=_kw(ckpt), report_path=path, sliced=False, batch=1,
+    report = onnx_verify.verify_graph(folder, load_kwargs=_kw(ckpt), report_path=path, sliced=False, batch=1,
                                      steps=0, prompt_len=2)
     assert report.passed is False and report.tolerance == strict.to_dict()
     assert json.loads(path.read_text())["passed"] is False  # written even when failing
 
 
 def test_the_wrong_reference_is_refused_before_comparing(tiny, tmp_path):
-    from wide_export.errors import WideError
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.base.errors import WideError
+    from wide_export.pipelines.verify import verify_onnx
 
     _, folder = tiny
     other = make_checkpoint(tmp_path / "other", **{**SPEC, "num_layers": 3})
-    with pytest.raises(WideError, match="the reference model has num_layers=3 but the export has 2"):
+    with pytest.raises(WideError, match="num_layers=3 ") as err:
         verify_onnx(folder, load_kwargs=_kw(other), sliced=False)
+    assert err.value.message.endswith(" 2"), err.value.message  # the export's num_layers
 
 
 class _Recorded:
     """A quiet Stages that keeps the stage names, in order, and the progress lines under them."""
 
     def __init__(self):
-        from wide_export.progress import Stages
+        from wide_export.base.progress import Stages
 
         self.stages = Stages(quiet=True)
         self.names, self.updates = [], []
@@ -110,7 +111,7 @@ class _Recorded:
 
 def test_the_stages_are_named_for_what_runs(tiny):
     """Whole graph: `reference` then `onnxrt`; sliced: the same names, with progress lines under the second."""
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     ckpt, folder = tiny
     whole = _Recorded()
@@ -124,7 +125,7 @@ def test_the_stages_are_named_for_what_runs(tiny):
 
 def test_without_stages_nothing_is_printed(tiny, capsys):
     """The library call is quiet unless the caller passes its own Stages (the CLI does)."""
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     ckpt, folder = tiny
     verify_onnx(folder, load_kwargs=_kw(ckpt), sliced=False, batch=1, steps=0, prompt_len=2)
@@ -134,7 +135,7 @@ def test_without_stages_nothing_is_printed(tiny, capsys):
 
 def test_without_load_arguments_the_recorded_checkpoint_is_the_reference(tiny):
     """No --model: the checkpoint wide_config.json records (the fixture's own) is loaded and passes."""
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     _, folder = tiny
     report = verify_onnx(folder, sliced=False, batch=1, steps=0, prompt_len=2)
@@ -145,7 +146,7 @@ def test_a_given_float32_model_is_the_reference_and_load_arguments_are_unused(ti
     """`loaded` (a float32 eager model) is used as it is: load arguments naming another checkpoint
     (3 layers, which the export would refuse) are not read then."""
     from wide_export.checkpoint import load_wide_model
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     ckpt, folder = tiny
     other = make_checkpoint(tmp_path / "other", **{**SPEC, "num_layers": 3})
@@ -159,7 +160,7 @@ def test_sliced_verification_loads_the_reference_lazily(tiny, monkeypatch):
     """--sliced never holds the whole float32 reference: its checkpoint is opened lazily (streamed);
     the whole-graph check loads it whole."""
     import wide_export.checkpoint as checkpoint
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
 
     ckpt, folder = tiny
     real, asked = checkpoint.load_wide_model, []
@@ -176,7 +177,7 @@ BF16_NOTE = ("bfloat16: run by onnx.reference.ReferenceEvaluator with ml_dtypes 
 def test_a_bfloat16_export_is_verified_by_the_reference_evaluator(tiny_bf16):
     """A bf16 export runs whole in onnx's reference evaluator: its target, bf16 tolerance, the note saying
     so, the `evaluator` stage, every output and router compared, and a passing verdict."""
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.pipelines.verify import verify_onnx
     from wide_export.verify.tolerances import tolerance_for
 
     ckpt, folder = tiny_bf16

@@ -112,7 +112,7 @@ def test_serve_and_vllms_config_step_refuse_a_linked_folder_and_take_the_hugging
     save_file(weights, str(nan / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(Exception) as err:
         EngineArgs(model=str(nan)).create_model_config()
-    assert "WIDE: model.layers.1.router_ffn.router.bias holds 1 non-finite values" in str(err.value)
+    assert "WIDE: model.layers.1.router_ffn.router.bias " in str(err.value) and "1 non-finite" in str(err.value)
 
 
 # ---- finite -----------------------------------------------------------------------------------------------------
@@ -148,7 +148,8 @@ def test_merged_weights_that_overflow_are_refused(ckpt, tmp_path):
     result = _run("vllm", "--model", str(ckpt), "--lora", str(tmp_path / "lora.pth"), "--output", str(out))
     assert result.exit_code == 2 and "Traceback" not in result.output
     line = result.stderr.strip().splitlines()[-1]  # found while the weights are written: after the load stage
-    assert line.startswith("error: merging the LoRA into model.layers.0.self_attn.q_proj.weight gives non-finite")
+    assert line.startswith("error: ") and "LoRA" in line and "model.layers.0.self_attn.q_proj.weight" in line, line
+    assert "non-finite" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lora.pth"]
 
 
@@ -195,7 +196,7 @@ def test_the_plugins_loader_refuses_non_finite_and_non_float32_router_tensors():
     layer = _Affine(2, 3, "model.layers.0.router_ffn.router")
     with pytest.raises(ValueError, match="router.bias holds non-finite values"):
         layer._load(layer.bias, torch.tensor([0.0, float("inf")]))
-    with pytest.raises(ValueError, match="router.weight is float16 in the folder; router tensors are float32"):
+    with pytest.raises(ValueError, match="router.weight is float16.*float32"):
         layer._load(layer.weight, torch.zeros(2, 3, dtype=torch.float16))
     layer._load(layer.bias, torch.tensor([1.0, 2.0]))
     assert layer.bias.tolist() == [1.0, 2.0]
@@ -226,7 +227,7 @@ def test_the_loader_reports_a_damaged_shard_as_ours(folder, tmp_path):
 
     with pytest.raises(SafetensorError):
         list(stream())
-    with pytest.raises(ValueError, match="WIDE: a safetensors file of the folder is truncated or damaged"):
+    with pytest.raises(ValueError, match="^WIDE: .*safetensors"):
         list(_readable(stream()))
 
 

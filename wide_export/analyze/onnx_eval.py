@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 
 def open_export(onnx_dir: Path, cfg) -> tuple[object, dict]:

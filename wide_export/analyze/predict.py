@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 PHASES = {"prefill": None, "decode": 1}  # tokens per GEMM: the window (prefill) or one (decode)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 KINDS = ("attention", "ffn")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 CPU_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --device cpu: what wide_export.cpu's kernels take

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from wide_export.bench.common import CPU_DTYPES, pyplot, read_record
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 KINDS = ("n", "gated", "k")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from wide_export.bench.common import CPU_DTYPES, cuda_or_tiny, model_rates, time_ms, torch_dtype
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 PAPER = {"prefill": 1.68, "decode": 1.55}  # WIDE paper, end to end at 50 % sparsity (RTX 5090)
 
@@ -113,7 +113,7 @@ def plan_e2e_bench(preset: str, sparsities=(0.25, 0.5, 0.75), dtype: str = "fp16
     if algo not in ALGOS:
         raise WideError(f"unknown algorithm {algo!r}", hint=f"one of {list(ALGOS)}")
     if device != "cpu":  # what the WIDE side launches on a GPU (Triton, our kernels); --device cpu needs neither
-        from wide_export.kernels import launch, sources  # noqa: F401
+        from wide_export.kernels import launch, triton_kernels  # noqa: F401
 
         st.kernel_ops(algo)
     cfg = PRESETS[preset]

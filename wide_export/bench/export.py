@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.model.synthetic import SyntheticSpec
 
 PRESETS = {
@@ -77,7 +77,7 @@ with open(sys.argv[1], "w") as f:
 def _run(cmd: list[str], check: bool = True) -> dict[str, Any]:
     """Run `cmd`: wall seconds and the peak RSS of that process alone (started by _LAUNCHER).
     check=False accepts exit 1 (a verification that ran and failed)."""
-    from wide_export import childproc
+    from wide_export.base import childproc
 
     with tempfile.TemporaryFile("w+") as log, tempfile.NamedTemporaryFile("r", suffix=".json") as report:
         start = time.perf_counter()
@@ -133,7 +133,7 @@ def export_once(kind: str, ckpt: Path, out: Path) -> dict[str, Any]:
 def verify_once(out: Path) -> dict[str, Any]:
     """`wide-export verify --onnx OUT --sliced` in a fresh process: time, peak RSS and the verdict."""
     row = _run([sys.executable, "-m", "wide_export", "verify", "--onnx", str(out), "--sliced"], check=False)
-    from wide_export.names import VERIFY_REPORT
+    from wide_export.base.names import VERIFY_REPORT
 
     report = json.loads((out / VERIFY_REPORT).read_text())
     row.update(output_mb=0.0, passed=bool(report["passed"]), notes=report["notes"])
@@ -172,7 +172,7 @@ def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = No
     try:
         rows = _sweep(console, tmp, preset, specs, kinds, verify)
     except KeyboardInterrupt:
-        from wide_export.signals import Interrupted, shielded
+        from wide_export.base.signals import Interrupted, shielded
 
         with shielded():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -192,7 +192,7 @@ def run_export_bench(preset: str = "llama-3.2-1b", layers: list[int] | None = No
 
 
 def _sweep(console, tmp: str, preset: str, specs, kinds, verify: bool) -> list[dict[str, Any]]:
-    from wide_export.progress import status
+    from wide_export.base.progress import status
 
     rows: list[dict[str, Any]] = []
     for spec in specs:

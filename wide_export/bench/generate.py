@@ -1,7 +1,7 @@
 """`wide-export bench generate`: generation on CPU, WIDE against the dense model people run there, on the same
 weights in one run: llama.cpp (llama-cpp-python) on a GGUF of the checkpoint (export/gguf.py), our own
 dense path (every group executed), and WIDE at each sparsity (bench/routers.py sets a preset's random
-routers to it), through wide_export.cpu.generation.
+routers to it), through wide_export.generation.cpu_generator.
 
 Each runner is timed on the same prompts (random ids, one length per run, `batch` rows decoded together):
 prefill = the prompt's forward and the first token, decode = the later tokens. Bytes per decode token are the
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 # the dtypes the CPU path runs -> bytes per weight (llama.cpp's GGUF types of each: bench/llamacpp.GGUF_TYPES)
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -62,7 +62,7 @@ def _prompts(vocab: int, batch: int, length: int, seed: int) -> list[list[int]]:
 
 def _ours(ckpt: Path, dtype: str, dense: bool, cases, new: int, threads: int, say) -> list[tuple]:
     """(case, Generated) per case, one model load; a short warm-up run first."""
-    from wide_export.cpu.generation import CpuGenerator
+    from wide_export.generation.cpu_generator import CpuGenerator
 
     gen = CpuGenerator.load(ckpt, dtype=dtype, dense=dense, threads=threads)
     gen.run([[5] * 8], 4, stop_at_eos=False)  # warm-up: kernels loaded, allocator and caches filled

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from wide_export.bench.common import cuda_or_tiny, read_record, time_ms, torch_dtype
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 # Projection shapes (model, name, N, K, kernel): Llama-3.1-8B and Qwen3-8B (recipes/).
 SHAPES = [
@@ -196,7 +196,7 @@ def plan_kernel_bench(preset: str = "short", dtype: str = "bf16") -> list[str]:
     if preset not in PRESETS:
         raise WideError(f"unknown preset {preset!r}", hint=f"choose one of {sorted(PRESETS)}")
     torch_dtype(dtype)
-    from wide_export.kernels import launch, sources  # noqa: F401 - what the run launches (Triton, our kernels)
+    from wide_export.kernels import launch, triton_kernels  # noqa: F401 - what the run launches (Triton, our kernels)
 
     cfg = PRESETS[preset]
     shapes = TINY_SHAPES if preset == "tiny" else [s for s in SHAPES if s[0] in cfg.models]

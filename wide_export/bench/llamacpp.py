@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 INSTALL_HINT = "scripts/test-llamacpp.sh builds .venv-llamacpp"
 KV_TYPES = ("f16", "f32")  # llama.cpp's KV cache element type: f16 is its default

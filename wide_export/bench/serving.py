@@ -12,7 +12,7 @@ p50/p99 of per-request latency (staggered: from sending to the last token, and
 time to the first token). Every served request asks the server to ignore the
 end-of-sequence id, and its token count is checked: a row that stopped early would
 make the served paths do less work than the direct ones they are compared with.
-Progress goes to stderr (wide_export.progress.Steps): one line per stage when piped.
+Progress goes to stderr (wide_export.base.progress.Steps): one line per stage when piped.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from wide_export.cli_process import export_onnx_cli
-from wide_export.errors import WideError
+from wide_export.base.cli_process import export_onnx_cli
+from wide_export.base.errors import WideError
 
 CLIENT_COUNTS = (1, 8)
 
-# progress(stage, completed=None, total=None), as wide_export.progress.Steps.update
+# progress(stage, completed=None, total=None), as wide_export.base.progress.Steps.update
 Progress = Callable[..., None]
 
 
@@ -136,7 +136,7 @@ def run_clients(clients: int, requests: int, work: Callable[[int, int], int], na
     (Ctrl-C / SIGTERM, raised in this thread) lets each client finish the call it is in and stop, then
     propagates: no thread is left inside ONNX Runtime or gRPC while the interpreter exits.
     """
-    from wide_export.signals import shielded
+    from wide_export.base.signals import shielded
 
     latencies: list[float] = []
     tokens = [0] * clients
@@ -225,9 +225,9 @@ def _measure(cfg: ServingBenchConfig, repo: Path, progress: Progress = _no_progr
     round in reverse order) -- interleaved with the server up, so a change of the machine's load hits every
     path alike. The direct loop never stops at an eos id (its rows have no stop ids); the served requests ask
     for ignore_eos, and their counts are checked."""
-    from wide_export.triton import generation_model as gm
-    from wide_export.triton.client import GenerationClient
-    from wide_export.triton.server import TritonServer
+    from wide_export.tritonserver import generation_model as gm
+    from wide_export.tritonserver.client import GenerationClient
+    from wide_export.tritonserver.server import TritonServer
 
     version = repo / "wide_llm" / "1"
     settings = gm.Settings.load(str(version))
@@ -323,9 +323,9 @@ def staggered_plan(cfg: ServingBenchConfig, vocab: int, max_total: int) -> list[
 
 def _measure_staggered(cfg: ServingBenchConfig, onnx: Path, tmp: Path,
                        progress: Progress = _no_progress) -> list[Scenario]:
-    from wide_export.triton import generation_model as gm
-    from wide_export.triton.repository import RepoOptions, generate_repository
-    from wide_export.triton.server import TritonServer
+    from wide_export.tritonserver import generation_model as gm
+    from wide_export.tritonserver.repository import RepoOptions, generate_repository
+    from wide_export.tritonserver.server import TritonServer
 
     results = []
     for batching in ("static", "inflight"):
@@ -433,7 +433,7 @@ def openai_stream(client, model: str, prompt: list, max_tokens: int, user: Optio
 
 
 def _openai_repository(cfg: ServingBenchConfig, tmp: Path, progress: Progress) -> Path:
-    from wide_export.triton.repository import RepoOptions, generate_repository
+    from wide_export.tritonserver.repository import RepoOptions, generate_repository
 
     if cfg.repository is not None:
         return cfg.repository
@@ -450,9 +450,9 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path,
     """Per client count: C threads, each with its own openai client, `requests` streamed completions."""
     from openai import OpenAI
 
-    from wide_export.frontend.runner import prepare_frontend
-    from wide_export.triton.server import TritonServer
-    from wide_export.triton.settings import Settings
+    from wide_export.serving.openai.runner import prepare_frontend
+    from wide_export.tritonserver.server import TritonServer
+    from wide_export.generation.settings import Settings
 
     frontend = prepare_frontend(repo, port=cfg.openai_port)
     model = frontend.models[0]
@@ -466,7 +466,9 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path,
     try:
         progress("starting tritonserver and the OpenAI frontend")
         with TritonServer(repo, **cfg.server_ports()) as server:
-            frontend.start(server.endpoints.grpc)
+            from wide_export.serving.triton_engine import TritonEngine
+
+            frontend.start(TritonEngine(server.endpoints.grpc, frontend.served_names()))
             for clients in cfg.clients:
                 stage = f"{clients} client{'s' if clients > 1 else ''}, OpenAI completions stream"
                 progress(stage, 0, clients * cfg.requests)
@@ -496,7 +498,7 @@ def _measure_openai(cfg: ServingBenchConfig, repo: Path,
 def _run_openai_bench(cfg: ServingBenchConfig, console) -> dict:
     from rich.table import Table
 
-    from wide_export.progress import Steps
+    from wide_export.base.progress import Steps
 
     with tempfile.TemporaryDirectory(prefix="wide-bench-openai-") as tmp, Steps("bench serving") as steps:
         repo = _openai_repository(cfg, Path(tmp), steps.update)
@@ -534,7 +536,7 @@ def run_serving_bench(cfg: ServingBenchConfig) -> dict:
     from rich.console import Console
     from rich.table import Table
 
-    from wide_export.triton.repository import generate_repository
+    from wide_export.tritonserver.repository import generate_repository
 
     if cfg.protocol not in ("http", "grpc"):
         raise WideError(f"unknown protocol {cfg.protocol!r}", hint="http or grpc")
@@ -556,7 +558,7 @@ def run_serving_bench(cfg: ServingBenchConfig) -> dict:
         cfg.output.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {cfg.output}")
         return result
-    from wide_export.progress import Steps
+    from wide_export.base.progress import Steps
 
     # Progress on stderr: the stage and its count on a terminal, one line per stage when piped.
     with tempfile.TemporaryDirectory(prefix="wide-bench-serving-") as tmp, Steps("bench serving") as steps:
@@ -564,7 +566,7 @@ def run_serving_bench(cfg: ServingBenchConfig) -> dict:
         if onnx is None:
             steps.update("exporting the demo model")
             onnx = export_onnx_cli(Path(tmp) / "onnx")
-        from wide_export.triton import RepoOptions
+        from wide_export.tritonserver import RepoOptions
 
         # The same ONNX Runtime threads on both paths (the direct session in this process, the server's
         # instance in its Python stub), so the table compares the same work with the same resources.

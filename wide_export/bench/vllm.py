@@ -34,7 +34,7 @@ from typing import Callable
 
 from wide_export.bench.common import MODEL_PRESETS, decode_bytes
 from wide_export.bench.routers import calibrate, measure
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.model.synthetic import SyntheticSpec
 
 PRESETS = {
@@ -149,7 +149,7 @@ def kv_cache_bytes(cfg, itemsize: int, sequences: int, max_model_len: int, block
 def _reference_tokens(loaded_fp32) -> list[list[int]]:
     import torch
 
-    from wide_export.model.generate import greedy_generate
+    from wide_export.generation.torch_step import greedy_generate
 
     out = []
     for p in CHECK_PROMPTS:

@@ -6,9 +6,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.model.arch import arch_for
-from wide_export.paths import confined, parse_json, read_json
+from wide_export.base.paths import confined, parse_json, read_json
 
 
 # Files a Hugging Face folder keeps next to its weights that a generator needs (tokenizer + defaults):
@@ -29,7 +29,7 @@ def check_companion_files(model_dir: Path) -> None:
 
 def read_hf_config(model_dir: Path) -> Any:
     """The transformers config of a local folder, refusing unsupported models first."""
-    from wide_export.inputs import check_model_folder
+    from wide_export.base.inputs import check_model_folder
 
     model_dir = Path(model_dir)
     check_model_folder(model_dir)  # the same lines the CLI gives while parsing --model
@@ -38,7 +38,7 @@ def read_hf_config(model_dir: Path) -> Any:
     raw = read_json(cfg_path, hint="the model folder looks damaged")
     check_config_values(raw, cfg_path)
     if isinstance(raw.get("wide"), dict):  # written by `wide-export vllm`: LoRA merged, routers inside
-        from wide_export.folders import elsewhere
+        from wide_export.base.folders import elsewhere
 
         raise WideError(f"--model {model_dir} is not a checkpoint of the WIDE trainer",
                         elsewhere(model_dir, "model") or "pass the Hugging Face folder with its router.pth")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 
 @dataclass

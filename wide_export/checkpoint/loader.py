@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from wide_export.checksum import sha256_of
-from wide_export.errors import WideError
+from wide_export.base.checksum import sha256_of
+from wide_export.base.errors import WideError
 
 Progress = Callable[[str], None]
 
@@ -75,7 +75,7 @@ def load_wide_model(
     from wide_export.checkpoint.router import read_routers
     from wide_export.model.build import build_model
     from wide_export.model.config import WideConfig
-    from wide_export.paths import confined
+    from wide_export.base.paths import confined
 
     model_dir = Path(model_dir)
     hf = read_hf_config(model_dir)
@@ -87,7 +87,7 @@ def load_wide_model(
         router = model_dir / "router.pth"
         confined(router, model_dir, "router file")
     router = Path(router)
-    from wide_export.inputs import check_router_file
+    from wide_export.base.inputs import check_router_file
 
     check_router_file(router)  # the line the CLI gives while parsing --router
     say(f"reading routers from {router.name}")

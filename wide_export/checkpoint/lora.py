@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from wide_export.checkpoint.torchfile import load_tensor_dict, strip_to_layer_keys
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 LORA_KEY = re.compile(r"^(self_attn|mlp)\.(\w+_proj)\.lora_(A|B)\b")
 # LoRA scales are alpha / r, a few units; a scale this large only makes the merged weights overflow

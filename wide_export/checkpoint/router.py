@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from wide_export.checkpoint.torchfile import load_tensor_dict, strip_to_layer_keys
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.model.config import WideConfig
 
 ROUTER_KEY = re.compile(r"^router_(attention|ffn)\.(compressor|router)\.(weight|bias)$")

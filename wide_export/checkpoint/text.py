@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 TOKENIZER_FILE = "tokenizer.json"
 SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "tokenizer_config.json")

@@ -8,7 +8,7 @@ import warnings
 import zipfile
 from pathlib import Path
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 LAYER_KEY = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.(.+)$")
 
@@ -31,7 +31,7 @@ def load_tensor_dict(path: Path, what: str) -> dict:
     """torch.load(weights_only=True) of a dict of tensors, with one-line errors."""
     import torch
 
-    from wide_export.inputs import check_input_file
+    from wide_export.base.inputs import check_input_file
 
     path = Path(path)
     check_input_file(path, what)  # the same line the CLI gives while parsing --router / --lora

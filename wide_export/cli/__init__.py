@@ -10,7 +10,7 @@ import functools
 import importlib
 import sys
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 # typer (and the command modules) are imported inside get_app(): `from wide_export.cli import main`,
 # what the console script runs first, stays quick, and a Ctrl-C while they import is caught in main().
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         report_error(err)
         sys.exit(2)
     except KeyboardInterrupt as err:
-        from wide_export.signals import interrupt_exit_code, interrupt_line
+        from wide_export.base.signals import interrupt_exit_code, interrupt_line
 
         print(interrupt_line(err), file=sys.stderr)
         sys.exit(interrupt_exit_code())

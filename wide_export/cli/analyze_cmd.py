@@ -39,7 +39,7 @@ def analyze(
     from wide_export.analyze.report import summary_lines, table, write_json, write_plot
     from wide_export.analyze.run import analyze_text
 
-    from wide_export.progress import Steps
+    from wide_export.base.progress import Steps
 
     console = Console(highlight=False, width=max(Console().width, 110))  # the table needs ~100 columns
     # Progress on stderr: the window and layer on a terminal, one line per window when piped.

@@ -65,11 +65,11 @@ def bench_kernels(
         return
 
     if device not in ("auto", "cpu", "gpu"):
-        from wide_export.errors import WideError
+        from wide_export.base.errors import WideError
 
         raise WideError(f"unknown --device {device!r}", hint="cpu, gpu or auto")
     if attention not in ("all", "short", "none"):
-        from wide_export.errors import WideError
+        from wide_export.base.errors import WideError
 
         raise WideError(f"unknown --attention {attention!r}", hint="all, short or none")
     if device == "cpu":
@@ -133,7 +133,7 @@ def _bench_cpu(preset: str, dtype: Optional[str], output: Path, seed: int) -> No
     import json
 
     from wide_export.bench import cpu_kernels as ck
-    from wide_export.progress import Steps
+    from wide_export.base.progress import Steps
 
     from rich.console import Console
 

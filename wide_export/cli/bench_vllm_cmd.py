@@ -47,7 +47,7 @@ def bench_vllm(
     from rich.console import Console
 
     from wide_export.bench.vllm import run_vllm_bench, table, write_outputs
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
 
     if dtype not in ("float32", "float16", "bfloat16"):
         raise WideError(f"unsupported --dtype {dtype}", "choose float32, float16 or bfloat16")

@@ -35,7 +35,7 @@ def build(
     from rich.console import Console
 
     from wide_export.native.build import build_native
-    from wide_export.progress import Steps
+    from wide_export.base.progress import Steps
 
     console = Console(highlight=False, soft_wrap=True)  # whole paths, also when piped
     with Steps("build", console=Console(stderr=True, highlight=False)) as steps:

@@ -8,8 +8,8 @@ from typing import Annotated, Callable, Optional, TypeVar
 
 import typer
 
-from wide_export.errors import WideError
-from wide_export.inputs import check_input_file, check_model_folder, check_router_file  # no heavy import
+from wide_export.base.errors import WideError
+from wide_export.base.inputs import check_input_file, check_model_folder, check_router_file  # no heavy import
 
 F = TypeVar("F", bound=Callable)
 
@@ -29,8 +29,8 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from wide_export import streamed
-        from wide_export.signals import (forget_published, interrupt_exit_code, interrupt_line,
+        from wide_export.base import streamed
+        from wide_export.base.signals import (forget_published, interrupt_exit_code, interrupt_line,
                                          interrupt_on_signals, published)
 
         forget_published()

@@ -10,7 +10,7 @@ from wide_export.cli.common import LoraOpt, LoraScaleOpt, ModelOpt, RouterOpt, u
 
 
 def _ids(text: str) -> list[int]:
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
 
     try:
         ids = [int(t) for t in text.replace(",", " ").split()]
@@ -44,7 +44,7 @@ def generate(
 ) -> None:
     """Generate text on CPU with the WIDE kernels (reading only executed groups' weights), streamed as it
     comes. Without --model: the embedded demo model (random weights: its text is noise)."""
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
 
     if (prompt is None) == (ids is None):
         raise WideError("give the prompt as --prompt TEXT or as --ids LIST (one of them)",
@@ -55,8 +55,8 @@ def generate(
         raise WideError("--temperature and --top-k must be >= 0 and --top-p in (0, 1]",
                         "e.g. --temperature 0.8 --top-p 0.95")
     prompt_ids = _ids(ids) if ids is not None else None
-    from wide_export.cpu.generation import CpuGenerator  # torch: after the argument checks (one line at once)
-    from wide_export.model.generate import Sampling
+    from wide_export.generation.cpu_generator import CpuGenerator  # torch: after the argument checks (one line at once)
+    from wide_export.generation.torch_step import Sampling
 
     gen = CpuGenerator.load(model, router=router, lora=lora, lora_scale=lora_scale, dtype=dtype, dense=dense,
                             threads=threads)
@@ -65,7 +65,7 @@ def generate(
             raise WideError("the model folder has no tokenizer, so --prompt cannot be encoded",
                             "pass the prompt as --ids, or copy tokenizer.json next to config.json")
         prompt_ids = gen.encode(prompt)
-    from wide_export import streamed
+    from wide_export.base import streamed
 
     out, shown = [], [""]
 

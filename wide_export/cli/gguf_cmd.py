@@ -39,9 +39,9 @@ def gguf(
 
     Exit codes: 0 written; 2 bad input, nothing written; 130 Ctrl-C, 143 SIGTERM: nothing written.
     """
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
     from wide_export.export.gguf import DTYPES, check_gguf_output, require_gguf, write_gguf
-    from wide_export.progress import Stages
+    from wide_export.base.progress import Stages
 
     if dtype not in DTYPES:
         raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")

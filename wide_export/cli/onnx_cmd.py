@@ -57,10 +57,10 @@ def onnx(
     input, nothing written; 130 Ctrl-C or SIGTERM, also while verifying:
     nothing written, an OUTPUT that --force was replacing left as it was.
     """
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
     from wide_export.export.onnx_export import DTYPES
-    from wide_export.outdir import check_output_dir
-    from wide_export.signals import interrupt_on_signals
+    from wide_export.base.outdir import check_output_dir
+    from wide_export.base.signals import interrupt_on_signals
 
     if dtype not in DTYPES:
         raise WideError(f"unsupported --dtype {dtype}", f"choose one of {', '.join(DTYPES)}")
@@ -78,14 +78,14 @@ def onnx(
     if tp is not None and dtype == "bfloat16" and verify:
         raise WideError("a bfloat16 --tp export cannot be verified on CPU", "add --no-verify, or export float32")
     from wide_export.checkpoint import Sources
-    from wide_export.progress import Stages
+    from wide_export.base.progress import Stages
 
     sources = Sources(model, router, lora, lora_scale, attn_group_size, ffn_group_size)
     check_output_dir(output, force, protect=sources.given_paths())  # fail before minutes of loading
     stages = Stages()
     with interrupt_on_signals():  # SIGTERM cleans up as Ctrl-C does (no hidden temp folder stays)
         if tp is not None:
-            from wide_export.tp.pipeline import export_tp_and_verify
+            from wide_export.pipelines.tp import export_tp_and_verify
 
             run = export_tp_and_verify(sources, output, tp=tp, balance_text=balance_text, dtype=dtype, opset=opset,
                                        force=force, verify=verify, steps=steps, seed=seed, stages=stages)
@@ -93,7 +93,7 @@ def onnx(
             stages.note(f"wrote {output}: {tp} rank graph(s) (rank*/model.onnx, "
                         f"{manifest['ranks'][0]['collectives']} DistCollective all-reduces each) and tp_manifest.json")
         else:
-            from wide_export.export.pipeline import export_and_verify
+            from wide_export.pipelines.onnx import export_and_verify
 
             run = export_and_verify(sources, output, dtype=dtype, opset=opset, force=force, verify=verify,
                                     steps=steps, seed=seed, sliced=sliced, stages=stages, attention_op=attention_op)
@@ -101,6 +101,6 @@ def onnx(
             stages.note(f"wrote {output}/model.onnx ({counts})")
     if run.report is not None:
         from wide_export.cli.verify_cmd import finish_verification
-        from wide_export.verify.onnx_verify import REPORT_NAME
+        from wide_export.export.verify_onnx import REPORT_NAME
 
         finish_verification(run.report, output / REPORT_NAME)  # a failed check keeps OUTPUT, exits 1

@@ -25,7 +25,7 @@ def run_tp(
     the loopback interface: nothing listens beyond 127.0.0.1 and no port is to be chosen. For several nodes
     run `python -m wide_export.tp.run` under torchrun yourself (docs/distributed.md).
     """
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
     from wide_export.tp.launch import run_ranks
     from wide_export.tp.run import BACKENDS, _parse_ids
     from wide_export.tp.ranks import read_manifest

@@ -46,12 +46,12 @@ def triton(
     """
     from rich.console import Console
 
-    from wide_export.triton.repository import RepoOptions, generate_repository
+    from wide_export.tritonserver.repository import RepoOptions, generate_repository
 
     if batching == "inflight":
         streaming = True
     elif batching == "static" and not streaming:
-        from wide_export.errors import WideError
+        from wide_export.base.errors import WideError
 
         raise WideError("--batching static is for --streaming repositories",
                         hint="a non-streaming repository always batches statically (Triton's dynamic batcher)")
@@ -62,12 +62,12 @@ def triton(
         return generate_repository(target, onnx=onnx, engines=engines, backend=backend, options=options)
 
     if not force and output.is_dir() and any(output.iterdir()):  # as `onnx`/`trt`: say how to replace it
-        from wide_export.errors import WideError
+        from wide_export.base.errors import WideError
 
         raise WideError(f"{output} exists and is not empty", hint="pass --force to replace it, or choose a new "
                         "--output folder")
     if force and output.exists():  # as `onnx --force`: the old folder goes once the new one is complete
-        from wide_export.outdir import atomic_output_dir, check_output_dir
+        from wide_export.base.outdir import atomic_output_dir, check_output_dir
 
         check_output_dir(output, force=True, protect=(onnx, engines))
         with atomic_output_dir(output, force=True) as staging:
@@ -153,16 +153,16 @@ def serve(
     """
     from rich.console import Console
 
-    from wide_export.signals import interrupt_on_signals
+    from wide_export.base.signals import interrupt_on_signals
 
     console = Console(highlight=False)
     if (repository is None) == (model is None):
-        from wide_export.errors import WideError
+        from wide_export.base.errors import WideError
 
         raise WideError("serve runs a Triton repository (--repository) or a checkpoint on CPU (--model)",
                         hint="give exactly one of them")
     if model is None and (dtype != "float32" or threads is not None):
-        from wide_export.errors import WideError
+        from wide_export.base.errors import WideError
 
         flag = "--dtype" if dtype != "float32" else "--threads"
         raise WideError(f"{flag} is for --model (the CPU path); a repository's models carry their own",
@@ -180,10 +180,10 @@ def serve(
                    "--api-key": api_key}
     given = [flag for flag, value in openai_only.items() if value is not None]
     if openai_port is None and given:
-        from wide_export.errors import WideError
+        from wide_export.base.errors import WideError
 
         raise WideError(f"{given[0]} is for the OpenAI API", hint="add --openai-port PORT")
-    from wide_export.triton.serving import ServeOptions, start_serving
+    from wide_export.serving.triton_server import ServeOptions, start_serving
 
     opts = ServeOptions(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                         address=address, timeout=timeout, log_verbose=log_verbose, openai_port=openai_port,
@@ -191,7 +191,7 @@ def serve(
     if openai_port is not None:
         opts.limits = frontend_limits(max_connections, max_body_bytes)
         opts.policy = request_policy(max_tokens, max_running_per_client, max_waiting)
-        from wide_export.frontend.auth import api_key_from
+        from wide_export.base.api_key import api_key_from
 
         opts.api_key = api_key_from(api_key)
     with interrupt_on_signals():  # SIGTERM while loading stops the server as Ctrl-C does (its own session)
@@ -218,16 +218,16 @@ def _serve_cpu(console, model: Path, dtype: str, threads: Optional[int], openai_
     """serve --model: the OpenAI API on the CPU generation path until SIGINT / SIGTERM."""
     import signal as signals
 
-    from wide_export.cpu.serve import prepare, serve_until_signal
-    from wide_export.errors import WideError
-    from wide_export.signals import interrupt_on_signals
+    from wide_export.serving.cpu_server import prepare, serve_until_signal
+    from wide_export.base.errors import WideError
+    from wide_export.base.signals import interrupt_on_signals
 
     given = [flag for flag, value in triton_flags.items() if value is not None]
     if given:
         raise WideError(f"{given[0]} is tritonserver's, and --model serves without it", hint="drop " + given[0])
     if openai_port is None:
         raise WideError("--model serves the OpenAI API only", hint="add --openai-port PORT")
-    from wide_export.frontend.auth import api_key_from
+    from wide_export.base.api_key import api_key_from
 
     api_key = api_key_from(api_key)
     with interrupt_on_signals():
@@ -255,7 +255,7 @@ def _warn_exposed(frontend, triton_address: Optional[str]) -> None:
     --api-key, tritonserver's own endpoints (which take none) on a non-loopback --address."""
     import sys
 
-    from wide_export.frontend.auth import exposure_warning, is_loopback
+    from wide_export.base.api_key import exposure_warning, is_loopback
 
     lines = []
     if frontend is not None:
@@ -271,8 +271,8 @@ def _warn_exposed(frontend, triton_address: Optional[str]) -> None:
 
 def frontend_limits(max_connections: Optional[int], max_body_bytes: Optional[int]):
     """The OpenAI frontend's limits from serve's flags (WideError for one that cannot work)."""
-    from wide_export.errors import WideError
-    from wide_export.frontend.limits import Limits
+    from wide_export.base.errors import WideError
+    from wide_export.serving.openai.limits import Limits
 
     if max_connections is not None and max_connections < 1:
         raise WideError(f"--max-connections {max_connections} must be at least 1",
@@ -286,8 +286,8 @@ def frontend_limits(max_connections: Optional[int], max_body_bytes: Optional[int
 
 def request_policy(max_tokens: Optional[int], per_client: Optional[int], max_waiting: Optional[int]):
     """The OpenAI frontend's request policy from serve's flags (WideError for a value below 1, or 0 waiting)."""
-    from wide_export.errors import WideError
-    from wide_export.frontend.admission import RequestPolicy
+    from wide_export.base.errors import WideError
+    from wide_export.serving.openai.admission import RequestPolicy
 
     for flag, value, least in (("--max-tokens", max_tokens, 1), ("--max-running-per-client", per_client, 1),
                                ("--max-waiting", max_waiting, 0)):

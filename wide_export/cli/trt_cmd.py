@@ -55,8 +55,8 @@ def trt(
     from rich.console import Console
     from rich.table import Table
 
-    from wide_export.names import ENGINE_MANIFEST
-    from wide_export.trt.build import build_engine, summary_rows
+    from wide_export.base.names import ENGINE_MANIFEST
+    from wide_export.trt.build_engines import build_engine, summary_rows
     from wide_export.trt.plugins import default_plugin_library
 
     limits = {"max_batch": max_batch, "max_input_len": max_input_len, "max_seq_len": max_seq_len}

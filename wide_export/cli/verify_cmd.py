@@ -41,9 +41,9 @@ def verify(
     (or the demo model); --router/--lora go with --model only. Exits 1 when a
     tolerance is exceeded (the report is written either way).
     """
-    from wide_export.errors import WideError
-    from wide_export.progress import Stages
-    from wide_export.verify.onnx_verify import verify_onnx
+    from wide_export.base.errors import WideError
+    from wide_export.base.progress import Stages
+    from wide_export.pipelines.verify import verify_onnx
 
     if (onnx is None) == (engine is None):
         raise WideError("verify one thing", "pass --onnx DIR (from `wide-export onnx`) or --engine DIR "
@@ -54,7 +54,7 @@ def verify(
         raise WideError("--router and --lora need --model", "pass the --model DIR they belong to, or leave all "
                         "three out to verify against the checkpoint recorded in wide_config.json")
     if report is None:  # beside what was verified, not in the current directory
-        from wide_export.verify.onnx_verify import REPORT_NAME
+        from wide_export.export.verify_onnx import REPORT_NAME
 
         report = Path(onnx if onnx is not None else engine) / REPORT_NAME
     load_kwargs = None
@@ -64,7 +64,7 @@ def verify(
         if sliced:
             raise WideError("--sliced verifies an ONNX export", "drop --sliced with --engine (the engine is "
                             "verified whole)")
-        from wide_export.verify.tensorrt import verify_engine
+        from wide_export.trt.verify import verify_engine
 
         result = verify_engine(engine, report_path=report, load_kwargs=load_kwargs, steps=steps, batch=batch,
                                prompt_len=prompt_len, seed=seed)

@@ -51,8 +51,8 @@ def vllm(
     folder refused); 130 Ctrl-C, 143 SIGTERM: nothing written, an OUTPUT that
     --force was replacing left as it was.
     """
-    from wide_export.errors import WideError
-    from wide_export.outdir import check_output_dir
+    from wide_export.base.errors import WideError
+    from wide_export.base.outdir import check_output_dir
 
     if check is not None:
         if output is not None:
@@ -74,8 +74,8 @@ def vllm(
 
 
 def _export(output, sources, dtype, force) -> None:
-    from wide_export.outdir import atomic_output_dir
-    from wide_export.progress import Stages
+    from wide_export.base.outdir import atomic_output_dir
+    from wide_export.base.progress import Stages
     from wide_export.vllm.export import export_vllm, source_dtype
 
     stages = Stages()

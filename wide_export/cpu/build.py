@@ -1,8 +1,10 @@
-"""Compile wide_cpu.cpp into a torch extension library, offline, with the C++ compiler on this machine.
+"""Compile the CPU kernels (the sources in csrc/) into one torch extension library, offline, with the C++ compiler
+on this machine.
 
-torch's own C++ extension loader needs ninja; this is one g++ call against the installed torch's headers
-(``torch.utils.cpp_extension.include_paths``) and libraries, cached under ``$WIDE_CPU_CACHE`` (default
-``~/.cache/wide-export/cpu``) by a hash of the source, the torch version, the compiler and the flags.
+torch's own C++ extension loader needs ninja; this is one g++ call for every csrc/*.cpp against the installed
+torch's headers (``torch.utils.cpp_extension.include_paths``) and libraries, cached under ``$WIDE_CPU_CACHE``
+(default ``~/.cache/wide-export/cpu``) by a hash of every file in csrc/ (sources and headers, by name and content),
+the torch version, the compiler and the flags.
 
 The cache is loaded into this process, so it must be the user's alone: the cache folder, the key folder, the
 library and its sidecar must be owned by the user, not group- or world-writable and not symbolic links
@@ -11,7 +13,7 @@ The sidecar (``wide_cpu.so.json``: size and sha256, written after the compile) i
 loader touches the library: a truncated library would kill the process with SIGBUS, so a library that does
 not match is rebuilt, and one the loader still refuses is rebuilt once (`load`).
 
-The compiler runs in its own process group (wide_export.childproc: an interrupt stops all of it) with its
+The compiler runs in its own process group (wide_export.base.childproc: an interrupt stops all of it) with its
 temp files in a private folder beside the library, removed on any exit; the library and sidecar are renamed
 into place (two processes compiling at once both end with a whole library)."""
 
@@ -28,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
-SOURCE = Path(__file__).with_name("wide_cpu.cpp")
+SOURCE_DIR = Path(__file__).with_name("csrc")  # the kernels' sources (*.cpp) and headers (*.h)
 LIBRARY = "wide_cpu.so"
 SIDECAR = LIBRARY + ".json"  # {"size": bytes, "sha256": hex} of the library beside it
 # -ffp-contract=off: a product and a sum the reference rounds separately stay separate (no fused multiply-add
@@ -129,18 +131,46 @@ def _whole(lib: Path) -> bool:
         return False
 
 
+def sources() -> list[Path]:
+    """The translation units compiled into the library: every csrc/*.cpp, sorted."""
+    return sorted(SOURCE_DIR.glob("*.cpp"))
+
+
+def source_digest() -> str:
+    """sha256 of every file under csrc/ (sources, headers, anything a source may include): each one's path
+    relative to csrc/ and its bytes, in sorted order; editing, adding, removing or renaming any changes it."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in SOURCE_DIR.rglob("*") if p.is_file()):
+        name = path.relative_to(SOURCE_DIR).as_posix().encode()
+        data = path.read_bytes()
+        digest.update(b"%d:%s%d:" % (len(name), name, len(data)) + data)
+    return digest.hexdigest()
+
+
+def cache_key(cxx: str, cmd_flags: list) -> str:
+    """The key folder's name: a hash of the sources (source_digest), torch's version, the compiler's `--version`
+    line and the flags."""
+    import torch
+
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
+    key = hashlib.sha256("\0".join([source_digest(), torch.__version__, version, *cmd_flags]).encode())
+    return key.hexdigest()[:16]
+
+
+def compile_flags() -> list:
+    import torch
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=wide_cpu"]
+
+
 def library_path(rebuild: bool = False) -> Path:
     """The compiled library, built now (tens of seconds) if this source / torch / compiler has none yet, or
     the one there does not match its sidecar, or `rebuild`."""
-    import torch
-
     cxx = find_compiler()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cmd_flags = [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=wide_cpu"]
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), torch.__version__, version, *cmd_flags]).encode())
+    cmd_flags = compile_flags()
     root = cache_dir()
-    folder = root / key.hexdigest()[:16]
+    folder = root / cache_key(cxx, cmd_flags)
     _private_dir(root)
     _private_dir(folder)
     lib = folder / LIBRARY
@@ -154,8 +184,8 @@ def _compile(cxx: str, cmd_flags: list, folder: Path) -> None:
     its sidecar into place; the temp folder is removed on any exit, an interrupt stops the compiler's group."""
     from torch.utils import cpp_extension
 
-    from wide_export import childproc
-    from wide_export.signals import signals_deferred
+    from wide_export.base import childproc
+    from wide_export.base.signals import signals_deferred
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     libdirs = cpp_extension.library_paths()
@@ -170,13 +200,13 @@ def _compile(cxx: str, cmd_flags: list, folder: Path) -> None:
     try:
         out = work / LIBRARY
         lines: list[str] = []
-        code = childproc.run_group([cxx, *cmd_flags, *includes, str(SOURCE), "-o", str(out), *links],
+        code = childproc.run_group([cxx, *cmd_flags, *includes, *map(str, sources()), "-o", str(out), *links],
                                    on_line=lines.append, env={**os.environ, "TMPDIR": str(work)})
         if code != 0:  # one line (the first error the compiler names), the whole log kept for the hint
             first = next((ln.strip() for ln in lines if "error" in ln), (lines or [f"exit status {code}"])[-1])
             log = folder / "compile.log"
             log.write_text("\n".join(lines) + "\n")
-            raise WideError(f"compiling {SOURCE.name} with {cxx} failed: {first}",
+            raise WideError(f"compiling the CPU kernels ({SOURCE_DIR}) with {cxx} failed: {first}",
                             hint=f"the compiler's whole output is in {log}; check that {cxx} builds C++20 "
                                  "with OpenMP for this torch, or set CXX to one that does")
         os.chmod(out, 0o755)

@@ -1,4 +1,4 @@
-"""The masked projections on CPU tensors: the compiled kernels (wide_cpu.cpp) where policy.json says they
+"""The masked projections on CPU tensors: the compiled kernels (cpu/csrc/) where policy.json says they
 win, else the dense GEMM with the mask applied; both match wide_export.ops.reference.
 
 Where no C++ compiler is found the kernels cannot be built: every call then takes the dense path, and one
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 POLICY_FILE = Path(__file__).with_name("policy.json")
 PATHS: collections.Counter = collections.Counter()  # (kind, "masked" | "dense") -> calls
@@ -211,7 +211,7 @@ def masked_gated_mlp(x, w_gate, w_up, mask, group_size: int, out=None, path: str
     return y.reshape(*x.shape[:-1], w_gate.shape[0])
 
 
-PACK_KB = 16  # output channels per packed block (wide_cpu.cpp: KB)
+PACK_KB = 16  # output channels per packed block (csrc/common.h: KB)
 
 
 def pack_k(w: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -239,7 +239,7 @@ def masked_gemm_k(x, w, mask, group_size: int, bias=None, out=None, path: str | 
     path then runs one GEMM per executed group on that group's slice (_dense_packed). A w that is the transposed
     view of a contiguous W^T [K, N] (w = wt.t()) goes to masked_gemm_kt."""
     if packed is None and w.dim() == 2 and not w.is_contiguous() and w.t().is_contiguous():
-        return masked_gemm_kt(x, w.t(), mask, group_size, bias, out, path)  # W^T's storage: cpu.model.prepare
+        return masked_gemm_kt(x, w.t(), mask, group_size, bias, out, path)  # W^T's storage (CpuKernelsMethod)
     x2, m2 = _flat(x, mask)
     N = w.shape[0] if w.dim() == 2 else w.shape[1] * PACK_KB
     kernel_w = packed if packed is not None else w

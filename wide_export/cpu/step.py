@@ -1,13 +1,17 @@
 """A decode step in one call into the CPU kernels (wide_cpu::decode_step: every layer, the final norm, the LM
 head), for generation.
 
-model/modeling.py's WideForCausalLM.forward hands its decode steps here on the fast CPU path
-(dispatch.cpu_kernels): one new token a row, no padding, the preallocated cache (StaticKV), the whole model on
+The CPU kernels' method (model/methods.py, CpuKernelsMethod.run_decoder) hands a model's decode steps here: one
+new token a row, no padding, the preallocated cache (StaticKV), the whole model on
 this device, no router masks to record. The op runs the kernels of the per-op path in the reference's order with
 its roundings (the same logits, bit for bit: tests/cpu/test_decode_step.py) without the Python and dispatch
 between them, which took a quarter of a float16 step of the per-op path (Python run between kernels that stream
 weights runs with cold caches). Anything else, or a CPU whose instruction sets the op's attention does not run
-on (AVX-512, or AVX2 for head sizes of 8s), returns None and the model runs op by op."""
+on (AVX-512, or AVX2 for head sizes of 8s), returns None and the model runs op by op.
+
+The op takes each layer as a `torch.classes.wide_cpu.DecodeLayer`, made once per plan of the layer's weights and
+geometry ints BY NAME (LAYER_WEIGHTS and LAYER_GEOMETRY below: the one table of the names; the op checks each
+weight by its name, csrc/step_args.cpp), and each step only the layers' force flags beside the caches."""
 
 from __future__ import annotations
 
@@ -16,39 +20,86 @@ from dataclasses import dataclass
 
 import torch
 
-from wide_export.cpu.ops import _DTYPES, PATHS, available, policy, run_op
+from wide_export.cpu.ops import _DTYPES, PATHS, KernelArgumentError, available, policy, run_op
 
 MAX_ROWS = 16  # sequences a call takes at most (and at most what the policy gives the masked kernels a call)
-ROUTERS_FROM = 15  # layer_weights: the routers' float32 weights come last
-LAYER_GEO, FORCE = 6, 5  # wide_cpu.cpp: geometry ints per layer; the force flag's place among them
 
 
-def _router(router) -> list:
-    if router is None:
-        return [None] * 4
-    return [router.compressor.weight, router.compressor.bias, router.router.weight, router.router.bias]
+@dataclass(frozen=True)
+class Weight:
+    """A decoder layer's weight as the op takes it: under `name`, the modeling.DecoderLayer parameter's path, which
+    the op checks it by (csrc/step_args.cpp: kLayerWeights lists the same names, in this order)."""
+
+    name: str
+    optional: bool = False  # a layer may lack it (a bias, Qwen3's q / k norms, a router where the sublayer has none)
+    router: bool = False  # a router's: float32 whatever the model's dtype
+    transposed_when: str | None = None  # "attention" / "ffn": kept as W^T [K, N] where that sublayer is routed
 
 
-def layer_weights(layer) -> list:
-    """A modeling.DecoderLayer's 23 weights in the op's order (wide_cpu.cpp: decode_step, LAYER_WEIGHTS); o_proj /
-    down_proj as the module holds them ([N, K]; the op reads a routed one as W^T, see _plan)."""
-    att, mlp = layer.self_attn, layer.mlp
-    qn, kn = (None, None) if att.q_norm is None else (att.q_norm.weight, att.k_norm.weight)
-    return [layer.input_layernorm.weight, att.q_proj.weight, att.q_proj.bias, att.k_proj.weight, att.k_proj.bias,
-            att.v_proj.weight, att.v_proj.bias, qn, kn, att.o_proj.weight, att.o_proj.bias,
-            layer.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
-            *_router(layer.router_attention), *_router(layer.router_ffn)]
+def _routers() -> tuple:
+    return tuple(Weight(f"router_{sub}.{part}.{kind}", optional=True, router=True)
+                 for sub in ("attention", "ffn") for part in ("compressor", "router") for kind in ("weight", "bias"))
+
+
+# The one table of a layer's weights: what the op reads, by name (the op refuses a missing, unknown or mistyped one,
+# naming it)
+LAYER_WEIGHTS = (
+    Weight("input_layernorm.weight"),
+    Weight("self_attn.q_proj.weight"),
+    Weight("self_attn.q_proj.bias", optional=True),
+    Weight("self_attn.k_proj.weight"),
+    Weight("self_attn.k_proj.bias", optional=True),
+    Weight("self_attn.v_proj.weight"),
+    Weight("self_attn.v_proj.bias", optional=True),
+    Weight("self_attn.q_norm.weight", optional=True),
+    Weight("self_attn.k_norm.weight", optional=True),
+    Weight("self_attn.o_proj.weight", transposed_when="attention"),
+    Weight("self_attn.o_proj.bias", optional=True),
+    Weight("post_attention_layernorm.weight"),
+    Weight("mlp.gate_proj.weight"),
+    Weight("mlp.up_proj.weight"),
+    Weight("mlp.down_proj.weight", transposed_when="ffn"),
+    *_routers(),
+)
+# and of its geometry ints (the op's too): heads and KV heads of head_dim; the attention router's heads a group and
+# the FFN router's channels a group, 0 where that sublayer has no router
+LAYER_GEOMETRY = ("heads", "kv_heads", "head_dim", "attention_group_heads", "ffn_group_size")
+
+
+def _get(layer, name: str):
+    obj = layer
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _routed(layer) -> dict:
+    return {"attention": layer.router_attention is not None, "ffn": layer.router_ffn is not None}
+
+
+def layer_weights(layer) -> dict:
+    """A modeling.DecoderLayer's weights by name (LAYER_WEIGHTS; the ones it lacks left out): the parameters
+    themselves, as the module holds them ([N, K]; a routed o_proj / down_proj the [N, K] view of its W^T)."""
+    return {w.name: t for w in LAYER_WEIGHTS if (t := _get(layer, w.name)) is not None}
+
+
+def layer_geometry(layer) -> dict:
+    """Its geometry ints by name (LAYER_GEOMETRY)."""
+    att, routed = layer.self_attn, _routed(layer)
+    return {"heads": att.hq, "kv_heads": att.hkv, "head_dim": att.d,
+            "attention_group_heads": layer.attn_group_heads if routed["attention"] else 0,
+            "ffn_group_size": layer.ffn_group_size if routed["ffn"] else 0}
 
 
 @dataclass
 class _Plan:
-    """The op's arguments of a model's layers that do not change between steps: the weights (the parameters
-    themselves, so a prepare() that lays one's data out anew is seen), the indices the op reads transposed,
-    the geometry ints (force flags 0: read per call), the RMSNorm eps; None where the op cannot serve them."""
+    """The op's arguments of a model's layers that do not change between steps: a wide_cpu.DecodeLayer per layer
+    (its weights by name, the parameters themselves, so a prepare() that lays one's data out anew is seen; its
+    geometry), the RMSNorm eps; None where the op cannot serve them."""
 
-    weights: list
-    transposed: list[int]
-    geo: list[int]
+    layers: list
     eps: float
 
 
@@ -62,25 +113,34 @@ def _registered(_module, _name, _param) -> None:
     _REGISTRATIONS[0] += 1
 
 
+def _servable(layer, dtype: torch.dtype) -> bool:
+    """Every weight of the layer of the model's dtype (the routers' float32) and contiguous, a routed o_proj /
+    down_proj stored as W^T [K, N] (the CPU method's layout, which the op reads so)."""
+    routed = _routed(layer)
+    for w in LAYER_WEIGHTS:
+        t = _get(layer, w.name)
+        if t is None:
+            continue
+        flip = w.transposed_when is not None and routed[w.transposed_when]
+        if t.dtype != (torch.float32 if w.router else dtype) or not (t.t() if flip else t).is_contiguous():
+            return False
+    return True
+
+
 def _plan(layers, dtype: torch.dtype) -> _Plan | None:
-    """Every weight contiguous and of the model's dtype (the routers' float32), a routed o_proj / down_proj stored
-    as W^T [K, N] (cpu/model.py: prepare; the op reads it so), one RMSNorm eps: the plan; else None."""
-    weights, transposed, geo, eps = [], [], [], {layer.input_layernorm.eps for layer in layers}
+    """The plan, or None where a weight's dtype or layout is not the op's or the layers' RMSNorm eps differ."""
+    eps = {layer.input_layernorm.eps for layer in layers}
     for layer in layers:
-        w = layer_weights(layer)
         att = layer.self_attn
-        routed = (layer.router_attention is not None, layer.router_ffn is not None)
-        flip = [i for i, on in ((9, routed[0]), (14, routed[1])) if on]
-        if any(t is not None and (not (t.t() if i in flip else t).is_contiguous()
-                                  or t.dtype != (torch.float32 if i >= ROUTERS_FROM else dtype))
-               for i, t in enumerate(w)):
-            return None
         eps |= {layer.post_attention_layernorm.eps} | ({att.q_norm.eps, att.k_norm.eps} if att.q_norm else set())
-        transposed += [len(weights) + i for i in flip]
-        weights += w
-        geo += [att.hq, att.hkv, att.d, layer.attn_group_heads if routed[0] else 0,
-                layer.ffn_group_size if routed[1] else 0, 0]
-    return _Plan(weights, transposed, geo, eps.pop()) if len(eps) == 1 else None
+    if len(eps) != 1 or not all(_servable(layer, dtype) for layer in layers):
+        return None
+    try:
+        made = [torch.classes.wide_cpu.DecodeLayer(layer_weights(layer), layer_geometry(layer)) for layer in layers]
+    except RuntimeError as err:  # a name the op does not take: a table out of step with the op
+        raise KernelArgumentError(f"the CPU kernel refused a layer: {str(err).strip().splitlines()[0]}",
+                                  hint="cpu/step.py's LAYER_WEIGHTS must name what csrc/step_args.cpp takes") from None
+    return _Plan(made, eps.pop())
 
 
 def _cached_plan(layers, dtype: torch.dtype) -> _Plan | None:
@@ -114,15 +174,14 @@ def decode_step(model, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at
     if (plan := _cached_plan(layers, h.dtype)) is None or norm.eps != plan.eps or head.dtype != h.dtype \
             or norm.weight.dtype != h.dtype or not head.is_contiguous() or model.lm_head.bias is not None:
         return None
-    w = list(plan.weights)
-    for i in plan.transposed:
-        w[i] = w[i].t()
-    geo = list(plan.geo)
-    for i, layer in enumerate(layers):
-        geo[LAYER_GEO * i + FORCE] = int(layer.force_execute)
     logits = h.new_empty(B, 1, head.shape[0])
-    if not run_op("decode_step", h, w, [p.k for p in pasts], [p.v for p in pasts], length, cos.reshape(B, -1),
-                  sin.reshape(B, -1), plan.eps, geo, norm.weight, head, logits):
+    # torch's __torch_function__ check of a ScriptObject argument (the layers) costs ~15 us a call; none of these
+    # arguments is a tensor subclass that overrides it (a Parameter only disables it)
+    with torch._C.DisableTorchFunctionSubclass():
+        served = run_op("decode_step", h, plan.layers, [int(layer.force_execute) for layer in layers],
+                        [p.k for p in pasts], [p.v for p in pasts], length, cos.reshape(B, -1), sin.reshape(B, -1),
+                        plan.eps, norm.weight, head, logits)
+    if not served:
         return None
     for p in pasts:
         p.length += 1

@@ -1,6 +1,6 @@
 """ONNX export of a WIDE model: one graph with KV cache and `wide` custom ops."""
 
-from wide_export.export.io_spec import input_names, output_names
+from wide_export.ops.io_spec import input_names, output_names
 
 
 def export_onnx(*args, **kwargs):

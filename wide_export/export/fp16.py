@@ -253,7 +253,7 @@ def convert_export(src: Path, dst: Path, dtype: str = "float16") -> dict[str, An
     export folder `src`. Returns the new wide_config. `dst` must exist."""
     import onnx
 
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
     from wide_export.export.onnx_export import (CONFIG_NAME, DATA_NAME, EXTERNAL_DATA_THRESHOLD, MODEL_NAME,
                                                 read_wide_config)
 

@@ -14,14 +14,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from wide_export.errors import WideError
 from wide_export.model.arch import arch_for
-from wide_export.names import GENAI_CONFIG as GENAI_CONFIG_NAME
-from wide_export.paths import confined, read_json
+from wide_export.base.names import GENAI_CONFIG as GENAI_CONFIG_NAME
+from wide_export.base.paths import confined
 
 from wide_export.checkpoint.hf import TOKENIZER_FILES  # copied into the export
+from wide_export.checkpoint.tokens import model_folder, special_tokens
 
-TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 SERVED_FILES = (*TOKENIZER_FILES, GENAI_CONFIG_NAME)  # what an engine folder and a Triton repository carry along
 
 
@@ -32,51 +31,6 @@ def serving_files(folder: Path) -> list[Path]:
     for path in files:
         confined(path, folder, "tokenizer file")
     return files
-
-
-def model_folder(loaded) -> Path | None:
-    """The Hugging Face folder the model was loaded from (None for the in-memory demo model)."""
-    if getattr(loaded, "model_dir", None) is not None:
-        return Path(loaded.model_dir)  # as given: in a Hugging Face snapshot, config.json resolves into blobs/
-    path = loaded.sources.get("config", {}).get("path")
-    return Path(path).parent if path else None
-
-
-def special_tokens(loaded) -> dict[str, Any]:
-    """bos/eos/pad ids: generation_config.json over config.json (as transformers' generate does).
-
-    The demo model has no folder: its ids are those of its transformers config
-    (Llama's defaults: bos 1, eos 2). A missing pad id falls back to the first
-    eos id, as `generate` does.
-    """
-    folder = model_folder(loaded)
-    ids: dict[str, Any] = {k: None for k in TOKEN_KEYS}
-    if folder is None:
-        from wide_export.model.demo import DEMO_SPEC
-
-        hf = DEMO_SPEC.hf_config()
-        ids.update({k: getattr(hf, k, None) for k in TOKEN_KEYS})
-    else:
-        for name in ("config.json", "generation_config.json"):
-            path = folder / name
-            if not path.is_file():
-                continue
-            confined(path, folder, "token defaults file")
-            try:
-                raw = read_json(path)
-            except WideError:
-                continue  # config.json was parsed at load time; a broken generation_config is ignored
-            if not isinstance(raw, dict):
-                continue
-            ids.update({k: raw[k] for k in TOKEN_KEYS if raw.get(k) is not None})
-    if ids["bos_token_id"] is None:
-        ids["bos_token_id"] = 1
-    if ids["eos_token_id"] is None:
-        ids["eos_token_id"] = 2
-    eos = ids["eos_token_id"]
-    if ids["pad_token_id"] is None:
-        ids["pad_token_id"] = eos[0] if isinstance(eos, list) else eos
-    return ids
 
 
 def genai_config(loaded, model_file: str) -> dict[str, Any]:
@@ -143,7 +97,7 @@ def write_genai_files(loaded, folder: Path, model_file: str) -> list[str]:
         from wide_export.model.demo_tokenizer import write_demo_tokenizer
 
         return write_demo_tokenizer(folder)
-    from wide_export.paths import copy_confined
+    from wide_export.base.paths import copy_confined
 
     for path in tokenizer_files(loaded):
         copy_confined(path, folder / path.name, model_folder(loaded), "tokenizer file")  # no check-then-copy race

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from wide_export.errors import WideError
-from wide_export.outdir import check_writable_parent
+from wide_export.base.errors import WideError
+from wide_export.base.outdir import check_writable_parent
 
 DTYPES = ("f32", "f16", "bf16")
 # model_type -> llama.cpp architecture. The `llama` architecture's RoPE rotates adjacent pairs (q/k rows
@@ -299,8 +299,8 @@ def _write(plan: _Plan, vocab_plan: "_Vocab", loaded, out: Path, force: bool, sa
     import gguf
     import numpy as np
 
-    from wide_export.outdir import _disk_full, rename_noreplace
-    from wide_export.signals import check_interrupted, mark_published, shielded, signals_deferred
+    from wide_export.base.outdir import _disk_full, rename_noreplace
+    from wide_export.base.signals import check_interrupted, mark_published, shielded, signals_deferred
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with shielded():
@@ -503,7 +503,7 @@ def _mark_special(folder: Path, types: list) -> None:
     vocabulary (gguf's BpeVocab types only tokens beyond it)."""
     import gguf
 
-    from wide_export.paths import read_json
+    from wide_export.base.paths import read_json
 
     raw = read_json(folder / "tokenizer.json", hint="the tokenizer file looks damaged")
     for item in raw.get("added_tokens") or []:

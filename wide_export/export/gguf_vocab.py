@@ -76,7 +76,7 @@ def probe_hash_name(folder: Path) -> Optional[str]:
 
 def regex_name(folder: Path) -> Optional[str]:
     """The name of tokenizer.json's own pre-tokenizer where it is exactly one llama.cpp implements."""
-    from wide_export.paths import read_json
+    from wide_export.base.paths import read_json
 
     raw = read_json(Path(folder) / "tokenizer.json", hint="the tokenizer file looks damaged")
     if not isinstance(raw, dict):

@@ -1,8 +1,9 @@
 """`wide-export onnx`: trace a WIDE model into one ONNX graph (prefill + decode, KV cache).
 
-The model is traced with torch.onnx.export(dynamo=True); routers and masked
-projections become `wide` nodes (wide_export/ops/dispatch.py), which then get
-their function bodies, module-tree names and conventional axis names.
+The model is traced with torch.onnx.export(dynamo=True) computing with the reference method
+(model/methods.py ReferenceMethod); routers and masked projections become `wide` nodes
+(wide_export/ops/dispatch.py), which then get their function bodies, module-tree names and
+conventional axis names.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from wide_export import __version__
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.export.genai_config import GENAI_CONFIG_NAME, check_genai_sources, write_genai_files
-from wide_export.export.io_spec import axes_of, input_names, mask_output_name, output_names
-from wide_export.names import ONNX_DATA_FILE, ONNX_FILE, WIDE_CONFIG
+from wide_export.ops.io_spec import axes_of, input_names, mask_output_name, output_names
+from wide_export.base.names import ONNX_DATA_FILE, ONNX_FILE, WIDE_CONFIG
 from wide_export.ops.spec import DOMAIN, OPS, OPSET_VERSION
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -26,7 +27,7 @@ DEFAULT_OPSET = 20
 # Bytes of weights above which they go to model.onnx.data. Inline weights are serialized in memory all at
 # once (several copies), so this bounds what an inline save adds to peak RSS (~4x at 1 GiB, measured).
 EXTERNAL_DATA_THRESHOLD = 256 << 20
-# File names: wide_export/names.py (the aliases keep this module's callers unchanged).
+# File names: wide_export/base/names.py (the aliases keep this module's callers unchanged).
 CONFIG_NAME, MODEL_NAME, DATA_NAME = WIDE_CONFIG, ONNX_FILE, ONNX_DATA_FILE
 
 
@@ -42,8 +43,8 @@ def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool
                 stages=None, attention_op: bool = False) -> ExportResult:
     """Export `loaded` (checkpoint.LoadedModel, already in the target dtype) into the folder `output`.
     attention_op: each routed layer's attention as one WideMaskedAttention node (docs/opset.md)."""
-    from wide_export.outdir import atomic_output_dir
-    from wide_export.progress import Stages
+    from wide_export.base.outdir import atomic_output_dir
+    from wide_export.base.progress import Stages
 
     stages = stages or Stages(quiet=True)
     if opset < 18:
@@ -55,13 +56,11 @@ def export_onnx(loaded, output: Path, *, opset: int = DEFAULT_OPSET, force: bool
     check_genai_sources(loaded)  # files copied at the end are checked first
     hashing = hash_in_background(loaded.sources)  # sources loaded with checksums=False: hashed meanwhile
     with atomic_output_dir(output, force) as tmp:
-        from wide_export.ops.dispatch import attention_op as attention_nodes
-
-        with stages.stage("trace"), attention_nodes(attention_op):
+        with stages.stage("trace"):
             if streamed:
-                program = _trace_streamed(loaded, opset)
+                program = _trace_streamed(loaded, opset, attention_op)
             else:
-                program = trace_program(model, opset)
+                program = trace_program(model, opset, attention_op=attention_op)
         with stages.stage("rewrite"):
             ir_model = program.model
             counts = _postprocess(ir_model, loaded)
@@ -92,7 +91,7 @@ def example_inputs(model, batch: int = 2, new: int = 3, past: int = 4):
     return ids, mask, pos, kv
 
 
-def _trace_streamed(loaded, opset: int):
+def _trace_streamed(loaded, opset: int, attention_op: bool = False):
     """Trace the placeholder model -- two layers of it when the layers are alike (replicate.py) -- then
     point the initializers at the checkpoint (streaming.py) and optimize, as optimize=True would."""
     from wide_export.checkpoint.lazy import placeholder_model
@@ -103,10 +102,10 @@ def _trace_streamed(loaded, opset: int):
     if replicate.can_replicate(cfg):
         short = placeholder_model(replicate.short_config(cfg), model.model.inv_freq, model.model.rope_scaling,
                                   model.dtype)
-        program = trace_program(short, opset, optimize=False)
+        program = trace_program(short, opset, optimize=False, attention_op=attention_op)
         replicate.replicate_layers(program.model, cfg.num_layers)
     else:
-        program = trace_program(model, opset, optimize=False)
+        program = trace_program(model, opset, optimize=False, attention_op=attention_op)
     attach_weights(program.model, loaded.weights)
     program.optimize()  # what optimize=True runs, now on the real (lazy) small weights
     return program
@@ -132,8 +131,13 @@ def _quiet_exporter():
         registry.setLevel(level)
 
 
-def trace_program(model, opset: int, optimize: bool = True):
+def trace_program(model, opset: int, optimize: bool = True, attention_op: bool = False):
+    """torch.onnx.export's program of `model` computing with the reference method (each masked projection and
+    router one `wide` node; attention_op: each routed layer's attention one WideMaskedAttention node); the model's
+    own method is given back afterwards."""
     import torch
+
+    from wide_export.model.methods import ReferenceMethod
 
     n = model.config.num_layers
     dyn = torch.export.Dim.DYNAMIC
@@ -143,6 +147,8 @@ def trace_program(model, opset: int, optimize: bool = True):
         "position_ids": {0: dyn, 1: dyn},
         "past_key_values": [({0: dyn, 2: dyn}, {0: dyn, 2: dyn}) for _ in range(n)],
     }
+    before = model.method
+    model.use_method(ReferenceMethod(attention_op=attention_op))
     with torch.no_grad(), _quiet_exporter():
         try:
             return torch.onnx.export(
@@ -152,6 +158,8 @@ def trace_program(model, opset: int, optimize: bool = True):
             )
         except Exception as err:  # the exporter wraps everything; keep the traceback, it is a bug
             raise RuntimeError(f"torch.onnx.export failed: {str(err).splitlines()[0]}") from err
+        finally:
+            model.use_method(before)
 
 
 def _postprocess(ir_model, loaded) -> dict[str, int]:
@@ -257,15 +265,15 @@ def wide_config(loaded, opset: int, external: bool, counts: dict[str, int]) -> d
 
 def read_wide_config(folder: Path, uses: dict[str, str] | None = None) -> dict[str, Any]:
     """Load OUT/wide_config.json with a clear error when the folder is not an export (naming what it is and
-    where it goes when it is another of our folders; `uses`: the command's own way per kind, folders.py)."""
+    where it goes when it is another of our folders; `uses`: the command's own way per kind, base/folders.py)."""
     folder = Path(folder)
     path = folder / CONFIG_NAME
     if not (folder / MODEL_NAME).is_file() or not path.is_file():
-        from wide_export.folders import elsewhere
+        from wide_export.base.folders import elsewhere
 
         raise WideError(f"{folder} is not a wide-export ONNX folder (no {MODEL_NAME} / {CONFIG_NAME})",
                         elsewhere(folder, "onnx", uses) or "create one with `wide-export onnx --output DIR`")
-    from wide_export.paths import confined, read_json
+    from wide_export.base.paths import confined, read_json
 
     hint = "re-run `wide-export onnx`"
     confined(path, folder, "export description")

@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from wide_export.export.io_spec import axes_of, mask_output_name
+from wide_export.ops.io_spec import axes_of, mask_output_name
 from wide_export.ops.spec import DOMAIN, OPSET_VERSION
 
 # (parent module, op_type) -> projection name used in node names

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from wide_export.checksum import sha256_of
+from wide_export.base.checksum import sha256_of
 
 
 class Hashing:

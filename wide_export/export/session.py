@@ -11,7 +11,7 @@ def with_masks(onnx_dir: Path, config: dict[str, Any]):
     """model.onnx (an onnx.ModelProto, weights not loaded) with the router masks as extra graph outputs."""
     import onnx
 
-    from wide_export.paths import load_graph
+    from wide_export.base.paths import load_graph
 
     proto = load_graph(Path(onnx_dir) / config["files"]["model"])
     known = {o.name for o in proto.graph.output}
@@ -26,7 +26,7 @@ def with_masks(onnx_dir: Path, config: dict[str, Any]):
 def check_graph_files(onnx_dir: Path, config: dict[str, Any]) -> None:
     """model.onnx parses and its external-data locations lie inside onnx_dir -- checked before the
     reference is built or ONNX Runtime opens anything."""
-    from wide_export.paths import external_data_files, load_graph
+    from wide_export.base.paths import external_data_files, load_graph
 
     graph = Path(onnx_dir) / config["files"]["model"]
     external_data_files(load_graph(graph), graph)

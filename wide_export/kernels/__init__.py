@@ -1,4 +1,4 @@
-"""The `wide` ops' GPU kernels on torch tensors (OpenAI Triton; sources in ``sources.py``).
+"""The `wide` ops' GPU kernels on torch tensors (OpenAI Triton; sources in ``triton_kernels.py``).
 
     from wide_export import kernels
     mask = kernels.router(h, wc, bc, wr, br)                  # int32 [..., G]

@@ -98,9 +98,9 @@ def hinted_params(spec: Spec, arg_names) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _arg_names(kernel: str) -> tuple:
-    """The parameters of `kernel`, read from sources.py's text: importing it would import Triton, which fixes
+    """The parameters of `kernel`, read from triton_kernels.py's text: importing it would import Triton, which fixes
     interpreter vs compiled mode for this process (see compile_spec_ptx)."""
-    tree = ast.parse((Path(__file__).with_name("sources.py")).read_text())
+    tree = ast.parse((Path(__file__).with_name("triton_kernels.py")).read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == kernel)
     return tuple(a.arg for a in fn.args.args)
 
@@ -259,7 +259,7 @@ def _compile(spec: Spec, arch: int):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from wide_export.kernels import sources
+    from wide_export.kernels import triton_kernels as sources
 
     fn = getattr(sources, spec.kernel)
     consts = dict(spec.constexprs)
@@ -298,7 +298,7 @@ def _worker_ready() -> None:
     import triton  # noqa: F401
     import triton.backends.compiler  # noqa: F401
 
-    from wide_export.kernels import sources  # noqa: F401
+    from wide_export.kernels import triton_kernels as sources  # noqa: F401
 
     print(WORKER_READY, flush=True)
 

@@ -1,5 +1,5 @@
 """Decode attention that leaves out the heads of skipped attention groups, on torch tensors (the kernels:
-sources.py, wide_decode_attention_kernel + wide_attention_reduce_kernel; CUDA tensors JIT, CPU tensors in
+triton_kernels.py, wide_decode_attention_kernel + wide_attention_reduce_kernel; CUDA tensors JIT, CPU tensors in
 Triton's interpreter). The reference: wide_export.ops.reference.masked_attention.
 
     out = decode_attention(q, k_cache, v_cache, head_mask, group_heads, lengths)
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 BLOCK_L = 64  # keys per tile
 SPLIT_TARGET_PROGRAMS = 264  # programs a decode call aims at (two waves of an H100's 132 SMs)

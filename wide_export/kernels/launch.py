@@ -1,4 +1,4 @@
-"""Launch the Triton kernels of ``sources.py`` on torch tensors.
+"""Launch the Triton kernels of ``triton_kernels.py`` on torch tensors.
 
 CUDA tensors run the JIT-compiled kernels; CPU tensors run the same kernels
 under Triton's interpreter (``TRITON_INTERPRET=1``, set automatically on a
@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.kernels import configs as cfg
 from wide_export.kernels.mode import INTERPRET_ENV
 from wide_export.kernels.policy import ALGOS, choose, policy_for, tile_size
@@ -36,7 +36,7 @@ def kernels():
     if not torch.cuda.is_available() and os.environ.get(INTERPRET_ENV) is None:
         os.environ[INTERPRET_ENV] = "1"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as the AOT build; silences Triton 3.9's warning
-    from wide_export.kernels import sources
+    from wide_export.kernels import triton_kernels as sources
 
     if _is_interpreted(sources.wide_cast_kernel):
         _interpreter_scalar_index_compat()

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 GEMM_KERNELS = ("tile_n", "tile_k", "grouped_n", "grouped_k")  # key prefixes whose main loop is a tl.dot GEMM
 _TOOLKIT_CUOBJDUMP = "/usr/local/cuda/bin/cuobjdump"

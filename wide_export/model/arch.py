@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 
 @dataclass(frozen=True)

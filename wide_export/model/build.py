@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 
 def rope_inv_freq(hf: Any):

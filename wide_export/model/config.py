@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.model.arch import SUPPORTED_ROPE_TYPES, arch_for, flag
 
 

@@ -3,8 +3,10 @@
 The module tree mirrors Hugging Face (`model.layers.{i}.self_attn.q_proj`, ...)
 plus `router_attention` / `router_ffn` per layer, so state-dict keys, ONNX
 initializer names and ONNX node names all follow the checkpoint. The same
-module is traced by the exporter: masked projections go through
-wide_export.ops.dispatch, which emits `wide` nodes under export.
+module is traced by the exporter. Every masked projection, router, norm, rotary embedding and attention is
+computed by the model's method object (model/methods.py: the reference, which emits `wide` nodes under export, or
+the CPU kernels), chosen when the model is built or prepared (`use_method`): the forward itself has no branch on
+where it runs.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.model.config import WideConfig
-from wide_export.ops import dispatch
-from wide_export.ops.reference import attention, router_logits
+from wide_export.model.methods import REFERENCE, MaskedProjectionMethod
+from wide_export.ops.reference import apply_rope, rms_norm, rotate_half, router_logits  # noqa: F401 (re-exported)
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
@@ -44,25 +46,16 @@ class StaticKV:
 
 
 class RMSNorm(nn.Module):
-    """Llama RMSNorm: normalise in float32, scale in the input dtype (as transformers)."""
+    """Llama RMSNorm: normalise in float32, scale in the input dtype (as transformers; ops/reference.py)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.method: MaskedProjectionMethod = REFERENCE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fast = dispatch.cpu_layer_ops(x)
-        if fast is not None and (y := fast.rms_norm(x, self.weight, self.eps)) is not None:
-            return y
-        return rms_norm(x, self.weight, self.eps)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm's reference: normalise in float32, scale in the input dtype (as transformers)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+        return self.method.rms_norm(self, x)
 
 
 class Router(nn.Module):
@@ -72,6 +65,7 @@ class Router(nn.Module):
         super().__init__()
         self.compressor = nn.Linear(hidden, rank, bias=True)
         self.router = nn.Linear(rank, 2 * groups, bias=True)
+        self.method: MaskedProjectionMethod = REFERENCE
 
     @property
     def groups(self) -> int:
@@ -81,7 +75,7 @@ class Router(nn.Module):
         return self.compressor.weight, self.compressor.bias, self.router.weight, self.router.bias
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return dispatch.router(h, *self.params())
+        return self.method.route(self, h)
 
     def margin(self, h: torch.Tensor) -> torch.Tensor:
         """logit(execute) - logit(skip), float32 [B, T, G]: how far each decision is from a tie."""
@@ -95,16 +89,6 @@ class Collector:
 
     masks: list[dict[str, torch.Tensor]] = field(default_factory=list)
     margins: list[dict[str, torch.Tensor]] = field(default_factory=list)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotary embedding's reference: x * cos + rotate_half(x) * sin (cos / sin broadcast over heads)."""
-    return x * cos + rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -121,23 +105,21 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.method: MaskedProjectionMethod = REFERENCE
 
     def forward(self, x, cos, sin, allowed, past: KV | StaticKV, mask, group_heads: int | None):
         b, t, _ = x.shape
+        method = self.method
         if mask is None:
-            q = dispatch.linear(self.q_proj, x)
+            q = method.apply_dense(self.q_proj, x)
         else:
-            q = dispatch.gemm_n(x, self.q_proj.weight, mask, group_heads * self.d, self.q_proj.bias)
+            q = method.apply(self.q_proj, x, mask, group_heads * self.d)
         q = q.view(b, t, self.hq, self.d)
-        k = dispatch.linear(self.k_proj, x).view(b, t, self.hkv, self.d)
-        v = dispatch.linear(self.v_proj, x).view(b, t, self.hkv, self.d)
+        k = method.apply_dense(self.k_proj, x).view(b, t, self.hkv, self.d)
+        v = method.apply_dense(self.v_proj, x).view(b, t, self.hkv, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        fast = dispatch.cpu_layer_ops(x)
-        roped = fast is not None and fast.rope_(q, k, cos, sin)  # in place, before the heads move to dim 1
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if not roped:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = method.rope(q, k, v, cos, sin)  # [B, H, T, D]
         if isinstance(past, StaticKV):
             k, v = past.append(k, v)
             present = past
@@ -145,25 +127,13 @@ class Attention(nn.Module):
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
             present = (k, v)
-        o = self._attend(q, k, v, allowed, mask, group_heads)
+        o = method.attend(q, k, v, allowed, mask, group_heads)
         o = o.transpose(1, 2).reshape(b, t, self.hq * self.d)
         if mask is None:
             out = self.o_proj(o)
         else:
-            out = dispatch.gemm_k(o, self.o_proj.weight, mask, group_heads * self.d, self.o_proj.bias)
+            out = method.apply_k(self.o_proj, o, mask, group_heads * self.d)
         return out, present
-
-    def _attend(self, q, k, v, allowed, mask, group_heads):
-        fast = dispatch.cpu_layer_ops(q)
-        if fast is not None:  # generation: the decode step's attention without skipped heads, else torch's fused
-            # attention (allowed: the additive floor, None when every position is allowed), KV heads shared
-            if allowed is None and (o := fast.decode_attention(q, k, v, mask, group_heads or 1)) is not None:
-                return o
-            return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
-                                                              enable_gqa=self.hq != self.hkv)
-        if mask is not None and (node := dispatch.masked_attention(q, k, v, allowed, mask, group_heads)) is not None:
-            return node  # export --attention-op: one WideMaskedAttention node
-        return attention(q, k, v, allowed)
 
 
 class MLP(nn.Module):
@@ -172,12 +142,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.method: MaskedProjectionMethod = REFERENCE
 
     def forward(self, x, mask, group_size: int | None):
         if mask is None:
             return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-        y = dispatch.gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, mask, group_size)
-        return dispatch.gemm_k(y, self.down_proj.weight, mask, group_size)
+        y = self.method.apply_gated(self.gate_proj, self.up_proj, x, mask, group_size)
+        return self.method.apply_k(self.down_proj, y, mask, group_size)
 
 
 class DecoderLayer(nn.Module):
@@ -225,13 +196,11 @@ class DecoderLayer(nn.Module):
         y = self.mlp(self.post_attention_layernorm(h), mask_f, self.ffn_group_size)
         return h + (y if shard is None else shard.all_reduce(y)), present
 
-
-def attention_floor(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """The additive attention mask of a boolean one (0 where allowed, the dtype's lowest value where not, a
-    finite floor as in _attend's reference), or None where every position is allowed."""
-    if bool(allowed.all()):
-        return None
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    def k_pruned(self) -> list[nn.Linear]:
+        """The projections whose input groups the routers prune (o_proj / down_proj of a routed sublayer): those
+        a method lays out for its apply_k."""
+        return [linear for linear, routed in ((self.self_attn.o_proj, self.attn_group_heads),
+                                              (self.mlp.down_proj, self.ffn_group_size)) if routed]
 
 
 class WideModel(nn.Module):
@@ -244,8 +213,12 @@ class WideModel(nn.Module):
         self.rope_scaling = float(rope_scaling)
 
 
+_TAKES_METHOD = (RMSNorm, Router, Attention, MLP)
+
+
 class WideForCausalLM(nn.Module):
-    """WIDE causal LM with an explicit KV cache (one graph for prefill and decode)."""
+    """WIDE causal LM with an explicit KV cache (one graph for prefill and decode). It computes with the
+    reference method (model/methods.py) until `use_method` gives it another."""
 
     def __init__(self, cfg: WideConfig, inv_freq: torch.Tensor, rope_scaling: float = 1.0):
         super().__init__()
@@ -254,6 +227,18 @@ class WideForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.method: MaskedProjectionMethod = REFERENCE
+
+    def use_method(self, method: MaskedProjectionMethod) -> int:
+        """Compute with `method` from now on (every layer holds it): its re-layout of the K-pruned projections'
+        weights is done here, once per projection (process_weights_after_loading; a projection already laid out
+        is left as it is). Call it after the weights are loaded; returns how many projections were laid out."""
+        for module in self.modules():
+            if isinstance(module, _TAKES_METHOD):
+                module.method = method
+        self.method = method
+        return sum(bool(method.process_weights_after_loading(linear))
+                   for layer in self.model.layers for linear in layer.k_pruned())
 
     @property
     def dtype(self) -> torch.dtype:
@@ -294,22 +279,23 @@ class WideForCausalLM(nn.Module):
                             f"{len(m.layers)} layers", hint="pass one (key, value) pair per layer; "
                             "model.empty_cache(batch) for a prefill")
         h = m.embed_tokens(input_ids)
-        t, s = input_ids.shape[1], attention_mask.shape[1]
         freqs = position_ids[..., None].float() * m.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * m.rope_scaling).to(h.dtype)[:, None]
         sin = (emb.sin() * m.rope_scaling).to(h.dtype)[:, None]
-        fused = dispatch.cpu_decode_step(h) if collect is None else None
-        if fused is not None and (logits := fused(self, h, cos, sin, attention_mask, past_key_values)) is not None:
-            return logits, list(past_key_values)  # generation's decode step on CPU, in one call (cpu/step.py)
+        return self.method.run_decoder(self, h, cos, sin, attention_mask, past_key_values, collect)
+
+    def run_layers(self, h, cos, sin, attention_mask, past_key_values, collect=None):
+        """forward after the embedding and the rotary angles: every layer op by op, the final norm, the LM head
+        (what the method's run_decoder runs unless its fused step serves the call)."""
+        m, method = self.model, self.method
+        t, s = h.shape[1], attention_mask.shape[1]
         q_pos = torch.arange(t, device=h.device) + (s - t)
         causal = torch.arange(s, device=h.device)[None, :] <= q_pos[:, None]
-        allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
-        if dispatch.fast_cpu(h):  # torch's fused attention takes the additive floor, made once for every layer
-            allowed = attention_floor(allowed, h.dtype)
+        allowed = method.attention_mask(causal[None, None] & attention_mask.bool()[:, None, None, :], h.dtype)
         presents = []
         for layer, past in zip(m.layers, past_key_values):
             h, present = layer(h, cos, sin, allowed, past, collect)
             presents.append(present)
-        logits = dispatch.linear(self.lm_head, m.norm(h)).float()
+        logits = method.apply_dense(self.lm_head, m.norm(h)).float()
         return logits, presents

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE_DIR = REPO_ROOT / "plugins"
@@ -147,7 +147,7 @@ def build_native(
         return _build(build_dir, cuda_archs, tensorrt_root, tensorrt_include_dir, tensorrt_lib_dir, nvcc, jobs,
                       targets, on_step, on_progress)
     except KeyboardInterrupt:
-        from wide_export.signals import Interrupted, shielded
+        from wide_export.base.signals import Interrupted, shielded
 
         with shielded():
             if fresh:
@@ -163,7 +163,7 @@ def build_native(
 
 def _build(build_dir, cuda_archs, tensorrt_root, tensorrt_include_dir, tensorrt_lib_dir, nvcc, jobs, targets,
            on_step, on_progress) -> BuildResult:
-    from wide_export.childproc import run_group
+    from wide_export.base.childproc import run_group
 
     log = build_dir / "build.log"
     steps = [("configure", configure_command(build_dir, cuda_archs, tensorrt_root, tensorrt_include_dir,

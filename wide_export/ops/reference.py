@@ -87,6 +87,24 @@ def attention(q, k, v, allowed) -> torch.Tensor:
     return torch.matmul(probs, v)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's RMSNorm (model/modeling.py RMSNorm): normalise in float32, scale in the input dtype (as
+    transformers)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The model's rotary embedding: x * cos + rotate_half(x) * sin (cos / sin broadcast over heads)."""
+    return x * cos + rotate_half(x) * sin
+
+
 def wide_masked_attention(q, k, v, allowed, head_mask, group_heads: int) -> torch.Tensor:
     """WideMaskedAttention: attention() with the output of each (token, head) whose group (head // group_heads)
     head_mask [B, T, Hq / group_heads] (int) skips exactly 0; o_proj's masked GEMM ignores those heads anyway."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 
 def rank_loads(rates: list[float], order: list[int], tp: int) -> list[float]:

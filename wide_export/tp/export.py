@@ -79,9 +79,9 @@ class EagerWeights:
 def export_tp(loaded, output: Path, plan: TPPlan, *, opset: int = 20, force: bool = False, stages=None,
               balance: dict | None = None) -> dict[str, Any]:
     """Write the rank graphs of `loaded` (lazy or eager, any dtype) into `output`; returns the manifest."""
-    from wide_export.errors import WideError
-    from wide_export.outdir import atomic_output_dir
-    from wide_export.progress import Stages
+    from wide_export.base.errors import WideError
+    from wide_export.base.outdir import atomic_output_dir
+    from wide_export.base.progress import Stages
 
     stages = stages or Stages(quiet=True)
     if opset < 18:

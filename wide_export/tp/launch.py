@@ -23,8 +23,8 @@ import tempfile
 import threading
 from typing import Callable, Sequence
 
-from wide_export.childproc import start, stop_group
-from wide_export.signals import signals_deferred
+from wide_export.base.childproc import start, stop_group
+from wide_export.base.signals import signals_deferred
 
 INIT_ENV = "WIDE_TP_INIT"
 

@@ -29,7 +29,7 @@ COLLECTIVE = "DistCollective"
 
 def all_reduce(x: torch.Tensor, tp: int) -> torch.Tensor:
     """Sum of `x` over the tp ranks. Eager: a world of one (identity); under export: a DistCollective node."""
-    if dispatch._exporting():
+    if dispatch.exporting():
         attrs = {"collective_operation": "all_reduce", "reduce_op": "sum", "root": -1, "group_size": tp}
         return torch.onnx.ops.symbolic(f"{TRACE_DOMAIN}::{COLLECTIVE}", [x], attrs=attrs, dtype=x.dtype,
                                        shape=x.shape, version=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 MANIFEST = "tp_manifest.json"
 FORMAT = "wide-export/onnx-tp"
@@ -58,11 +58,11 @@ def check_tp_early(model_dir, tp: int) -> None:
 
         check_tp_sizes(tp, DEMO_SPEC.num_kv_heads, DEMO_SPEC.intermediate_size)
         return
-    from wide_export.paths import read_json
+    from wide_export.base.paths import read_json
 
     path = Path(model_dir) / "config.json"
     try:
-        from wide_export.paths import confined
+        from wide_export.base.paths import confined
 
         confined(path, Path(model_dir), "config file")
         raw = read_json(path)

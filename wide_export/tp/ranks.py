@@ -1,6 +1,6 @@
 """A sharded (tensor-parallel) export run on one machine: its manifest, each rank's graph as stages between its
 DistCollective nodes, and all ranks stepped together with every all-reduce simulated (what `run-tp` serves and
-verify/sharded.py compares with the reference).
+tp/verify.py compares with the reference).
 
 Each rank's graph is cut at its DistCollective nodes into stages (the nodes between two collectives, in the
 graph's order); a stage's inputs are graph inputs or values of earlier stages, its outputs what later
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.tp.plan import FORMAT, MANIFEST
 
 
@@ -24,7 +24,7 @@ def is_tp_export(folder: Path) -> bool:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    from wide_export.paths import confined, read_json
+    from wide_export.base.paths import confined, read_json
 
     folder = Path(folder)
     hint = "re-run `wide-export onnx --tp N`"
@@ -52,7 +52,7 @@ class RankRunner:
     """One rank's graph as stages between its collectives."""
 
     def __init__(self, folder: Path, extra_outputs: list[str]):
-        from wide_export.paths import load_graph
+        from wide_export.base.paths import load_graph
 
         self.folder = Path(folder)
         self.proto = load_graph(self.folder / "model.onnx")

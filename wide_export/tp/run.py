@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 
 def _check_collective(node) -> None:
@@ -73,8 +73,8 @@ class RankGenerator:
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> list[int]:
         """Greedy: prefill the prompt, then one token per step with the KV cache (batch 1), through the one
-        generation loop (wide_export/decoding.py), the ranks' graphs as its step."""
-        from wide_export.decoding import decode_loop
+        generation loop (wide_export/generation/decoding.py), the ranks' graphs as its step."""
+        from wide_export.generation.decoding import decode_loop
 
         cfg = self.config
         n_layers, kvh, hd = cfg["num_layers"], cfg["num_key_value_heads"], cfg["head_dim"]

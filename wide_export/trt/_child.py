@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from wide_export.childproc import start, stop_group
-from wide_export.errors import WideError
-from wide_export.signals import interrupt_on_signals
+from wide_export.base.childproc import start, stop_group
+from wide_export.base.errors import WideError
+from wide_export.base.signals import interrupt_on_signals
 
 
 def run_in_child(function: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 BACKENDS = ("tensorrt", "tensorrt_rtx")
 FLAVOURS = {"tensorrt": "TensorRT", "tensorrt_rtx": "TensorRT-RTX"}

@@ -19,7 +19,7 @@ What is still ours, and why:
     support needs a real file), so the caller writes it atomically with the engine;
   * `SaveEngine` is not used: it writes one file in place, while the engine,
     manifest and cache are written together into a temp folder renamed at the
-    end (wide_export/outdir.py).
+    end (wide_export/base/outdir.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import os
 import sys
 from typing import Any, Optional
 
-from wide_export.errors import WideError
-from wide_export.signals import check_interrupted, interrupted
+from wide_export.base.errors import WideError
+from wide_export.base.signals import check_interrupted, interrupted
 
 # Parser warnings that say nothing to the user, each dropped for its reason:
 _NOISE = (

@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from wide_export.errors import WideError
-from wide_export.names import TIMING_CACHE
+from wide_export.base.errors import WideError
+from wide_export.base.names import TIMING_CACHE
 from wide_export.trt.backend import needs_child, rtx_child_env, select_backend
 
 MAX_BATCH, MAX_TOKENS = 4, 8

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from wide_export.checksum import sha256_of
-from wide_export.errors import WideError
+from wide_export.base.checksum import sha256_of
+from wide_export.base.errors import WideError
 from wide_export.ops.spec import OPS, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from wide_export.trt.backend import Backend
 

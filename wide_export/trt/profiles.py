@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from wide_export.errors import WideError
-from wide_export.export.io_spec import axes_of
+from wide_export.base.errors import WideError
+from wide_export.ops.io_spec import axes_of
 from wide_export.trt.recipes import ProfileLimits
 
-# Profile role of each named axis of the I/O contract (export/io_spec.py); other axes are
+# Profile role of each named axis of the I/O contract (ops/io_spec.py); other axes are
 # static (None): the graph gives their size.
 ROLE_OF_AXIS = {"batch_size": "batch", "sequence_length": "tokens", "total_sequence_length": "total",
                 "past_sequence_length": "past"}

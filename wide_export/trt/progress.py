@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from wide_export.signals import interrupted
+from wide_export.base.signals import interrupted
 
 
 @contextmanager

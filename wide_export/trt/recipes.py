@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # wide_export/recipes: package data
 TOLERANCE_FIELDS = ("atol", "rtol", "stat", "min_agreement", "flip_margin")

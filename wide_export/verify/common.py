@@ -1,13 +1,13 @@
 """What every verification target shares: the default run, the float32 reference model of an export, and
-the checks made before a target runs (verify/onnx_verify.py: ONNX Runtime, verify/sharded.py: the ranks of a
-sharded export, verify/tensorrt.py: TensorRT engines)."""
+the checks made before a target runs (export/verify_onnx.py: ONNX Runtime, tp/verify.py: the ranks of a
+sharded export, trt/verify.py: TensorRT engines)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.verify.reference import streamed
 
 DEFAULTS = {"batch": 2, "prompt_len": 7, "steps": 3, "seed": 0}  # the run every target compares

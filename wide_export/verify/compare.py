@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from wide_export.signals import check_interrupted
+from wide_export.base.signals import check_interrupted
 from wide_export.verify.reference import Step
 from wide_export.verify.tolerances import Tolerance
 

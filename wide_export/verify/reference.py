@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wide_export.export.io_spec import mask_output_name
+from wide_export.ops.io_spec import mask_output_name
 
 
 @dataclass
@@ -39,8 +39,8 @@ def reference_steps(model, *, batch: int, prompt_len: int, steps: int, seed: int
     """
     import torch
 
-    from wide_export.decoding import decode_loop
-    from wide_export.model.generate import TorchStep
+    from wide_export.generation.decoding import decode_loop
+    from wide_export.generation.torch_step import TorchStep
     from wide_export.model.modeling import Collector
 
     cfg = model.config

@@ -40,7 +40,7 @@ from typing import Callable
 
 import numpy as np
 
-from wide_export.signals import check_interrupted
+from wide_export.base.signals import check_interrupted
 
 _LAYER = re.compile(r"^/model/layers\.(\d+)/")
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from wide_export.frontend.auth import ApiKey
+from wide_export.base.api_key import ApiKey
 
 KEYS_ENV = "WIDE_VLLM_API_KEYS"  # a JSON list of the keys, set by wide-vllm for the API server's processes
 

@@ -6,7 +6,7 @@ inside vLLM (guard.py) once vLLM has read config.json and before it opens any ot
 
 * every entry of the folder resolves inside it, symlinks followed (paths.confined), so neither the weights,
   the index, the tokenizer files, generation_config.json nor a chat template can be a link to a file
-  elsewhere; the one exception is paths.py's: a Hugging Face cache snapshot's links into the same
+  elsewhere; the one exception is base/paths.py's: a Hugging Face cache snapshot's links into the same
   repository's `blobs/`;
 * config.json's `wide` section is one the plugin builds (spec.config_from_hf: formats, group counts,
   router ranks at most the hidden size, a finite LoRA scale);
@@ -25,7 +25,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -44,7 +44,7 @@ def _hint() -> str:
 
 def check_confined(folder: Path) -> int:
     """Every entry under `folder` resolves inside it (or its Hugging Face blob store); returns the count."""
-    from wide_export.paths import confined
+    from wide_export.base.paths import confined
 
     count = 0
     for root, dirs, files in os.walk(folder):  # symlinked folders are listed, not entered: confined() checks them
@@ -59,7 +59,7 @@ def check_confined(folder: Path) -> int:
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files vLLM reads: those the index names, else every `*.safetensors` of the folder."""
-    from wide_export.paths import read_json
+    from wide_export.base.paths import read_json
 
     index = folder / INDEX
     if index.is_file():
@@ -84,7 +84,7 @@ def weight_files(folder: Path) -> list[Path]:
 
 def read_header(path: Path) -> dict[str, dict[str, Any]]:
     """tensor name -> {dtype, shape, data_offsets} of a safetensors file, checked against the file's size."""
-    from wide_export.paths import parse_json
+    from wide_export.base.paths import parse_json
 
     hint = f"{path.name} is truncated or damaged: copy the folder again, or {_hint()}"
     size = path.stat().st_size
@@ -165,7 +165,7 @@ def check_folder(folder: Path | str, hf=None) -> dict[str, Any]:
     """Check a WIDE vLLM folder before vLLM reads it (see the module's docstring); WideError on the first
     problem. `hf`: its transformers config when the caller holds it already (vLLM has parsed config.json).
     Returns {"files", "weights", "routers", "tokenizer"}."""
-    from wide_export.paths import confined, read_json
+    from wide_export.base.paths import confined, read_json
     from wide_export.vllm.spec import config_from_hf
 
     folder = Path(folder)
@@ -198,7 +198,7 @@ def check_folder(folder: Path | str, hf=None) -> dict[str, Any]:
 
 def is_wide_folder(folder: Path | str) -> bool:
     """Whether `folder` is a local folder whose config.json carries a `wide` section (cheap; no checks)."""
-    from wide_export.paths import confined
+    from wide_export.base.paths import confined
 
     path = Path(folder) / CONFIG
     try:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention
 COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
@@ -131,7 +131,7 @@ def serve_api_key(args: list[str], environ) -> tuple[list[str], list[str]]:
     VLLM_API_KEY, else WIDE_API_KEY (which then becomes VLLM_API_KEY). With a key: every route but /health
     guarded (auth.GuardAll, as a --middleware, the keys in its KEYS_ENV of `environ`); without, beyond
     loopback: a warning note."""
-    from wide_export.frontend.auth import ENV, exposure_warning
+    from wide_export.base.api_key import ENV, exposure_warning
     from wide_export.vllm.auth import KEYS_ENV
 
     keys = [k for k in _values(args, "--api-key") if k]
@@ -164,7 +164,7 @@ def folder_dtype(folder) -> str | None:
     or cannot be read (vLLM then says what is wrong)."""
     from pathlib import Path
 
-    from wide_export.paths import read_json
+    from wide_export.base.paths import read_json
 
     try:
         raw = read_json(Path(folder) / "config.json")

@@ -26,7 +26,7 @@ def source_dtype(model_dir: Path | None) -> str:
     if model_dir is None:
         return "float32"
     from wide_export.checkpoint.hf import read_hf_config
-    from wide_export.paths import read_json
+    from wide_export.base.paths import read_json
 
     read_hf_config(Path(model_dir))  # the loader's checks and one-line errors first (no folder, no config, ...)
     raw = read_json(Path(model_dir) / CONFIG, hint="the model folder looks damaged")
@@ -40,7 +40,7 @@ def base_config(loaded) -> dict[str, Any]:
         from wide_export.model.demo import DEMO_SPEC
 
         return DEMO_SPEC.hf_config().to_dict()
-    from wide_export.paths import confined, read_json
+    from wide_export.base.paths import confined, read_json
 
     path = confined(Path(loaded.model_dir) / CONFIG, Path(loaded.model_dir), "config file")
     return dict(read_json(path, hint="the model folder looks damaged"))
@@ -137,7 +137,7 @@ def write_text_files(loaded, folder: Path) -> list[str]:
 
         return write_demo_tokenizer(folder)
     from wide_export.export.genai_config import tokenizer_files
-    from wide_export.paths import copy_confined
+    from wide_export.base.paths import copy_confined
 
     copied = []
     for path in tokenizer_files(loaded):  # each confined to the model folder, and copied from the checked file

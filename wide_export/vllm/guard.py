@@ -30,7 +30,7 @@ class WideGuard:
 
     @staticmethod
     def verify_and_update_model_config(model_config) -> None:
-        from wide_export.errors import WideError
+        from wide_export.base.errors import WideError
         from wide_export.vllm.check import check_folder
 
         folder = _folder(model_config)
@@ -61,7 +61,7 @@ def fit_cpu_kv_cache(vllm_config) -> None:
     total, available = memory_now()
     if total * cache.gpu_memory_utilization <= available:
         return
-    from wide_export.errors import WideError
+    from wide_export.base.errors import WideError
 
     folder = _folder(vllm_config.model_config)
     try:

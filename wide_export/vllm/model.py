@@ -16,19 +16,12 @@ your own checkpoint"):
   channels (MergedColumnParallelLinear), so it applies that slice of the mask:
   spec.check_world refuses a size that would split a group.
 
-Three paths compute the same thing. `native` (any device): the mask multiplies the
-activations and vLLM's layers run as they are. `triton` (CUDA, unquantised layers
-without LoRA wrappers): the router and the masked gate/up and down GEMMs run our
-Triton kernels as torch custom ops (ops.py), which skip the weights of skipped
-groups. `cpu` (vLLM's CPU backend, unquantised, no LoRA adapters): q_proj,
-gate/up + SiLU, o_proj and down_proj of routed sublayers run wide_export.cpu's
-compiled kernels as custom ops; those layers keep their own weight layout
-(q/k/v and gate/up as loaded, o_proj / down_proj as W^T [K, N], read by the
-K-pruned kernel and the dense GEMM alike) instead of vLLM's repacked copy, so
-the weights stay one copy. o_proj / down_proj partial sums are all-reduced as
-RowParallelLinear does.
+Three methods compute the same thing (methods.py): `native` (any device, the mask multiplies the
+activations over vLLM's own layers), `triton` (CUDA: our Triton kernels as torch custom ops) and `cpu`
+(vLLM's CPU backend: wide_export.cpu's kernels as custom ops, o_proj / down_proj laid out as W^T by the
+reference decoder's CPU method). One is chosen when the model is built:
 `--additional-config '{"wide_kernels": "auto|native|triton|cpu"}'` or `WIDE_VLLM_KERNELS`; auto = triton
-on CUDA, cpu on CPU.
+on CUDA, cpu on CPU. Each routed sublayer and router holds it and calls it; nothing checks a mode per call.
 """
 
 from __future__ import annotations
@@ -41,14 +34,12 @@ import torch
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
-from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
-                              tensor_model_parallel_all_reduce)
+from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.logger import init_logger
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
-                                               UnquantizedLinearMethod)
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -58,9 +49,9 @@ from vllm.model_executor.models.utils import (PPMissingLayer, extract_layer_inde
                                               make_empty_intermediate_tensors_factory, make_layers, maybe_prefix)
 from vllm.sequence import IntermediateTensors
 
-from wide_export.errors import WideError
+from wide_export.base.errors import WideError
 from wide_export.model.config import rank_groups
-from wide_export.ops.reference import expand_mask, wide_router
+from wide_export.vllm.methods import METHODS, NATIVE
 from wide_export.vllm.spec import HINT, check_world, config_from_hf, router_shapes
 
 logger = init_logger(__name__)
@@ -94,14 +85,6 @@ def _fail(err: WideError) -> ValueError:
     return ValueError(f"WIDE: {err}")
 
 
-def _plain(layer: nn.Module, cls: type) -> bool:
-    """`layer` is vLLM's own `cls`, unquantised, not wrapped by LoRA, and keeps its [N, K] weight (vLLM's CPU
-    backend repacks it for its own GEMM and empties `weight`): our kernels can read that weight."""
-    weight = getattr(layer, "weight", None)
-    return (type(layer) is cls and isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
-            and isinstance(weight, torch.Tensor) and weight.dim() == 2)
-
-
 def _cpu_layers(vllm_config: VllmConfig) -> str | None:
     """Why routed sublayers cannot run wide_export.cpu's kernels (None: they can): they need unquantised
     weights of float32 or bfloat16 (the kernels' dtypes), no LoRA adapters (their wrappers call the layer's
@@ -115,51 +98,6 @@ def _cpu_layers(vllm_config: VllmConfig) -> str | None:
     if not cpu.available():  # it has printed why
         return "the kernels could not be built"
     return None
-
-
-def _own_weight(*layers: nn.Module) -> None:
-    """Keep vLLM's CPU backend from repacking these layers' weights for its GEMM (and emptying `weight`): our
-    kernels read them (vLLM's flag for layers whose weight another op reads; their own GEMM is F.linear)."""
-    for layer in layers:
-        layer._cpu_skip_gemm_dispatch = True
-
-
-def _transpose_k(layer: nn.Module) -> None:
-    """Replace a K-pruned layer's [N, K] weight with W^T [K, N] contiguous, kept as `layer.wide_kt`: each input
-    group's weights one contiguous block for the CPU kernel (wide_export.cpu.masked_gemm_kt), and the dense
-    GEMM's operand as it is, so prefill and decode share one copy of the weight."""
-    w = layer.weight.data
-    if w.dim() != 2 or w.numel() == 0:
-        return  # not loaded as [N, K]: the op transposes per call
-    layer.register_buffer("wide_kt", w.t().contiguous(), persistent=False)
-    layer.weight = nn.Parameter(w.new_empty(0), requires_grad=False)
-
-
-def _split_kv(layer: QKVParallelLinear, q_size: int) -> None:
-    """Split a routed qkv layer's weight after load: the q rows stay ours (`layer.wide_q`, read by the masked
-    kernel), the k and v rows go to vLLM's own CPU GEMM (`layer.wide_kv`: the one its dense layers get, oneDNN
-    on a weight it prepacks), which at a batch of tokens is much faster than F.linear on the plain rows. Each
-    row is kept once. Where vLLM has no such dispatch, the rows stay in `weight` and F.linear reads them."""
-    w = layer.weight.data
-    if w.dim() != 2 or w.numel() == 0:
-        return
-    try:
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    except ImportError:
-        return
-    kv = nn.Module()
-    kv.weight = nn.Parameter(w[q_size:].clone(), requires_grad=False)
-    dispatch_cpu_unquantized_gemm(kv, remove_weight=True)
-    if not callable(getattr(kv, "cpu_linear", None)):
-        return
-    layer.register_buffer("wide_q", w[:q_size].clone(), persistent=False)
-    layer.wide_kv = kv
-    layer.weight = nn.Parameter(w.new_empty(0), requires_grad=False)
-
-
-def _kt(layer: nn.Module) -> torch.Tensor:
-    kt = getattr(layer, "wide_kt", None)
-    return layer.weight.t() if kt is None else kt
 
 
 class _Affine(nn.Module):
@@ -189,41 +127,20 @@ class _Affine(nn.Module):
 class WideRouter(nn.Module):
     """route(h): z = h Wc^T + bc, l = z Wr^T + br as [T, G, 2]; group g executes iff l[g, 0] >= l[g, 1]."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], prefix: str, kernels: bool):
+    def __init__(self, shapes: dict[str, tuple[int, ...]], prefix: str, method):
         super().__init__()
         rank, hidden = shapes["compressor.weight"]
         self.compressor = _Affine(rank, hidden, f"{prefix}.compressor")
         self.router = _Affine(shapes["router.weight"][0], rank, f"{prefix}.router")
-        from wide_export.kernels.configs import router_block_r
-
-        self.kernels = kernels and bool(router_block_r(rank))  # the fused router's rank limit: native above it
+        self.method = method.for_router(rank)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """The int32 mask [T, G] for the whole model (every rank takes its slice): the kernel, or the rule
-        itself (ops/reference.py's wide_router, the PyTorch decoder's oracle)."""
-        c, r = self.compressor, self.router
-        if self.kernels:
-            return torch.ops.wide_vllm.router(h, c.weight, c.bias, r.weight, r.bias)
-        return wide_router(h, c.weight, c.bias, r.weight, r.bias)
-
-
-def _zero_skipped(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """x [T, G * gs] with the channels of groups where mask [T, G] is off set to 0 (group g owns channels
-    g * gs .. (g + 1) * gs - 1: ops/reference.py's expand_mask, the rule of every masked op)."""
-    return x * expand_mask(mask, x.shape[-1] // mask.shape[-1], x.dtype)
-
-
-def _row_parallel(layer: RowParallelLinear, y: torch.Tensor) -> torch.Tensor:
-    """Finish a row-parallel product computed outside the layer: sum over ranks, then the bias once."""
-    if layer.tp_size > 1:
-        y = tensor_model_parallel_all_reduce(y)
-    if layer.bias is not None:
-        y = y + layer.bias
-    return y
+        """The int32 mask [T, G] for the whole model (every rank takes its slice)."""
+        return self.method.route(self, h)
 
 
 class WideAttention(nn.Module):
-    def __init__(self, hf, cfg, layer: int, cache_config, quant_config, prefix: str, mode: str):
+    def __init__(self, hf, cfg, layer: int, cache_config, quant_config, prefix: str, method):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
         self.head_dim = cfg.head_dim
@@ -248,55 +165,28 @@ class WideAttention(nn.Module):
                               cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
         heads = cfg.attn_group_size(layer)
         self.group_width = None if heads is None else heads * self.head_dim  # o_proj input channels per group
-        self.mode = mode if heads is not None else "native"
-        if self.mode == "cpu":
-            _own_weight(self.qkv_proj, self.o_proj)
+        self.method = method if heads is not None else NATIVE
+        self.method.claim(self.qkv_proj, self.o_proj)
 
     def after_load(self) -> None:
-        """o_proj's weight as W^T, k and v rows to vLLM's CPU GEMM (mode cpu)."""
-        if self.mode == "cpu":
-            _transpose_k(self.o_proj)
-            _split_kv(self.qkv_proj, self.q_size)
+        """The method's re-layout (cpu: o_proj's weight as W^T, k and v rows to vLLM's CPU GEMM)."""
+        self.method.process_weights_after_loading(self.o_proj)
+        self.method.process_weights_after_loading(self.qkv_proj)
 
     def _qk_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         by_head = x.view(*x.shape[:-1], x.shape[-1] // self.head_dim, self.head_dim)
         return norm(by_head).view(x.shape)
 
-    def _qkv_cpu(self, x: torch.Tensor, mask: torch.Tensor):
-        """q of the executed head groups only (the others' q is 0: their attention output is never read), k
-        and v dense (the KV cache stays complete)."""
-        layer, q = self.qkv_proj, self.q_size
-        b, split = layer.bias, getattr(layer, "wide_kv", None)
-        wq = layer.weight[:q] if split is None else layer.wide_q
-        qs = torch.ops.wide_vllm.cpu_gemm_n(x, wq, mask, self.group_width, None if b is None else b[:q])
-        bkv = None if b is None else b[q:]
-        kv = nn.functional.linear(x, layer.weight[q:], bkv) if split is None else split.cpu_linear(x, None, bkv)
-        k, v = kv.split([self.kv_size, self.kv_size], dim=-1)
-        return qs, k, v
-
     def forward(self, positions: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if mask is not None and self.mode == "cpu":
-            q, k, v = self._qkv_cpu(x, mask)
-        else:
-            qkv, _ = self.qkv_proj(x)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.method.qkv(self, x, mask)
         if self.q_norm is not None:
             q, k = self._qk_norm(q, self.q_norm), self._qk_norm(k, self.k_norm)
         q, k = self.rotary_emb(positions, q, k)
-        o = self.attn(q, k, v)
-        if mask is None:
-            return self.o_proj(o)[0]
-        if self.mode == "cpu":
-            return _row_parallel(self.o_proj, torch.ops.wide_vllm.cpu_gemm_kt(o, _kt(self.o_proj), mask,
-                                                                              self.group_width))
-        if self.mode == "triton" and _plain(self.o_proj, RowParallelLinear):
-            return _row_parallel(self.o_proj, torch.ops.wide_vllm.masked_gemm_k(o, self.o_proj.weight, mask,
-                                                                                 self.group_width))
-        return self.o_proj(_zero_skipped(o, mask))[0]
+        return self.method.out(self, self.attn(q, k, v), mask)
 
 
 class WideMLP(nn.Module):
-    def __init__(self, cfg, layer: int, quant_config, prefix: str, mode: str):
+    def __init__(self, cfg, layer: int, quant_config, prefix: str, method):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False,
                                                        quant_config=quant_config, prefix=f"{prefix}.gate_up_proj")
@@ -304,45 +194,26 @@ class WideMLP(nn.Module):
                                            quant_config=quant_config, prefix=f"{prefix}.down_proj")
         self.act_fn = SiluAndMul()
         self.group_size = cfg.ffn_group_size(layer)
-        self.mode = mode if self.group_size is not None else "native"
-        if self.mode == "cpu":
-            _own_weight(self.gate_up_proj, self.down_proj)
+        self.method = method if self.group_size is not None else NATIVE
+        self.method.claim(self.gate_up_proj, self.down_proj)
 
     def after_load(self) -> None:
-        """down_proj's weight as W^T (mode cpu)."""
-        if self.mode == "cpu":
-            _transpose_k(self.down_proj)
+        """The method's re-layout (cpu: down_proj's weight as W^T)."""
+        self.method.process_weights_after_loading(self.down_proj)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if mask is not None and self.mode == "cpu":
-            w = self.gate_up_proj.weight
-            n = w.shape[0] // 2  # this rank's channels: gate rows, then up rows
-            y = torch.ops.wide_vllm.cpu_gated(x, w[:n], w[n:], mask, self.group_size)
-            return _row_parallel(self.down_proj, torch.ops.wide_vllm.cpu_gemm_kt(y, _kt(self.down_proj), mask,
-                                                                                 self.group_size))
-        if mask is not None and self.mode == "triton" and _plain(self.gate_up_proj, MergedColumnParallelLinear) \
-                and _plain(self.down_proj, RowParallelLinear):
-            w = self.gate_up_proj.weight
-            n = w.shape[0] // 2
-            y = torch.ops.wide_vllm.masked_gated_mlp(x, w[:n], w[n:], mask, self.group_size)
-            return _row_parallel(self.down_proj, torch.ops.wide_vllm.masked_gemm_k(y, self.down_proj.weight, mask,
-                                                                                    self.group_size))
-        y = self.act_fn(self.gate_up_proj(x)[0])
-        if mask is not None:
-            y = _zero_skipped(y, mask)
-        return self.down_proj(y)[0]
+        return self.method.mlp(self, x, mask)
 
 
 class WideDecoderLayer(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, cfg, prefix: str, mode: str):
+    def __init__(self, vllm_config: VllmConfig, cfg, prefix: str, method):
         super().__init__()
         hf = vllm_config.model_config.hf_config
         quant_config = vllm_config.quant_config
         self.index = layer = extract_layer_index(prefix)
-        kernels = mode == "triton"  # the router's Triton kernel; on CPU the router is two small torch GEMMs
         self.self_attn = WideAttention(hf, cfg, layer, vllm_config.cache_config, quant_config,
-                                       f"{prefix}.self_attn", mode)
-        self.mlp = WideMLP(cfg, layer, quant_config, f"{prefix}.mlp", mode)
+                                       f"{prefix}.self_attn", method)
+        self.mlp = WideMLP(cfg, layer, quant_config, f"{prefix}.mlp", method)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         r, tp, rank = cfg.routing[layer], get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
@@ -350,10 +221,10 @@ class WideDecoderLayer(nn.Module):
         self.attn_slice = self.ffn_slice = (0, 0)
         if r.attn_groups is not None:
             self.router_attention = WideRouter(router_shapes(cfg, layer, "attention"), f"{prefix}.router_attention",
-                                               kernels)
+                                               method)
             self.attn_slice = rank_groups(r.attn_groups, tp, rank)  # the groups of this rank's query heads
         if r.ffn_groups is not None:
-            self.router_ffn = WideRouter(router_shapes(cfg, layer, "ffn"), f"{prefix}.router_ffn", kernels)
+            self.router_ffn = WideRouter(router_shapes(cfg, layer, "ffn"), f"{prefix}.router_ffn", method)
             self.ffn_slice = rank_groups(r.ffn_groups, tp, rank)  # the groups of this rank's FFN channels
 
     @staticmethod
@@ -411,8 +282,9 @@ class WideModel(nn.Module):
                                                        quant_config=vllm_config.quant_config)
         else:
             self.embed_tokens = PPMissingLayer()
+        method = METHODS[mode]()  # held by every routed sublayer and router (vllm/methods.py)
         self.start_layer, self.end_layer, self.layers = make_layers(
-            cfg.num_layers, lambda prefix: WideDecoderLayer(vllm_config, cfg, prefix, mode),
+            cfg.num_layers, lambda prefix: WideDecoderLayer(vllm_config, cfg, prefix, method),
             prefix=f"{prefix}.layers")
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps) if pp.is_last_rank else PPMissingLayer()
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from wide_export.errors import WideError
-from wide_export.names import VLLM_FORMAT as FORMAT
-from wide_export.names import VLLM_SECTION as SECTION
+from wide_export.base.errors import WideError
+from wide_export.base.names import VLLM_FORMAT as FORMAT
+from wide_export.base.names import VLLM_SECTION as SECTION
 
 VERSION = 1
 HINT = "re-create the folder with `wide-export vllm --output DIR`"

@@ -1,6 +1,6 @@
 // wide_kernels.h: plain C launch functions for the WIDE ops (docs/opset.md).
 //
-// The kernels are the OpenAI Triton kernels of wide_export/kernels/sources.py,
+// The kernels are the OpenAI Triton kernels of wide_export/kernels/triton_kernels.py,
 // compiled ahead of time (wide_export/kernels/aot.py) to cubins for the
 // architectures of the build and launched through the CUDA driver API. The
 // TensorRT plugins call these functions; Python calls the same kernels

@@ -660,7 +660,7 @@ int launch(Step& step, int arch, cudaStream_t stream)
     if (step.args.size() != static_cast<size_t>(c.nparams))
     {
         tLastCudaError = step.key + ": " + std::to_string(step.args.size()) + " arguments for a kernel of "
-            + std::to_string(c.nparams) + " (sources.py and wide_kernels.cpp disagree)";
+            + std::to_string(c.nparams) + " (triton_kernels.py and wide_kernels.cpp disagree)";
         return WIDE_ERR_INVALID_ARGUMENT;
     }
     CUfunction fn;
