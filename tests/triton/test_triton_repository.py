@@ -28,7 +28,7 @@ def test_onnxruntime_repository_layout_and_config(tiny, tmp_path):
                                options=RepoOptions(model_name="my_llm", max_batch=3, instances=2))
     version = repo / "my_llm" / "1"
     assert sorted(p.name for p in version.iterdir()) == [
-        "contract.py", "generation/decoding.py", "generation.json", "metrics.py", "model.onnx", "model.py", "ortstep.py",
+        "contract.py", "decoding.py", "generation.json", "metrics.py", "model.onnx", "model.py", "ortstep.py",
         "rows.py", "settings.py", "textgen.py", "wide_config.json"]
     assert (version / "model.onnx").read_bytes() == (tiny[0] / "model.onnx").read_bytes()
     cfg = parse_config(repo / "my_llm" / "config.pbtxt")

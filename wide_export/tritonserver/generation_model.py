@@ -236,7 +236,7 @@ OnStep = Callable[[int, np.ndarray], bool]
 
 
 def load_decoding():
-    """The generation loop (generation/decoding.py beside this file)."""
+    """The generation loop (decoding.py beside this file)."""
     return load_sibling("decoding")
 
 

@@ -106,7 +106,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 # modules model.py loads from its folder, by the package they come from
 SIBLINGS = {"wide_export.tritonserver": ("contract.py", "metrics.py"),
-            "wide_export.generation": ("settings.py", "rows.py", "ortstep.py", "textgen.py", "generation/decoding.py")}
+            "wide_export.generation": ("settings.py", "rows.py", "ortstep.py", "textgen.py", "decoding.py")}
 
 
 def write_model_files(version: Path) -> None:
