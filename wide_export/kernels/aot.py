@@ -259,9 +259,9 @@ def _compile(spec: Spec, arch: int):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from wide_export.kernels import triton_kernels as sources
+    from wide_export.kernels import triton_kernels
 
-    fn = getattr(sources, spec.kernel)
+    fn = getattr(triton_kernels, spec.kernel)
     consts = dict(spec.constexprs)
     ptrs = dict(spec.ptr_types)
     signature = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in FLOAT_ARGS else "i32")
@@ -298,7 +298,7 @@ def _worker_ready() -> None:
     import triton  # noqa: F401
     import triton.backends.compiler  # noqa: F401
 
-    from wide_export.kernels import triton_kernels as sources  # noqa: F401
+    from wide_export.kernels import triton_kernels  # noqa: F401
 
     print(WORKER_READY, flush=True)
 

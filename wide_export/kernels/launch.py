@@ -36,15 +36,15 @@ def kernels():
     if not torch.cuda.is_available() and os.environ.get(INTERPRET_ENV) is None:
         os.environ[INTERPRET_ENV] = "1"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as the AOT build; silences Triton 3.9's warning
-    from wide_export.kernels import triton_kernels as sources
+    from wide_export.kernels import triton_kernels
 
-    if _is_interpreted(sources.wide_cast_kernel):
+    if _is_interpreted(triton_kernels.wide_cast_kernel):
         _interpreter_scalar_index_compat()
-    if _is_interpreted(sources.wide_cast_kernel) and _is_compiled_mode(_tl_zeros()):
+    if _is_interpreted(triton_kernels.wide_cast_kernel) and _is_compiled_mode(_tl_zeros()):
         # triton.language was imported before the variable was set: its own @jit helpers are compiled-mode.
         raise WideError("Triton was imported before the CPU interpreter was switched on",
                         hint=f"set {INTERPRET_ENV}=1 in the environment before starting Python")
-    return sources
+    return triton_kernels
 
 
 def _interpreter_scalar_index_compat() -> None:
